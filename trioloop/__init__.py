@@ -1,0 +1,1 @@
+"""trioloop: a bounded, cancellable, reviewable AI tool loop for Trio."""

@@ -1,0 +1,520 @@
+"""Tool definitions: one attrs input class gives both the JSON schema the model sees and the strict
+validation of what the model sends. ``prepare`` is the only way from raw model JSON to a runnable call.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import math
+import types
+import typing
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
+
+import attrs
+import cattrs
+import trio
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+
+from trioloop.loop.canonical import input_digest
+from trioloop.protocol.tools import ToolDefinition
+
+if TYPE_CHECKING:
+    from trioloop.document.model import ThreatModel
+
+__all__ = [
+    "Effect",
+    "PrepareFailure",
+    "PreparedCall",
+    "RegisteredTool",
+    "ToolExecutionContext",
+    "ToolOutcome",
+    "ToolRegistry",
+    "create_tool_registry",
+    "define_executable_tool",
+    "json_schema_for",
+    "tool_field",
+]
+
+Effect: TypeAlias = Literal["read", "mutate"]
+T = TypeVar("T")
+
+
+@attrs.frozen(kw_only=True)
+class ToolOutcome:
+    """What a tool run produced: ok with a result text and maybe a whole next document, or an error."""
+
+    ok: bool
+    result: str
+    document: ThreatModel | None = None
+
+    @classmethod
+    def success(cls, result: str, document: ThreatModel | None = None) -> ToolOutcome:
+        return cls(ok=True, result=result, document=document)
+
+    @classmethod
+    def failure(cls, result: str) -> ToolOutcome:
+        return cls(ok=False, result=result, document=None)
+
+
+@attrs.frozen(kw_only=True)
+class ToolExecutionContext:
+    """What a running tool may see: the document snapshot it starts from and its own cancel scope."""
+
+    document: ThreatModel
+    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_scope.cancel_called
+
+
+RunFn: TypeAlias = Callable[[ToolExecutionContext], Awaitable[ToolOutcome]]
+
+
+@attrs.frozen(kw_only=True)
+class PreparedCall:
+    """A validated call: plain-text summary for the reviewer, the digest a grant binds to, and ``run``."""
+
+    summary: str
+    input_digest: str
+    run: RunFn = attrs.field(eq=False, repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class PrepareFailure:
+    """Raw input the tool refused; each issue is ``path: problem`` text the model can act on."""
+
+    issues: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        return "; ".join(self.issues)
+
+
+PrepareFn: TypeAlias = Callable[[Any], "PreparedCall | PrepareFailure"]
+
+
+@attrs.frozen(kw_only=True)
+class RegisteredTool:
+    name: str
+    description: str
+    effect: Effect
+    destructive: bool
+    json_schema: Mapping[str, Any] = attrs.field(eq=False, repr=False)
+    _prepare: PrepareFn = attrs.field(eq=False, repr=False, alias="prepare_fn")
+
+    def __attrs_post_init__(self) -> None:
+        if self.effect not in ("read", "mutate"):
+            raise ValueError(f'Tool "{self.name}": effect must be "read" or "mutate".')
+        if self.effect == "read" and self.destructive:
+            raise ValueError(f'Tool "{self.name}" cannot be both read-only and destructive.')
+
+    def prepare(self, raw: Any) -> PreparedCall | PrepareFailure:
+        """Validate raw model input; never raises for any input."""
+        try:
+            return self._prepare(raw)
+        except Exception as exc:  # a tool's summarize must not crash the reducer
+            return PrepareFailure(issues=(f"the input could not be prepared ({type(exc).__name__})",))
+
+    @property
+    def definition(self) -> ToolDefinition:
+        return ToolDefinition(name=self.name, description=self.description, json_schema=self.json_schema)
+
+
+# ---------------------------------------------------------------------------------------------
+# Constraints and schema
+
+
+def tool_field(
+    *,
+    default: Any = attrs.NOTHING,
+    description: str | None = None,
+    min_length: int | None = None,
+    max_length: int | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    max_items: int | None = None,
+) -> Any:
+    """An attrs field whose constraints appear in the JSON schema and are enforced by ``prepare``."""
+    metadata = {
+        key: value
+        for key, value in {
+            "description": description,
+            "minLength": min_length,
+            "maxLength": max_length,
+            "minimum": minimum,
+            "maximum": maximum,
+            "maxItems": max_items,
+        }.items()
+        if value is not None
+    }
+    return attrs.field(default=default, metadata={"trioloop": metadata})
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        nullable = len(args) != len(typing.get_args(tp))
+        if len(args) == 1:
+            return args[0], nullable
+        raise TypeError(f"unions other than Optional are not supported in tool inputs: {tp!r}")
+    return tp, False
+
+
+def _type_schema(tp: Any) -> dict[str, Any]:
+    tp, nullable = _unwrap_optional(tp)
+    schema: dict[str, Any]
+    origin = typing.get_origin(tp)
+    if tp is str:
+        schema = {"type": "string"}
+    elif tp is bool:
+        schema = {"type": "boolean"}
+    elif tp is int:
+        schema = {"type": "integer"}
+    elif tp is float:
+        schema = {"type": "number"}
+    elif tp is Any:
+        schema = {}
+    elif origin is Literal:
+        values = list(typing.get_args(tp))
+        schema = {"type": "string", "enum": values} if all(isinstance(v, str) for v in values) else {"enum": values}
+    elif isinstance(tp, type) and issubclass(tp, enum.Enum):
+        schema = {"type": "string", "enum": [m.value for m in tp]}
+    elif origin in (tuple, list):
+        args = typing.get_args(tp)
+        schema = {"type": "array", "items": _type_schema(args[0]) if args else {}}
+    elif attrs.has(tp):
+        schema = json_schema_for(tp)
+    else:
+        raise TypeError(f"unsupported tool input type: {tp!r}")
+    if nullable and "type" in schema:
+        schema = {**schema, "type": [schema["type"], "null"]}
+    return schema
+
+
+def json_schema_for(cls: type[Any]) -> dict[str, Any]:
+    """The JSON schema of an attrs input class: strict object, required fields in declaration order."""
+    hints = typing.get_type_hints(cls)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for field in attrs.fields(cls):
+        name = field.alias or field.name
+        schema = _type_schema(hints[field.name])
+        constraints = dict(field.metadata.get("trioloop", {}))
+        properties[name] = {**schema, **constraints}
+        if field.default is attrs.NOTHING:
+            required.append(name)
+    result: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        result["required"] = required
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Strict structuring
+
+
+class _InputIssue(Exception):
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(problem)
+        self.path = path
+        self.problem = problem
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _strict_str(value: Any, _: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {_type_name(value)}")
+    return value
+
+
+def _strict_int(value: Any, _: Any) -> int:
+    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        return int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"expected an integer, got {_type_name(value)}")
+    return value
+
+
+def _strict_float(value: Any, _: Any) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise TypeError(f"expected a number, got {_type_name(value)}")
+    return float(value)
+
+
+def _strict_bool(value: Any, _: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected a boolean, got {_type_name(value)}")
+    return value
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    conv.register_structure_hook(str, _strict_str)
+    conv.register_structure_hook(int, _strict_int)
+    conv.register_structure_hook(float, _strict_float)
+    conv.register_structure_hook(bool, _strict_bool)
+    conv.register_structure_hook(Any, lambda v, _: v)
+
+    def is_literal(tp: Any) -> bool:
+        return typing.get_origin(tp) is Literal
+
+    def structure_literal(value: Any, tp: Any) -> Any:
+        allowed = typing.get_args(tp)
+        if isinstance(value, bool) or value not in allowed or type(value) not in {type(a) for a in allowed}:
+            choices = ", ".join(repr(a) for a in allowed)
+            raise ValueError(f"must be one of {choices}")
+        return value
+
+    conv.register_structure_hook_func(is_literal, structure_literal)
+
+    def is_enum(tp: Any) -> bool:
+        return isinstance(tp, type) and issubclass(tp, enum.Enum)
+
+    def structure_enum(value: Any, tp: Any) -> Any:
+        for member in tp:
+            if type(value) is type(member.value) and value == member.value:
+                return member
+        choices = ", ".join(repr(m.value) for m in tp)
+        raise ValueError(f"must be one of {choices}")
+
+    conv.register_structure_hook_func(is_enum, structure_enum)
+
+    def is_sequence(tp: Any) -> bool:
+        return typing.get_origin(tp) in (tuple, list)
+
+    def structure_sequence(value: Any, tp: Any) -> Any:
+        if not isinstance(value, list):
+            raise TypeError(f"expected an array, got {_type_name(value)}")
+        (item_type, *_rest) = typing.get_args(tp) or (Any,)
+        items = []
+        for index, item in enumerate(value):
+            try:
+                items.append(conv.structure(item, item_type))
+            except Exception as exc:
+                raise _NestedIssue(f"[{index}]", exc) from None
+        return tuple(items) if typing.get_origin(tp) is tuple else items
+
+    conv.register_structure_hook_func(is_sequence, structure_sequence)
+
+    def is_attrs_class(tp: Any) -> bool:
+        return isinstance(tp, type) and attrs.has(tp)
+
+    def structure_object(value: Any, tp: Any) -> Any:
+        if not isinstance(value, dict):
+            raise TypeError(f"expected an object, got {_type_name(value)}")
+        return _object_hook(conv, tp)(value, tp)
+
+    conv.register_structure_hook_func(is_attrs_class, structure_object)
+    return conv
+
+
+class _NestedIssue(Exception):
+    def __init__(self, step: str, inner: BaseException) -> None:
+        super().__init__(step)
+        self.step = step
+        self.inner = inner
+
+
+_object_hooks: dict[type[Any], Callable[[Any, Any], Any]] = {}
+
+
+def _object_hook(conv: cattrs.Converter, tp: type[Any]) -> Callable[[Any, Any], Any]:
+    hook = _object_hooks.get(tp)
+    if hook is None:
+        hook = cattrs.gen.make_dict_structure_fn(tp, conv, _cattrs_forbid_extra_keys=True)
+        _object_hooks[tp] = hook
+    return hook
+
+
+_converter = _make_converter()
+
+
+def _issues(exc: BaseException, path: str) -> Iterator[str]:
+    """Flatten a cattrs error tree into ``path: problem`` lines."""
+    if isinstance(exc, _NestedIssue):
+        yield from _issues(exc.inner, path + exc.step)
+        return
+    if isinstance(exc, ForbiddenExtraKeysError):
+        for key in sorted(exc.extra_fields):
+            yield f"{_join(path, key)}: {key!r} is not an accepted key"
+        return
+    if isinstance(exc, ClassValidationError | IterableValidationError):
+        for sub in exc.exceptions:
+            step = ""
+            for note in getattr(sub, "__notes__", []):
+                name = getattr(note, "name", None)
+                index = getattr(note, "index", None)
+                if isinstance(name, str):
+                    step = "." + name
+                elif isinstance(index, int):
+                    step = f"[{index}]"
+            if isinstance(sub, KeyError) and step:
+                yield f"{(path + step).lstrip('.')}: required field is missing"
+            else:
+                yield from _issues(sub, path + step)
+        return
+    message = str(exc) if not isinstance(exc, KeyError) else "required field is missing"
+    where = path.lstrip(".")
+    yield f"{where}: {message}" if where else message
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}".lstrip(".")
+
+
+def _check_constraints(instance: Any, path: str) -> Iterator[str]:
+    for field in attrs.fields(type(instance)):
+        value = getattr(instance, field.name)
+        where = _join(path, field.alias or field.name)
+        rules = field.metadata.get("trioloop", {})
+        if value is None:
+            continue
+        if isinstance(value, str):
+            if "minLength" in rules and len(value) < rules["minLength"]:
+                yield f"{where}: must be at least {rules['minLength']} character(s)"
+            if "maxLength" in rules and len(value) > rules["maxLength"]:
+                yield f"{where}: must be at most {rules['maxLength']} characters"
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            if "minimum" in rules and value < rules["minimum"]:
+                yield f"{where}: must be >= {_fmt(rules['minimum'])}"
+            if "maximum" in rules and value > rules["maximum"]:
+                yield f"{where}: must be <= {_fmt(rules['maximum'])}"
+        elif isinstance(value, tuple | list):
+            if "maxItems" in rules and len(value) > rules["maxItems"]:
+                yield f"{where}: must have at most {rules['maxItems']} items"
+            for index, item in enumerate(value):
+                if attrs.has(type(item)):
+                    yield from _check_constraints(item, f"{where}[{index}]")
+        if attrs.has(type(value)):
+            yield from _check_constraints(value, where)
+
+
+def _fmt(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else str(number)
+
+
+def structure_input(raw: Any, input_type: type[T]) -> T | PrepareFailure:
+    """Strictly structure raw model JSON into ``input_type`` or explain every problem found."""
+    if not isinstance(raw, dict):
+        return PrepareFailure(issues=(f"the input must be a JSON object, got {_type_name(raw)}",))
+    try:
+        instance = _converter.structure(raw, input_type)
+    except Exception as exc:
+        issues = tuple(dict.fromkeys(_issues(exc, ""))) or ("the input is not valid",)
+        return PrepareFailure(issues=issues)
+    problems = tuple(_check_constraints(instance, ""))
+    if problems:
+        return PrepareFailure(issues=problems)
+    return instance
+
+
+def unstructure_input(instance: Any) -> Any:
+    return _converter.unstructure(instance)
+
+
+# ---------------------------------------------------------------------------------------------
+# Definition and registry
+
+
+def define_executable_tool(
+    *,
+    name: str,
+    description: str,
+    effect: Effect,
+    destructive: bool,
+    input_type: type[T],
+    run: Callable[[T, ToolExecutionContext], ToolOutcome | Awaitable[ToolOutcome]],
+    summarize: Callable[[T], str],
+) -> RegisteredTool:
+    """Build a tool whose schema and validation both come from ``input_type`` (an attrs class)."""
+    if not attrs.has(input_type):
+        raise TypeError("input_type must be an attrs class")
+    schema = json_schema_for(input_type)
+
+    def prepare(raw: Any) -> PreparedCall | PrepareFailure:
+        structured: Any = structure_input(raw, input_type)
+        if isinstance(structured, PrepareFailure):
+            return structured
+        validated: T = structured
+        digest = input_digest(unstructure_input(validated))
+
+        async def run_call(ctx: ToolExecutionContext) -> ToolOutcome:
+            produced = run(validated, ctx)
+            if inspect.isawaitable(produced):
+                produced = await produced
+            else:
+                await trio.lowlevel.checkpoint()
+            return produced
+
+        return PreparedCall(summary=summarize(validated), input_digest=digest, run=run_call)
+
+    return RegisteredTool(
+        name=name,
+        description=description,
+        effect=effect,
+        destructive=destructive,
+        json_schema=schema,
+        prepare_fn=prepare,
+    )
+
+
+@attrs.frozen
+class ToolRegistry:
+    """A frozen, ordered set of tools resolved by exact name (no trimming, folding or normalizing)."""
+
+    tools: tuple[RegisteredTool, ...]
+    _by_name: Mapping[str, RegisteredTool] = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        by_name: dict[str, RegisteredTool] = {}
+        for tool in self.tools:
+            if tool.name in by_name:
+                raise ValueError(f'Duplicate tool name "{tool.name}" in registry.')
+            by_name[tool.name] = tool
+        object.__setattr__(self, "_by_name", types.MappingProxyType(by_name))
+
+    def get(self, name: str) -> RegisteredTool | None:
+        if type(name) is not str:
+            return None
+        return self._by_name.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and type(name) is str and name in self._by_name
+
+    def __iter__(self) -> Iterator[RegisteredTool]:
+        return iter(self.tools)
+
+    def __len__(self) -> int:
+        return len(self.tools)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tools)
+
+    def definitions(self) -> tuple[ToolDefinition, ...]:
+        return tuple(t.definition for t in self.tools)
+
+
+def create_tool_registry(tools: Iterable[RegisteredTool] = ()) -> ToolRegistry:
+    return ToolRegistry(tuple(tools))

@@ -1,0 +1,42 @@
+"""What a model is told about a tool, and the neutral request every provider builds from."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from trioloop.protocol.messages import Message
+
+__all__ = ["ChatRequest", "ToolDefinition"]
+
+
+def _freeze_schema(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    return dict(value)
+
+
+@attrs.frozen(kw_only=True)
+class ToolDefinition:
+    name: str
+    description: str
+    json_schema: Mapping[str, Any] = attrs.field(converter=_freeze_schema, eq=False, hash=False)
+
+
+def _messages(value: Iterable[Message]) -> tuple[Message, ...]:
+    return tuple(value)
+
+
+def _tools(value: Iterable[ToolDefinition]) -> tuple[ToolDefinition, ...]:
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class ChatRequest:
+    """One provider request, in no provider's shape; the mappers translate it."""
+
+    model: str
+    system: str = ""
+    messages: tuple[Message, ...] = attrs.field(converter=_messages, factory=tuple)
+    tools: tuple[ToolDefinition, ...] = attrs.field(converter=_tools, factory=tuple)
+    max_tokens: int = 4096

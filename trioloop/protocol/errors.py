@@ -8,7 +8,7 @@ import re
 __all__ = ["REDACTION_CAP", "ProtocolError", "ProtocolErrorCode", "redact_provider_detail"]
 
 REDACTION_CAP = 200
-_KEY_PATTERN = re.compile(r"\bsk-[A-Za-z0-9_-]+", re.IGNORECASE | re.ASCII)
+_KEY_PATTERN = re.compile(r"sk-[A-Za-z0-9_-]+", re.IGNORECASE | re.ASCII)  # no \b: "xsk-…" must not leak
 
 
 class ProtocolErrorCode(enum.StrEnum):

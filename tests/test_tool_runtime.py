@@ -1,0 +1,167 @@
+from typing import Literal
+
+import attrs
+import pytest
+import trio
+import trio.lowlevel
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trioloop.loop.tool_runtime import (
+    PreparedCall,
+    PrepareFailure,
+    ToolExecutionContext,
+    ToolOutcome,
+    create_tool_registry,
+    define_executable_tool,
+    tool_field,
+)
+
+
+@attrs.frozen(kw_only=True)
+class Point:
+    x: float
+    y: float
+
+
+@attrs.frozen(kw_only=True)
+class RenameInput:
+    kind: Literal["elements", "threats"]
+    name: str = tool_field(min_length=1, max_length=10)
+    tags: tuple[str, ...] = tool_field(default=(), max_items=2)
+    at: Point | None = None
+    limit: int = tool_field(default=20, minimum=1, maximum=50)
+    force: bool = False
+
+
+def make_tool(name: str = "rename", effect: Literal["read", "mutate"] = "mutate", destructive: bool = False):  # type: ignore[no-untyped-def]
+    return define_executable_tool(
+        name=name,
+        description="Rename something.",
+        effect=effect,
+        destructive=destructive,
+        input_type=RenameInput,
+        run=lambda inp, ctx: ToolOutcome.success(f"renamed to {inp.name}"),
+        summarize=lambda inp: f"Rename {inp.kind} to {inp.name}",
+    )
+
+
+def issues(raw: object) -> tuple[str, ...]:
+    result = make_tool().prepare(raw)
+    assert isinstance(result, PrepareFailure), result
+    return result.issues
+
+
+def test_schema_derives_from_input_class() -> None:
+    schema = make_tool().json_schema
+    assert schema["type"] == "object" and schema["additionalProperties"] is False
+    assert schema["required"] == ["kind", "name"]
+    assert schema["properties"]["kind"] == {"type": "string", "enum": ["elements", "threats"]}
+    assert schema["properties"]["name"] == {"type": "string", "minLength": 1, "maxLength": 10}
+    assert schema["properties"]["limit"] == {"type": "integer", "minimum": 1, "maximum": 50}
+    assert schema["properties"]["at"]["type"] == ["object", "null"]
+    assert schema["properties"]["at"]["required"] == ["x", "y"]
+
+
+def test_valid_input_prepares_with_plain_summary() -> None:
+    result = make_tool().prepare({"kind": "elements", "name": "db"})
+    assert isinstance(result, PreparedCall)
+    assert result.summary == "Rename elements to db"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({"name": "x"}, "kind: required field is missing"),
+        ({"kind": "Elements", "name": "x"}, "kind: must be one of 'elements', 'threats'"),
+        ({"kind": "elements", "name": 5}, "name: expected a string, got integer"),
+        ({"kind": "elements", "name": ""}, "name: must be at least 1 character(s)"),
+        ({"kind": "elements", "name": "x", "extra": 1}, "extra: 'extra' is not an accepted key"),
+        (
+            {"kind": "elements", "name": "x", "__proto__": {"polluted": True}},
+            "__proto__: '__proto__' is not an accepted key",
+        ),
+        ({"kind": "elements", "name": "x", "limit": 51}, "limit: must be <= 50"),
+        ({"kind": "elements", "name": "x", "limit": True}, "limit: expected an integer, got boolean"),
+        ({"kind": "elements", "name": "x", "force": "yes"}, "force: expected a boolean, got string"),
+        ({"kind": "elements", "name": "x", "tags": ["a", 1]}, "tags[1]: expected a string, got integer"),
+        ({"kind": "elements", "name": "x", "tags": ["a", "b", "c"]}, "tags: must have at most 2 items"),
+        ({"kind": "elements", "name": "x", "at": {"x": "1", "y": 2}}, "at.x: expected a number, got string"),
+        ({"kind": "elements", "name": "x", "at": {"x": 1, "y": 2, "z": 3}}, "at.z: 'z' is not an accepted key"),
+        ([], "the input must be a JSON object, got array"),
+        ("rename", "the input must be a JSON object, got string"),
+        (None, "the input must be a JSON object, got null"),
+    ],
+)
+def test_invalid_input_reports_field_level_issues(raw: object, expected: str) -> None:
+    assert expected in issues(raw)
+
+
+def test_digest_ignores_key_order_and_equals_defaults() -> None:
+    tool = make_tool()
+    a = tool.prepare({"kind": "elements", "name": "db", "limit": 20})
+    b = tool.prepare({"name": "db", "kind": "elements"})
+    c = tool.prepare({"name": "db2", "kind": "elements"})
+    assert isinstance(a, PreparedCall) and isinstance(b, PreparedCall) and isinstance(c, PreparedCall)
+    assert a.input_digest == b.input_digest != c.input_digest
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(),
+        lambda s: st.lists(s) | st.dictionaries(st.text(), s),
+        max_leaves=8,
+    )
+)
+def test_prepare_never_raises(raw: object) -> None:
+    assert isinstance(make_tool().prepare(raw), PreparedCall | PrepareFailure)
+
+
+async def test_run_executes_with_context() -> None:
+    prepared = make_tool().prepare({"kind": "elements", "name": "db"})
+    assert isinstance(prepared, PreparedCall)
+    outcome = await prepared.run(ToolExecutionContext(document=None))  # type: ignore[arg-type]
+    assert outcome == ToolOutcome.success("renamed to db")
+
+
+async def test_async_run_sees_its_cancel_scope() -> None:
+    seen: list[bool] = []
+
+    async def run(inp: RenameInput, ctx: ToolExecutionContext) -> ToolOutcome:
+        ctx.cancel_scope.cancel()
+        seen.append(ctx.cancelled)
+        await trio.lowlevel.checkpoint()
+        return ToolOutcome.success("never")
+
+    tool = define_executable_tool(
+        name="t", description="", effect="mutate", destructive=False, input_type=RenameInput, run=run, summarize=str
+    )
+    prepared = tool.prepare({"kind": "elements", "name": "x"})
+    assert isinstance(prepared, PreparedCall)
+    scope = trio.CancelScope()
+    with scope:
+        await prepared.run(ToolExecutionContext(document=None, cancel_scope=scope))  # type: ignore[arg-type]
+    assert seen == [True] and scope.cancelled_caught
+
+
+def test_read_and_destructive_is_refused() -> None:
+    with pytest.raises(ValueError, match="both read-only and destructive"):
+        make_tool(effect="read", destructive=True)
+
+
+def test_registry_refuses_duplicates_and_matches_exactly() -> None:
+    with pytest.raises(ValueError, match="Duplicate tool name"):
+        create_tool_registry([make_tool("a"), make_tool("a")])
+    registry = create_tool_registry([make_tool("delete_element"), make_tool("b")])
+    assert registry.names == ("delete_element", "b")
+    assert registry.get("delete_element") is not None
+    for confusable in [
+        "delete_element ",
+        "Delete_Element",
+        "delete_element\u200b",
+        "delete_elementİ",
+        "delete_еlement",
+    ]:
+        assert registry.get(confusable) is None
+        assert confusable not in registry
+    assert [d.name for d in registry.definitions()] == ["delete_element", "b"]

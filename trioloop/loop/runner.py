@@ -1,0 +1,433 @@
+"""The Trio shell around the pure turn machine.
+
+``run_turn`` owns one cancel scope (the turn deadline; Stop cancels it) and one nursery per turn. The
+provider request and every tool run are child tasks; everything they learn reaches the reducer through
+one inbox consumed by one task, so state has a single writer and a single order. The runner performs
+only the effects the state asks for and decides nothing about authorization: it starts what the reducer
+moved to ``running`` and nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Literal, TypeAlias
+
+import attrs
+import trio
+
+from trioloop.document.model import ThreatModel
+from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits, budget_exhaustion
+from trioloop.loop.machine import (
+    Advance,
+    ApproveBatch,
+    ApproveCall,
+    CallSettled,
+    CallStatus,
+    Cancel,
+    DenyCall,
+    Phase,
+    Retry,
+    StartCall,
+    Submit,
+    TurnInput,
+    TurnState,
+    reduce_turn,
+)
+from trioloop.loop.tool_runtime import RegisteredTool, ToolExecutionContext, ToolOutcome, ToolRegistry
+from trioloop.loop.transaction import Committed, Refused, UndoHistory, commit_tool_outcome
+from trioloop.protocol.events import StreamError, StreamEvent, is_terminal
+from trioloop.protocol.messages import Message
+from trioloop.protocol.tools import ChatRequest
+from trioloop.providers.base import ChatProvider, is_retriable
+
+__all__ = ["TurnControls", "TurnRequest", "Workspace", "run_turn"]
+
+#: Turn-level retry backoff: 0.5 s doubling, capped at 10 s (the transport has its own, earlier retries).
+_RETRY_BASE_S = 0.5
+_RETRY_CAP_S = 10.0
+
+StateObserver: TypeAlias = Callable[[TurnState], None]
+
+
+@attrs.define
+class Workspace:
+    """The live document and its undo history: the only mutable things a turn writes (via commits)."""
+
+    document: ThreatModel
+    undo: UndoHistory = attrs.field(factory=UndoHistory)
+
+
+@attrs.frozen
+class _RequestEnded:
+    """The request task finished; ``terminal_sent`` says whether the provider sent a terminal event."""
+
+    attempt: int
+    terminal_sent: bool
+
+
+@attrs.frozen
+class _StreamItem:
+    attempt: int
+    event: StreamEvent
+
+
+_InboxItem: TypeAlias = TurnInput | _StreamItem | _RequestEnded
+
+
+class TurnControls:
+    """The user's handle on a live turn. Every method is synchronous and becomes one reducer input.
+
+    Call them from any Trio task (a UI task, a test). After the turn settles they do nothing and
+    return False.
+    """
+
+    def __init__(self) -> None:
+        send, receive = trio.open_memory_channel[_InboxItem](math.inf)
+        self._send = send
+        self._receive = receive
+        self._scope: trio.CancelScope | None = None
+        self._stop_requested = False
+        self._closed = False
+
+    def _put(self, item: _InboxItem) -> bool:
+        if self._closed:
+            return False
+        try:
+            self._send.send_nowait(item)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+        return True
+
+    def approve(self, call_id: str) -> bool:
+        return self._put(ApproveCall(call_id=call_id))
+
+    def approve_batch(self, call_ids: tuple[str, ...]) -> bool:
+        return self._put(ApproveBatch(call_ids=tuple(call_ids)))
+
+    def deny(self, call_id: str) -> bool:
+        return self._put(DenyCall(call_id=call_id))
+
+    def stop(self) -> bool:
+        """Cancel the turn: its scope is cancelled now; the consumer settles it ``cancelled``."""
+        if self._closed:
+            return False
+        self._stop_requested = True
+        if self._scope is not None:
+            self._scope.cancel()
+        return True
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
+
+def _now_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+class _SendToInbox(trio.abc.SendChannel[StreamEvent]):
+    """What the provider writes into: tags events with the request attempt and notes a terminal one."""
+
+    def __init__(self, inbox: trio.MemorySendChannel[_InboxItem], attempt: int) -> None:
+        self._inbox = inbox
+        self._attempt = attempt
+        self.terminal_sent = False
+
+    async def send(self, value: StreamEvent) -> None:
+        if self.terminal_sent:
+            await trio.lowlevel.checkpoint()
+            return  # nothing after a terminal event counts
+        if is_terminal(value):
+            self.terminal_sent = True
+        await self._inbox.send(_StreamItem(self._attempt, value))
+
+    def send_nowait(self, value: StreamEvent) -> None:
+        if self.terminal_sent:
+            return
+        if is_terminal(value):
+            self.terminal_sent = True
+        self._inbox.send_nowait(_StreamItem(self._attempt, value))
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def clone(self) -> _SendToInbox:
+        raise NotImplementedError("the turn's provider channel cannot be cloned")
+
+
+@attrs.frozen(kw_only=True)
+class TurnRequest:
+    """Everything one turn needs besides the live workspace."""
+
+    text: str
+    turn_id: str
+    model: str
+    system: str = ""
+    base_messages: tuple[Message, ...] = ()
+    registry: ToolRegistry = attrs.field(factory=lambda: ToolRegistry(()))
+    limits: TurnLimits = DEFAULT_TURN_LIMITS
+    max_output_tokens: int = 4096
+
+
+class _Turn:
+    def __init__(
+        self,
+        request: TurnRequest,
+        workspace: Workspace,
+        provider: ChatProvider,
+        controls: TurnControls,
+        on_state: StateObserver | None,
+    ) -> None:
+        self.request = request
+        self.workspace = workspace
+        self.provider = provider
+        self.controls = controls
+        self.on_state = on_state
+        self.state = TurnState.idle()
+        self.attempt = 0
+        self.request_open = False
+        self.saw_first_event = False
+        self.started: set[str] = set()
+        self.tool_scopes: dict[str, trio.CancelScope] = {}
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def apply(self, item: TurnInput) -> None:
+        new = reduce_turn(self.state, item)
+        if new is not self.state:
+            self.state = new
+            if self.on_state is not None:
+                self.on_state(new)
+
+    # -- the one consumer ------------------------------------------------------------------------
+
+    async def consume(self, nursery: trio.Nursery) -> None:
+        receive = self.controls._receive
+        while not self.state.is_settled:
+            self.perform_effects(nursery)
+            if self.state.is_settled:
+                break
+            item = await receive.receive()
+            self.handle(item, nursery)
+
+    def handle(self, item: _InboxItem, nursery: trio.Nursery) -> None:
+        if isinstance(item, _RequestEnded):
+            if item.attempt == self.attempt:
+                self.request_open = False
+                if not item.terminal_sent and self.state.phase in (Phase.REQUESTING, Phase.STREAMING):
+                    self.handle_stream_event(
+                        StreamError(
+                            code="malformed_stream",
+                            message="The AI response ended before it was complete. Please try again.",
+                        ),
+                        nursery,
+                    )
+            return
+        if isinstance(item, _StreamItem):
+            if item.attempt != self.attempt:
+                return  # a stale event from a request we already gave up on
+            self.handle_stream_event(item.event, nursery)
+            return
+        self.apply(item)
+
+    def handle_stream_event(self, event: StreamEvent, nursery: trio.Nursery) -> None:
+        if (
+            isinstance(event, StreamError)
+            and event.terminal
+            and self.state.phase is Phase.REQUESTING
+            and not self.saw_first_event
+            and (is_retriable(event) or event.code == "malformed_stream")
+            and self.may_retry()
+        ):
+            # Transient failure before the first event reached the reducer: nothing was shown, so a
+            # retry cannot repeat output. The reducer counts it; the new attempt supersedes the old.
+            self.apply(Retry(now_ms=_now_ms()))
+            self.request_open = False
+            self.open_request(nursery, backoff_s=self.retry_backoff())
+            return
+        if not isinstance(event, StreamError) or not event.terminal:
+            self.saw_first_event = True
+        self.apply(event)
+
+    def may_retry(self) -> bool:
+        # Only the retry and deadline bounds matter here: a retry is not a new iteration.
+        budget = attrs.evolve(self.state.budget, iterations_started=0, tool_calls_accepted=0)
+        return budget_exhaustion(budget, self.state.limits, _now_ms()) is None
+
+    def retry_backoff(self) -> float:
+        used = self.state.budget.retries_used
+        return float(min(_RETRY_BASE_S * 2 ** max(used - 1, 0), _RETRY_CAP_S))
+
+    # -- effects ---------------------------------------------------------------------------------
+
+    def perform_effects(self, nursery: trio.Nursery) -> None:
+        # Loop because starting calls or advancing yields a new state that may ask for more.
+        while True:
+            state = self.state
+            if state.phase is Phase.REQUESTING and not self.request_open:
+                self.open_request(nursery, backoff_s=0.0)
+            elif state.phase is Phase.EXECUTING:
+                self.start_approved_calls(nursery)
+                if self.state is not state:
+                    continue
+                current = self.state.current_calls
+                if all(c.status not in (CallStatus.PENDING, CallStatus.APPROVED, CallStatus.RUNNING) for c in current):
+                    self.apply(Advance(now_ms=_now_ms()))
+                    if self.state is not state:
+                        continue
+            return
+
+    def open_request(self, nursery: trio.Nursery, *, backoff_s: float) -> None:
+        self.attempt += 1
+        self.request_open = True
+        self.saw_first_event = False
+        request = ChatRequest(
+            model=self.request.model,
+            system=self.request.system,
+            messages=self.state.messages,
+            tools=self.request.registry.definitions(),
+            max_tokens=self.request.max_output_tokens,
+        )
+        nursery.start_soon(self.request_task, self.attempt, request, backoff_s)
+
+    async def request_task(self, attempt: int, request: ChatRequest, backoff_s: float) -> None:
+        inbox = self.controls._send
+        sink = _SendToInbox(inbox, attempt)
+        if backoff_s > 0:
+            await trio.sleep(backoff_s)
+        try:
+            await self.provider.stream(request, sink)
+        except trio.Cancelled:
+            raise
+        except Exception as exc:  # a provider bug must end the turn as a typed failure, not a crash
+            await sink.send(
+                StreamError(
+                    code="transport",
+                    message="The AI request could not be completed.",
+                    provider_detail=type(exc).__name__,
+                )
+            )
+        inbox.send_nowait(_RequestEnded(attempt, sink.terminal_sent))
+
+    def start_approved_calls(self, nursery: trio.Nursery) -> None:
+        # Reads run concurrently; mutations run one at a time, each from the document as the previous
+        # one left it, so two approved edits never race into a document_changed refusal.
+        mutating = any(c.status is CallStatus.RUNNING and c.effect == "mutate" for c in self.state.current_calls)
+        for call in self.state.current_calls:
+            if call.status is not CallStatus.APPROVED or call.id in self.started:
+                continue
+            if call.effect == "mutate":
+                if mutating:
+                    continue
+                mutating = True
+            self.started.add(call.id)
+            snapshot = self.workspace.document
+            self.apply(StartCall(call_id=call.id, now_ms=_now_ms()))
+            started = self.state.call(call.id)
+            if started is None or started.status is not CallStatus.RUNNING or started.prepared is None:
+                continue  # the reducer refused it (recorded as a violation, call made terminal)
+            tool = self.state.tool_set.get(started.tool_name)
+            if tool is None:  # unreachable: the reducer checked the frozen tool set
+                continue
+            scope = trio.CancelScope()
+            self.tool_scopes[call.id] = scope
+            nursery.start_soon(self.tool_task, call.id, tool, started.prepared.run, snapshot, scope)
+
+    async def tool_task(
+        self,
+        call_id: str,
+        tool: RegisteredTool,
+        run: Callable[[ToolExecutionContext], Any],
+        snapshot: ThreatModel,
+        scope: trio.CancelScope,
+    ) -> None:
+        outcome: ToolOutcome | None = None
+        with scope:
+            try:
+                produced = await run(ToolExecutionContext(document=snapshot, cancel_scope=scope))
+            except trio.Cancelled:
+                raise
+            except Exception as exc:
+                produced = ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
+            if isinstance(produced, ToolOutcome) and (
+                produced.document is None or isinstance(produced.document, ThreatModel)
+            ):
+                outcome = produced
+            else:
+                outcome = ToolOutcome.failure("The tool returned something that is not a tool outcome.")
+        if scope.cancel_called or outcome is None or self.state.is_settled:
+            return  # cancelled or no longer wanted: whatever it returned is discarded, never committed
+        # Commit and report with no checkpoint in between, so no cancellation can split them.
+        committed = commit_tool_outcome(
+            self.workspace.document, snapshot, outcome, tool, self.workspace.undo, turn_id=self.request.turn_id
+        )
+        if isinstance(committed, Committed):
+            self.workspace.document = committed.document
+            self.workspace.undo = committed.history
+            settled = ToolOutcome.success(committed.result)
+        elif isinstance(committed, Refused):
+            settled = ToolOutcome.failure(committed.result)
+        else:
+            settled = ToolOutcome.success(committed.result)
+        self.controls._send.send_nowait(CallSettled(call_id=call_id, outcome=settled, now_ms=_now_ms()))
+
+    # -- settling --------------------------------------------------------------------------------
+
+    def drain_settlements(self) -> None:
+        """Record tool settlements already in the inbox: their commits happened, so state must say so."""
+        while True:
+            try:
+                item = self.controls._receive.receive_nowait()
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
+                return
+            if isinstance(item, CallSettled):
+                self.apply(item)
+
+
+async def run_turn(
+    request: TurnRequest,
+    workspace: Workspace,
+    provider: ChatProvider,
+    *,
+    controls: TurnControls | None = None,
+    on_state: StateObserver | None = None,
+) -> TurnState:
+    """Drive one turn to a settled state. Expected outcomes (stop, deadline, provider or tool failure)
+    are states, never exceptions; only a cancellation from outside the turn propagates."""
+    controls = controls or TurnControls()
+    turn = _Turn(request, workspace, provider, controls, on_state)
+    now_ms = _now_ms()
+    turn.apply(
+        Submit(
+            turn_id=request.turn_id,
+            text=request.text,
+            base_messages=request.base_messages,
+            tool_set=request.registry,
+            limits=request.limits,
+            now_ms=now_ms,
+        )
+    )
+    deadline = trio.current_time() + request.limits.turn_deadline_ms / 1000
+    try:
+        with trio.CancelScope(deadline=deadline) as turn_scope:
+            controls._scope = turn_scope
+            if controls.stop_requested:
+                turn_scope.cancel()
+            async with trio.open_nursery() as nursery:
+                await turn.consume(nursery)
+                # Settled: nothing still running is wanted. Cancelled tools unwind; their values are dropped.
+                nursery.cancel_scope.cancel()
+    finally:
+        # Runs on Stop, on the deadline, and even when a scope outside the turn cancels us: the turn
+        # always ends settled. Nothing here awaits, so it cannot be interrupted.
+        controls._scope = None
+        controls._closed = True
+        if not turn.state.is_settled:
+            turn.drain_settlements()
+            reason: Literal["stop", "deadline"] = (
+                "deadline" if not controls.stop_requested and trio.current_time() >= deadline else "stop"
+            )
+            turn.apply(Cancel(reason=reason))
+        controls._send.close()
+    return turn.state

@@ -87,6 +87,7 @@ class TurnControls:
         self._send = send
         self._receive = receive
         self._scope: trio.CancelScope | None = None
+        self._tool_scopes: set[trio.CancelScope] = set()
         self._stop_requested = False
         self._closed = False
 
@@ -113,9 +114,16 @@ class TurnControls:
         if self._closed:
             return False
         self._stop_requested = True
+        # Tools' own scopes first, so a running tool sees ``ctx.cancelled`` on its own scope.
+        for scope in tuple(self._tool_scopes):
+            scope.cancel()
         if self._scope is not None:
             self._scope.cancel()
         return True
+
+    @property
+    def turn_cancelled(self) -> bool:
+        return self._stop_requested or (self._scope is not None and self._scope.cancel_called)
 
     @property
     def stop_requested(self) -> bool:
@@ -190,6 +198,7 @@ class _Turn:
         self.saw_first_event = False
         self.started: set[str] = set()
         self.tool_scopes: dict[str, trio.CancelScope] = {}
+        self.deadline = trio.current_time() + request.limits.turn_deadline_ms / 1000
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -330,8 +339,13 @@ class _Turn:
             tool = self.state.tool_set.get(started.tool_name)
             if tool is None:  # unreachable: the reducer checked the frozen tool set
                 continue
-            scope = trio.CancelScope()
+            # The tool's own scope carries the turn deadline, so at the deadline (as on Stop) the
+            # tool sees its own scope cancelled, not just a Cancelled from further out.
+            scope = trio.CancelScope(deadline=self.deadline)
             self.tool_scopes[call.id] = scope
+            self.controls._tool_scopes.add(scope)
+            if self.controls.turn_cancelled:
+                scope.cancel()  # Stop arrived while this call was being started
             nursery.start_soon(self.tool_task, call.id, tool, started.prepared.run, snapshot, scope)
 
     async def tool_task(
@@ -356,7 +370,8 @@ class _Turn:
                 outcome = produced
             else:
                 outcome = ToolOutcome.failure("The tool returned something that is not a tool outcome.")
-        if scope.cancel_called or outcome is None or self.state.is_settled:
+        self.controls._tool_scopes.discard(scope)
+        if scope.cancel_called or self.controls.turn_cancelled or outcome is None or self.state.is_settled:
             return  # cancelled or no longer wanted: whatever it returned is discarded, never committed
         # Commit and report with no checkpoint in between, so no cancellation can split them.
         committed = commit_tool_outcome(
@@ -408,7 +423,7 @@ async def run_turn(
             now_ms=now_ms,
         )
     )
-    deadline = trio.current_time() + request.limits.turn_deadline_ms / 1000
+    deadline = turn.deadline
     try:
         with trio.CancelScope(deadline=deadline) as turn_scope:
             controls._scope = turn_scope

@@ -75,6 +75,9 @@ class Session:
         self.system_prompt = system_prompt
         self.max_output_tokens = max_output_tokens
         self._history: tuple[Message, ...] = tuple(history)
+        problems = assert_tool_pairing(self._history)
+        if problems:
+            raise TranscriptError(f"The history is not pairable: {problems[0].kind.value} for {problems[0].call_id!r}.")
         self._controls: TurnControls | None = None
         self._state: TurnState | None = None
         self._last_turn: tuple[str, ThreatModel] | None = None  # (turn id, document before it)

@@ -1,0 +1,366 @@
+"""The Trio runner over real loopback HTTP: full turns, Stop, deadlines, concurrency, retries, undo."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from trioloop.document import ThreatModel, load_thf
+from trioloop.loop.limits import TurnLimits
+from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
+from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.loop.tool_runtime import (
+    ToolExecutionContext,
+    ToolOutcome,
+    ToolRegistry,
+    create_tool_registry,
+    define_executable_tool,
+)
+from trioloop.loop.transaction import turn_undo_availability, undo_turn
+from trioloop.protocol import assert_tool_pairing, flatten_text
+from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.tools import create_ai_tool_registry
+
+PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
+
+
+@pytest.fixture
+def document() -> ThreatModel:
+    return load_thf(PAYMENT)
+
+
+@attrs.frozen(kw_only=True)
+class Nothing:
+    note: str = ""
+
+
+class Probe:
+    """Records what custom tools saw, so tests can assert on cancellation and concurrency."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.finished: list[str] = []
+        self.saw_cancel: list[bool] = []
+        self.running = 0
+        self.max_running = 0
+
+
+def sleepy_tool(
+    name: str, probe: Probe, seconds: float, *, effect: Any = "read", rename_to: str | None = None
+) -> Any:
+    async def run(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        probe.started.append(name)
+        probe.running += 1
+        probe.max_running = max(probe.max_running, probe.running)
+        try:
+            await trio.sleep(seconds)
+        except trio.Cancelled:
+            probe.saw_cancel.append(ctx.cancelled)
+            raise
+        finally:
+            probe.running -= 1
+        probe.finished.append(name)
+        if rename_to is None:
+            return ToolOutcome.success(f"{name} done")
+        metadata = attrs.evolve(ctx.document.metadata, title=rename_to)
+        return ToolOutcome.success("renamed", document=attrs.evolve(ctx.document, metadata=metadata))
+
+    return define_executable_tool(
+        name=name,
+        description=f"{name} for tests",
+        effect=effect,
+        destructive=False,
+        input_type=Nothing,
+        run=run,
+        summarize=lambda inp: f"{name} {inp.note}",
+    )
+
+
+def request(text: str, registry: ToolRegistry, **limits: Any) -> TurnRequest:
+    return TurnRequest(
+        text=text, turn_id="turn-1", model="scripted-1", registry=registry, limits=TurnLimits(**limits)
+    )
+
+
+async def drive(
+    steps: list[ScriptStep],
+    workspace: Workspace,
+    registry: ToolRegistry,
+    on_state: Callable[[TurnState, TurnControls], Awaitable[None] | None] | None = None,
+    **limits: Any,
+) -> tuple[TurnState, ScriptedProvider]:
+    controls = TurnControls()
+    states: list[TurnState] = []
+
+    def observe(state: TurnState) -> None:
+        states.append(state)
+        if on_state is not None:
+            on_state(state, controls)
+
+    async with ScriptedProvider(steps) as provider:
+        final = await run_turn(request("go", registry, **limits), workspace, provider, controls=controls, on_state=observe)
+    assert final.is_settled
+    assert assert_tool_pairing(final.messages) == ()
+    return final, provider
+
+
+def approve_all(state: TurnState, controls: TurnControls) -> None:
+    if state.phase is Phase.AWAITING_APPROVAL:
+        for call in state.current_calls:
+            if call.status is CallStatus.PENDING:
+                controls.approve(call.id)
+
+
+async def test_two_iteration_turn_over_loopback_commits_and_sends_results(document: ThreatModel) -> None:
+    workspace = Workspace(document=document)
+    steps = [
+        ScriptStep(
+            text="Adding a threat.",
+            tool_calls=(
+                ScriptedCall(id="c1", name="get_entity", input={"kind": "elements", "id": "card-vault"}),
+                ScriptedCall(
+                    id="c2",
+                    name="add_threat",
+                    input={
+                        "threat": {
+                            "title": "Vault keys stolen",
+                            "category": "Information Disclosure",
+                            "severity": "high",
+                            "element": "card-vault",
+                        }
+                    },
+                ),
+            ),
+        ),
+        ScriptStep(text="Done: one threat added."),
+    ]
+    final, provider = await drive(steps, workspace, create_ai_tool_registry(), approve_all)
+    assert final.outcome is Outcome.COMPLETED
+    assert [c.status for c in final.calls] == [CallStatus.SUCCEEDED, CallStatus.SUCCEEDED]
+    assert len(workspace.document.threats) == len(document.threats) + 1
+    assert len(workspace.undo.entries) == 1
+    # The second request carried both tool results back to the model.
+    second = provider.requests[1]
+    assert isinstance(second, dict)
+    results = [
+        block
+        for message in second["messages"]
+        if isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_result"
+    ]
+    assert {r["tool_use_id"] for r in results} == {"c1", "c2"}
+    undone = undo_turn(workspace.undo, workspace.document, "turn-1")
+    assert undone is not None and undone[0] == document
+
+
+async def test_read_only_turn_never_pauses(document: ThreatModel) -> None:
+    workspace = Workspace(document=document)
+    phases: list[Phase] = []
+    steps = [
+        ScriptStep(tool_calls=(ScriptedCall(id="r1", name="get_document_summary", input={}),)),
+        ScriptStep(text="Looks fine."),
+    ]
+    final, _ = await drive(steps, workspace, create_ai_tool_registry(), lambda s, c: phases.append(s.phase))
+    assert Phase.AWAITING_APPROVAL not in phases
+    assert final.outcome is Outcome.COMPLETED and final.calls[0].status is CallStatus.SUCCEEDED
+    assert workspace.document is document and workspace.undo.entries == ()
+
+
+async def test_reads_run_concurrently(document: ThreatModel) -> None:
+    probe = Probe()
+    registry = create_tool_registry([sleepy_tool("slow_a", probe, 0.05), sleepy_tool("slow_b", probe, 0.05)])
+    steps = [
+        ScriptStep(tool_calls=(ScriptedCall(id="a", name="slow_a"), ScriptedCall(id="b", name="slow_b"))),
+        ScriptStep(text="ok"),
+    ]
+    final, _ = await drive(steps, Workspace(document=document), registry)
+    assert final.outcome is Outcome.COMPLETED
+    assert probe.max_running == 2
+
+
+async def test_mutations_run_one_at_a_time_so_both_commit(document: ThreatModel) -> None:
+    probe = Probe()
+    registry = create_tool_registry(
+        [
+            sleepy_tool("retitle_a", probe, 0.01, effect="mutate", rename_to="A"),
+            sleepy_tool("retitle_b", probe, 0.01, effect="mutate", rename_to="B"),
+        ]
+    )
+    steps = [
+        ScriptStep(tool_calls=(ScriptedCall(id="a", name="retitle_a"), ScriptedCall(id="b", name="retitle_b"))),
+        ScriptStep(text="ok"),
+    ]
+    workspace = Workspace(document=document)
+    final, _ = await drive(steps, workspace, registry, approve_all)
+    assert probe.max_running == 1 and probe.started == ["retitle_a", "retitle_b"]
+    assert [c.status for c in final.calls] == [CallStatus.SUCCEEDED, CallStatus.SUCCEEDED]
+    assert workspace.document.metadata.title == "B"
+    assert len(workspace.undo.entries) == 1  # one undo entry per turn, however many commits
+
+
+async def test_stop_during_stream_keeps_partial_text(document: ThreatModel) -> None:
+    steps = [ScriptStep(text="x" * 400, chunk_size=10, delay_between_chunks=0.01)]
+
+    def stop_midway(state: TurnState, controls: TurnControls) -> None:
+        if len(state.streaming_text) >= 50:
+            controls.stop()
+
+    final, _ = await drive(steps, Workspace(document=document), create_ai_tool_registry(), stop_midway)
+    assert final.outcome is Outcome.CANCELLED
+    kept = [flatten_text(m) for m in final.messages if m.role == "assistant"]
+    assert kept and 50 <= len(kept[-1]) < 400 and set(kept[-1]) == {"x"}
+
+
+async def test_stop_during_approval_denies_pending_calls(document: ThreatModel) -> None:
+    workspace = Workspace(document=document)
+    steps = [ScriptStep(tool_calls=(ScriptedCall(id="d", name="delete_element", input={"id": "psp"}),))]
+
+    def stop_on_review(state: TurnState, controls: TurnControls) -> None:
+        if state.phase is Phase.AWAITING_APPROVAL:
+            controls.stop()
+
+    final, _ = await drive(steps, workspace, create_ai_tool_registry(), stop_on_review)
+    assert final.outcome is Outcome.CANCELLED
+    assert final.calls[0].status is CallStatus.DENIED
+    assert workspace.document is document
+
+
+async def test_stop_during_running_tool_discards_its_value(document: ThreatModel) -> None:
+    probe = Probe()
+    registry = create_tool_registry([sleepy_tool("retitle", probe, 0.2, effect="mutate", rename_to="hacked")])
+    workspace = Workspace(document=document)
+
+    def approve_then_stop(state: TurnState, controls: TurnControls) -> None:
+        approve_all(state, controls)
+        if any(c.status is CallStatus.RUNNING for c in state.calls):
+            controls.stop()
+
+    steps = [ScriptStep(tool_calls=(ScriptedCall(id="t", name="retitle"),))]
+    final, _ = await drive(steps, workspace, registry, approve_then_stop)
+    assert final.outcome is Outcome.CANCELLED
+    assert probe.saw_cancel == [True]  # the tool saw its own scope cancelled
+    assert probe.finished == []
+    assert workspace.document is document and workspace.undo.entries == ()
+    assert final.calls[0].status is CallStatus.DENIED
+
+
+async def test_tool_that_ignores_cancel_and_returns_a_document_is_not_committed(document: ThreatModel) -> None:
+    @attrs.frozen
+    class In:
+        pass
+
+    async def stubborn(inp: In, ctx: ToolExecutionContext) -> ToolOutcome:
+        try:
+            await trio.sleep(10)
+        except trio.Cancelled:
+            pass  # swallows the cancellation and returns a change anyway
+        return ToolOutcome.success("x", document=attrs.evolve(ctx.document, version="1.0"))
+
+    tool = define_executable_tool(
+        name="stubborn", description="", effect="mutate", destructive=False, input_type=In, run=stubborn, summarize=str
+    )
+    workspace = Workspace(document=document)
+
+    def approve_then_stop(state: TurnState, controls: TurnControls) -> None:
+        approve_all(state, controls)
+        if any(c.status is CallStatus.RUNNING for c in state.calls):
+            controls.stop()
+
+    steps = [ScriptStep(tool_calls=(ScriptedCall(id="t", name="stubborn"),))]
+    final, _ = await drive(steps, workspace, create_tool_registry([tool]), approve_then_stop)
+    assert final.outcome is Outcome.CANCELLED
+    assert workspace.document is document and workspace.undo.entries == ()
+
+
+async def test_deadline_cuts_a_stalled_stream(document: ThreatModel, autojump_clock: trio.testing.MockClock) -> None:
+    steps = [ScriptStep(text="hello there", stall_after_bytes=200)]
+    start = trio.current_time()
+    final, _ = await drive(steps, Workspace(document=document), create_ai_tool_registry(), turn_deadline_ms=5_000)
+    assert final.outcome is Outcome.BOUNDED
+    assert trio.current_time() - start == pytest.approx(5.0, abs=0.01)
+    assert final.notices
+
+
+async def test_deadline_cuts_a_sleeping_tool(document: ThreatModel, autojump_clock: trio.testing.MockClock) -> None:
+    probe = Probe()
+    registry = create_tool_registry([sleepy_tool("nap", probe, 3600)])
+    steps = [ScriptStep(tool_calls=(ScriptedCall(id="n", name="nap"),))]
+    start = trio.current_time()
+    final, _ = await drive(steps, Workspace(document=document), registry, turn_deadline_ms=2_000)
+    assert final.outcome is Outcome.BOUNDED
+    assert trio.current_time() - start == pytest.approx(2.0, abs=0.01)
+    assert probe.saw_cancel == [True] and final.calls[0].status is CallStatus.DENIED
+
+
+async def test_transient_failures_before_first_event_are_retried_within_budget(
+    document: ThreatModel, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Each 503 exhausts the transport's own 3 attempts; the turn then retries the request itself.
+    busy = [ScriptStep(status=503)] * 3
+    final, provider = await drive([*busy, ScriptStep(text="recovered")], Workspace(document=document), create_ai_tool_registry())
+    assert final.outcome is Outcome.COMPLETED and "recovered" in str(final.messages[-1])
+    assert final.budget.retries_used >= 1
+
+
+async def test_retry_budget_is_held(document: ThreatModel, autojump_clock: trio.testing.MockClock) -> None:
+    final, provider = await drive(
+        [ScriptStep(status=429, retry_after=1)] * 40,
+        Workspace(document=document),
+        create_ai_tool_registry(),
+        max_retries_per_turn=2,
+    )
+    assert final.outcome is Outcome.FAILED
+    assert final.budget.retries_used == 2
+    assert final.error is not None and final.error.code == "rate_limited"
+
+
+async def test_failure_after_first_text_is_not_retried(document: ThreatModel) -> None:
+    steps = [ScriptStep(text="partial answer", disconnect_after_bytes=400), ScriptStep(text="should not be used")]
+    final, provider = await drive(steps, Workspace(document=document), create_ai_tool_registry())
+    assert final.outcome is Outcome.FAILED
+    assert len(provider.requests) == 1
+    assert final.budget.retries_used == 0
+
+
+async def test_bounded_turn_keeps_commits_and_one_undo_reverts_them(document: ThreatModel) -> None:
+    workspace = Workspace(document=document)
+
+    def add(cid: str, title: str) -> ScriptStep:
+        threat = {"title": title, "category": "Tampering", "severity": "low", "element": "psp"}
+        return ScriptStep(tool_calls=(ScriptedCall(id=cid, name="add_threat", input={"threat": threat}),))
+
+    final, _ = await drive(
+        [add("a", "First"), add("b", "Second"), add("c", "Third")],
+        workspace,
+        create_ai_tool_registry(),
+        approve_all,
+        max_iterations=2,
+    )
+    assert final.outcome is Outcome.BOUNDED
+    assert [c.status for c in final.calls] == [CallStatus.SUCCEEDED, CallStatus.SUCCEEDED]
+    assert len(workspace.document.threats) == len(document.threats) + 2
+    assert turn_undo_availability(workspace.undo, "turn-1").undoable
+    undone = undo_turn(workspace.undo, workspace.document, "turn-1")
+    assert undone is not None
+    restored, history = undone
+    assert restored == document and history.entries == ()
+
+
+async def test_outer_cancellation_still_settles(document: ThreatModel) -> None:
+    states: list[TurnState] = []
+    async with ScriptedProvider([ScriptStep(text="slow", stall_after_bytes=100)]) as provider:
+        with trio.move_on_after(0.2):
+            await run_turn(
+                request("go", create_ai_tool_registry()),
+                Workspace(document=document),
+                provider,
+                on_state=states.append,
+            )
+    assert states[-1].is_settled and states[-1].outcome is Outcome.CANCELLED

@@ -1,0 +1,170 @@
+"""Session: turns across a conversation, review controls from another task, observers, undo, transcripts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from trioloop.document import ThreatModel, load_thf
+from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
+from trioloop.loop.session import Session, SessionBusy, TranscriptError
+from trioloop.loop.transaction import UndoAvailability
+from trioloop.protocol import Message, ToolCallBlock, assert_tool_pairing
+from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+
+PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
+
+
+@pytest.fixture
+def document() -> ThreatModel:
+    return load_thf(PAYMENT)
+
+
+def add_threat(cid: str, title: str) -> ScriptStep:
+    threat = {"title": title, "category": "Spoofing", "severity": "medium", "element": "psp"}
+    return ScriptStep(text=f"Proposing {title}.", tool_calls=(ScriptedCall(id=cid, name="add_threat", input={"threat": threat}),))
+
+
+async def reviewer(session: Session, decide: str = "approve") -> None:
+    """A UI-like task: watches states and answers each pending call through the session."""
+    async for state in session.states():
+        if state.phase is Phase.AWAITING_APPROVAL:
+            for call in state.current_calls:
+                if call.status is CallStatus.PENDING:
+                    getattr(session, decide)(call.id)
+
+
+async def send_with_reviewer(session: Session, text: str, decide: str = "approve") -> TurnState:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reviewer, session, decide)
+        state = await session.send(text)
+        nursery.cancel_scope.cancel()
+    return state
+
+
+async def test_turns_build_one_pairable_conversation(document: ThreatModel) -> None:
+    steps = [add_threat("a", "First"), ScriptStep(text="Added."), ScriptStep(text="Second answer.")]
+    async with ScriptedProvider(steps) as provider:
+        session = Session(document=document, provider=provider, model="scripted-1")
+        first = await send_with_reviewer(session, "add a threat")
+        assert first.outcome is Outcome.COMPLETED
+        second = await session.send("thanks")
+        assert second.outcome is Outcome.COMPLETED
+        assert assert_tool_pairing(session.history) == ()
+        assert [m.role for m in session.history][0] == "user"
+        # The third request carried the whole earlier conversation.
+        third = provider.requests[2]
+        assert isinstance(third, dict)
+        assert any("add a threat" in json.dumps(m) for m in third["messages"])
+    assert len(session.document.threats) == len(document.threats) + 1
+
+
+async def test_second_send_while_busy_is_refused(document: ThreatModel) -> None:
+    async with ScriptedProvider([ScriptStep(text="slow", stall_after_bytes=50)]) as provider:
+        session = Session(document=document, provider=provider, model="scripted-1")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.send, "first")
+            await trio.testing.wait_all_tasks_blocked()
+            assert session.busy
+            with pytest.raises(SessionBusy):
+                await session.send("second")
+            assert session.stop()
+        assert session.state is not None and session.state.outcome is Outcome.CANCELLED
+        assert not session.busy
+
+
+async def test_denial_from_the_ui_task(document: ThreatModel) -> None:
+    async with ScriptedProvider([add_threat("a", "Nope"), ScriptStep(text="Understood.")]) as provider:
+        session = Session(document=document, provider=provider, model="scripted-1")
+        state = await send_with_reviewer(session, "add", decide="deny")
+    assert state.calls[0].status is CallStatus.DENIED
+    assert session.document is document
+    assert session.undo_availability() is not UndoAvailability.UNDOABLE
+
+
+async def test_slow_observer_sees_latest_state_not_a_backlog(document: ThreatModel) -> None:
+    seen: list[TurnState] = []
+
+    async def slow_observer(session: Session) -> None:
+        async for state in session.states():
+            seen.append(state)
+            await trio.sleep(0.05)  # far slower than the stream
+
+    steps = [ScriptStep(text="y" * 2000, chunk_size=5)]
+    async with ScriptedProvider(steps) as provider:
+        session = Session(document=document, provider=provider, model="scripted-1")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(slow_observer, session)
+            final = await session.send("go")
+            await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+    assert final.outcome is Outcome.COMPLETED
+    assert seen[-1] is final  # the observer caught up to the newest state
+    assert len(seen) < 100  # it skipped states instead of queueing ~400 of them
+
+
+async def test_undo_last_turn_restores_and_is_single_use(document: ThreatModel) -> None:
+    async with ScriptedProvider([add_threat("a", "T"), ScriptStep(text="ok")]) as provider:
+        session = Session(document=document, provider=provider, model="scripted-1")
+        await send_with_reviewer(session, "add")
+        assert session.undo_availability().undoable
+        assert session.undo_last_turn()
+        assert session.document == document
+        assert session.state is not None and session.state.calls[0].status is CallStatus.UNDONE
+        assert not session.undo_last_turn()
+        assert not session.undo_availability().undoable
+
+
+async def test_undo_is_unavailable_once_a_later_turn_committed(document: ThreatModel) -> None:
+    steps = [add_threat("a", "One"), ScriptStep(text="ok"), add_threat("b", "Two"), ScriptStep(text="ok")]
+    async with ScriptedProvider(steps) as provider:
+        session = Session(document=document, provider=provider, model="scripted-1")
+        await send_with_reviewer(session, "first")
+        await send_with_reviewer(session, "second")
+        assert session.undo_last_turn()  # the second turn
+        assert len(session.document.threats) == len(document.threats) + 1
+
+
+async def test_transcript_round_trip(document: ThreatModel, tmp_path: Path) -> None:
+    async with ScriptedProvider([add_threat("a", "T"), ScriptStep(text="ok")]) as provider:
+        session = Session(document=document, provider=provider, model="scripted-1")
+        await send_with_reviewer(session, "add")
+    path = tmp_path / "t.json"
+    session.save_transcript(path)
+    loaded = Session.load_transcript(path)
+    assert loaded == session.history
+    assert assert_tool_pairing(loaded) == ()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "not json",
+        json.dumps({"version": 99, "messages": []}),
+        json.dumps({"version": 1, "messages": [{"role": "system", "content": []}]}),
+        json.dumps(
+            {
+                "version": 1,
+                "messages": [{"role": "assistant", "content": [{"type": "tool_call", "id": "x", "name": "t", "input": {}}]}],
+            }
+        ),
+    ],
+)
+def test_bad_transcripts_are_refused(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(TranscriptError):
+        Session.load_transcript(path)
+
+
+def test_history_passed_in_is_kept_and_must_be_pairable(document: ThreatModel) -> None:
+    history = (Message.user("hi"), Message.assistant("hello"))
+    session = Session(document=document, provider=None, model="m", history=history)  # type: ignore[arg-type]
+    assert session.history == history
+    open_call = (*history, Message(role="assistant", content=(ToolCallBlock(id="1", name="t"),)))
+    with pytest.raises(TranscriptError):
+        Session(document=document, provider=None, model="m", history=open_call)  # type: ignore[arg-type]

@@ -26,7 +26,9 @@ def document() -> ThreatModel:
 
 def add_threat(cid: str, title: str) -> ScriptStep:
     threat = {"title": title, "category": "Spoofing", "severity": "medium", "element": "psp"}
-    return ScriptStep(text=f"Proposing {title}.", tool_calls=(ScriptedCall(id=cid, name="add_threat", input={"threat": threat}),))
+    return ScriptStep(
+        text=f"Proposing {title}.", tool_calls=(ScriptedCall(id=cid, name="add_threat", input={"threat": threat}),)
+    )
 
 
 async def reviewer(session: Session, decide: str = "approve") -> None:
@@ -55,7 +57,7 @@ async def test_turns_build_one_pairable_conversation(document: ThreatModel) -> N
         second = await session.send("thanks")
         assert second.outcome is Outcome.COMPLETED
         assert assert_tool_pairing(session.history) == ()
-        assert [m.role for m in session.history][0] == "user"
+        assert session.history[0].role == "user"
         # The third request carried the whole earlier conversation.
         third = provider.requests[2]
         assert isinstance(third, dict)
@@ -149,7 +151,9 @@ async def test_transcript_round_trip(document: ThreatModel, tmp_path: Path) -> N
         json.dumps(
             {
                 "version": 1,
-                "messages": [{"role": "assistant", "content": [{"type": "tool_call", "id": "x", "name": "t", "input": {}}]}],
+                "messages": [
+                    {"role": "assistant", "content": [{"type": "tool_call", "id": "x", "name": "t", "input": {}}]}
+                ],
             }
         ),
     ],

@@ -29,14 +29,18 @@ def _console() -> Console:
     return Console(highlight=False, soft_wrap=True)
 
 
-def _load(path: Path, console: Console) -> ThreatModel | None:
+def _error(text: str) -> None:
+    Console(stderr=True, highlight=False).print(Text(text), style="red")
+
+
+def _load(path: Path) -> ThreatModel | None:
     try:
         return load_thf(path)
     except ThfError as exc:
-        console.print(Text(f"error: {type(exc).__name__}: {exc.message}"), style="red")
+        _error(f"error: {type(exc).__name__}: {exc.message}")
         return None
     except OSError as exc:
-        console.print(Text(f"error: cannot read {path.name}: {exc.strerror}"), style="red")
+        _error(f"error: cannot read {path.name}: {exc.strerror}")
         return None
 
 
@@ -64,7 +68,7 @@ def _report(console: Console, session: Session, state: TurnState, before: Threat
 
 async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, prompt: Callable[[str], str]) -> int:
     console = _console()
-    document = _load(path, console)
+    document = _load(path)
     if document is None:
         return 1
     async with ScriptedProvider(DEMO_SCRIPT, wire="anthropic") as provider:
@@ -113,9 +117,9 @@ async def _chat(path: Path, provider_name: str, model: str, mode: ApproveMode, p
     console = _console()
     key = os.environ.get(_KEY_ENV[provider_name], "")
     if not key:
-        console.print(Text(f"error: set {_KEY_ENV[provider_name]} to use --provider {provider_name}"), style="red")
+        _error(f"error: set {_KEY_ENV[provider_name]} to use --provider {provider_name}")
         return 2
-    document = _load(path, console)
+    document = _load(path)
     if document is None:
         return 1
     session = Session(document=document, provider=_real_provider(provider_name, key), model=model)

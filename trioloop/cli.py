@@ -1,0 +1,98 @@
+"""The `trioloop` command line: one function per subcommand, wired up by `_build_parser`.
+
+Exit codes: 0 success, 1 the document is invalid, 2 usage error or a file that cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final
+
+from trioloop.document.errors import ThfError
+from trioloop.document.model import SECTION_NAMES
+from trioloop.document.thf import load_thf
+
+__all__ = ["main"]
+
+EXIT_OK: Final = 0
+EXIT_INVALID: Final = 1
+EXIT_USAGE: Final = 2
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    """Check a `.thf` file and print its version and section counts."""
+    path = Path(args.file)
+    try:
+        model = load_thf(path)
+    except ThfError as error:
+        print(f"error: {type(error).__name__}: {error.message}", file=sys.stderr)
+        return EXIT_INVALID
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        print(f"error: cannot read {args.file}: {reason}", file=sys.stderr)
+        return EXIT_USAGE
+    counts = ", ".join(f"{len(model.section(name))} {name}" for name in SECTION_NAMES)
+    print(f"{args.file}: valid .thf {model.version} ({counts})")
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """Play the scripted review session against a document (default: examples/payment.thf)."""
+    from trioloop._commands import run_demo
+
+    return run_demo(args.file, args.approve, args.out, args.undo)
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    """The same loop against a real provider API, key from the environment."""
+    from trioloop._commands import run_chat
+
+    return run_chat(args.file, args.provider, args.model, args.approve)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trioloop",
+        description="A bounded, cancellable, reviewable AI tool loop over a threat model.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    validate = commands.add_parser("validate", help="check a .thf threat model file")
+    validate.add_argument("file", metavar="FILE", help="path to the .thf file")
+    validate.set_defaults(run=_cmd_validate)
+
+    demo = commands.add_parser("demo", help="run the scripted review demo (no network, no key)")
+    demo.add_argument("file", metavar="FILE", nargs="?", help="a .thf file (default: examples/payment.thf)")
+    demo.add_argument(
+        "--approve",
+        choices=("ask", "safe", "none"),
+        default="ask",
+        help="ask at each card (default); approve every non-destructive call and deny the rest; deny all",
+    )
+    demo.add_argument("--out", metavar="FILE", help="write the resulting document here")
+    demo.add_argument("--undo", action="store_true", help="undo the turn at the end and show the document restored")
+    demo.set_defaults(run=_cmd_demo)
+
+    chat = commands.add_parser("chat", help="edit a .thf file with a real model (needs an API key)")
+    chat.add_argument("file", metavar="FILE", help="the .thf file to edit")
+    chat.add_argument("--provider", choices=("anthropic", "openai"), required=True)
+    chat.add_argument("--model", required=True, help="model id, e.g. claude-sonnet-4-5 or gpt-4.1")
+    chat.add_argument("--approve", choices=("ask", "safe", "none"), default="ask")
+    chat.set_defaults(run=_cmd_chat)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with `argv` (default: `sys.argv[1:]`); returns the exit code."""
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        # argparse exits 2 on usage errors and 0 after --help; report that as our return value.
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    command: Command = args.run
+    return command(args)

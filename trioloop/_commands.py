@@ -21,7 +21,9 @@ from trioloop.providers.scripted import ScriptedProvider
 
 __all__ = ["DEFAULT_DEMO_FILE", "run_chat", "run_demo"]
 
-DEFAULT_DEMO_FILE = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
+_SOURCE_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
+_PACKAGED_EXAMPLE = Path(__file__).resolve().parent / "_data" / "payment.thf"  # in a wheel install
+DEFAULT_DEMO_FILE = _SOURCE_EXAMPLE if _SOURCE_EXAMPLE.exists() else _PACKAGED_EXAMPLE
 _KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 
 

@@ -10,18 +10,7 @@ import pytest
 
 import trioloop
 
-DESIGN_NAMES = """
-ThreatModel load_thf dump_thf validate_threat_model ThfError apply_action
-Message TextBlock ToolCallBlock ToolResultBlock assert_tool_pairing MessageStart TextDelta ToolCallStart
-ToolCallInputDelta ToolCallComplete Usage MessageStop StreamError Aborted StreamEvent ProtocolError
-ProtocolErrorCode redact_provider_detail
-TurnLimits DEFAULT_TURN_LIMITS budget_exhaustion Grant grant_for_call grant_for_batch auto_grant_read_only
-authorize_start Violation TurnState Phase CallStatus Outcome reduce_turn Submit ApproveCall ApproveBatch
-DenyCall StartCall CallSettled Advance Retry Cancel UndoTurn define_executable_tool RegisteredTool
-PreparedCall ToolOutcome ToolExecutionContext create_tool_registry canonical_json input_digest
-commit_tool_outcome UndoHistory turn_undo_availability run_turn Session
-AnthropicProvider OpenAIProvider ScriptedProvider create_ai_tool_registry
-""".split()
+DESIGN_NAMES = ["ThreatModel", "load_thf", "dump_thf", "validate_threat_model", "ThfError", "apply_action", "Message", "TextBlock", "ToolCallBlock", "ToolResultBlock", "assert_tool_pairing", "MessageStart", "TextDelta", "ToolCallStart", "ToolCallInputDelta", "ToolCallComplete", "Usage", "MessageStop", "StreamError", "Aborted", "StreamEvent", "ProtocolError", "ProtocolErrorCode", "redact_provider_detail", "TurnLimits", "DEFAULT_TURN_LIMITS", "budget_exhaustion", "Grant", "grant_for_call", "grant_for_batch", "auto_grant_read_only", "authorize_start", "Violation", "TurnState", "Phase", "CallStatus", "Outcome", "reduce_turn", "Submit", "ApproveCall", "ApproveBatch", "DenyCall", "StartCall", "CallSettled", "Advance", "Retry", "Cancel", "UndoTurn", "define_executable_tool", "RegisteredTool", "PreparedCall", "ToolOutcome", "ToolExecutionContext", "create_tool_registry", "canonical_json", "input_digest", "commit_tool_outcome", "UndoHistory", "turn_undo_availability", "run_turn", "Session", "AnthropicProvider", "OpenAIProvider", "ScriptedProvider", "create_ai_tool_registry"]
 
 
 def test_design_names_are_exported() -> None:

@@ -1,3 +1,4 @@
+import enum
 from typing import Literal
 
 import attrs
@@ -165,3 +166,32 @@ def test_registry_refuses_duplicates_and_matches_exactly() -> None:
         assert registry.get(confusable) is None
         assert confusable not in registry
     assert [d.name for d in registry.definitions()] == ["delete_element", "b"]
+
+
+class Color(enum.StrEnum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@attrs.frozen(kw_only=True)
+class Paint:
+    color: Color
+    accent: Color | None = None
+
+
+def test_str_enum_fields_are_validated_and_advertised() -> None:
+    tool = define_executable_tool(
+        name="paint",
+        description="",
+        effect="mutate",
+        destructive=False,
+        input_type=Paint,
+        run=lambda i, c: ToolOutcome.success("ok"),
+        summarize=lambda i: i.color.value,
+    )
+    ok = tool.prepare({"color": "red", "accent": None})
+    assert isinstance(ok, PreparedCall) and ok.summary == "red"
+    bad = tool.prepare({"color": "green"})
+    assert isinstance(bad, PrepareFailure) and bad.issues == ("color: must be one of 'red', 'blue'",)
+    assert tool.json_schema["properties"]["color"] == {"type": "string", "enum": ["red", "blue"]}
+    assert tool.json_schema["properties"]["accent"] == {"type": ["string", "null"], "enum": ["red", "blue", None]}

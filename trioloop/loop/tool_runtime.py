@@ -192,6 +192,8 @@ def _type_schema(tp: Any) -> dict[str, Any]:
         raise TypeError(f"unsupported tool input type: {tp!r}")
     if nullable and "type" in schema:
         schema = {**schema, "type": [schema["type"], "null"]}
+        if "enum" in schema:
+            schema["enum"] = [*schema["enum"], None]
     return schema
 
 
@@ -242,7 +244,17 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def _strict_str(value: Any, _: Any) -> str:
+def _enum_member(value: Any, tp: type[enum.Enum]) -> Any:
+    for member in tp:
+        if type(value) is type(member.value) and value == member.value:
+            return member
+    choices = ", ".join(repr(m.value) for m in tp)
+    raise ValueError(f"must be one of {choices}")
+
+
+def _strict_str(value: Any, tp: Any) -> Any:
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):  # a StrEnum dispatches here as a str subclass
+        return _enum_member(value, tp)
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {_type_name(value)}")
     return value
@@ -291,14 +303,7 @@ def _make_converter() -> cattrs.Converter:
     def is_enum(tp: Any) -> bool:
         return isinstance(tp, type) and issubclass(tp, enum.Enum)
 
-    def structure_enum(value: Any, tp: Any) -> Any:
-        for member in tp:
-            if type(value) is type(member.value) and value == member.value:
-                return member
-        choices = ", ".join(repr(m.value) for m in tp)
-        raise ValueError(f"must be one of {choices}")
-
-    conv.register_structure_hook_func(is_enum, structure_enum)
+    conv.register_structure_hook_func(is_enum, _enum_member)
 
     def is_sequence(tp: Any) -> bool:
         return typing.get_origin(tp) in (tuple, list)

@@ -49,7 +49,10 @@ class ProtocolError(Exception):
         super().__init__(f"{self.code.value}: {message}")
 
     def __repr__(self) -> str:
-        return f"ProtocolError(code={self.code.value!r}, message={self.message!r}, provider_detail={self.provider_detail!r})"
+        return (
+            f"ProtocolError(code={self.code.value!r}, message={self.message!r}, "
+            f"provider_detail={self.provider_detail!r})"
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ProtocolError):

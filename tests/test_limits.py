@@ -1,0 +1,128 @@
+"""TurnLimits validation, the order budget_exhaustion checks bounds in, and the per-call cap."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trioloop.loop.limits import (
+    DEFAULT_TURN_LIMITS,
+    Bound,
+    TurnBudget,
+    TurnLimits,
+    bound_notice,
+    budget_exhaustion,
+    tool_call_cap,
+)
+
+FIELDS = [field.name for field in attrs.fields(TurnLimits)]
+
+
+def test_defaults_match_the_design() -> None:
+    assert (
+        TurnLimits(
+            max_iterations=8,
+            max_tool_calls_per_turn=32,
+            max_tool_calls_per_iteration=12,
+            max_retries_per_turn=3,
+            turn_deadline_ms=300_000,
+            reserve_output_tokens=4096,
+        )
+        == DEFAULT_TURN_LIMITS
+    )
+
+
+def test_limits_are_frozen() -> None:
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        DEFAULT_TURN_LIMITS.max_iterations = 100  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("field", FIELDS)
+@pytest.mark.parametrize("bad", [0, -1, math.nan, math.inf, 1.5, 2.0, True, False, "3", None])
+def test_invalid_limit_is_refused_naming_the_field(field: str, bad: object) -> None:
+    with pytest.raises((TypeError, ValueError)) as caught:
+        TurnLimits(**{field: bad})  # type: ignore[arg-type]
+    assert field in str(caught.value)
+
+
+@given(field=st.sampled_from(FIELDS), value=st.integers(max_value=0))
+def test_every_non_positive_int_is_refused(field: str, value: int) -> None:
+    with pytest.raises(ValueError, match=field):
+        TurnLimits(**{field: value})  # type: ignore[arg-type]
+
+
+@given(field=st.sampled_from(FIELDS), value=st.integers(min_value=1, max_value=10**12))
+def test_every_positive_int_is_accepted(field: str, value: int) -> None:
+    assert getattr(TurnLimits(**{field: value}), field) == value  # type: ignore[arg-type]
+
+
+def _reference(budget: TurnBudget, limits: TurnLimits, now_ms: int) -> Bound | None:
+    checks = [
+        (Bound.ITERATIONS, budget.iterations_started, limits.max_iterations),
+        (Bound.TOOL_CALLS, budget.tool_calls_accepted, limits.max_tool_calls_per_turn),
+        (Bound.RETRIES, budget.retries_used, limits.max_retries_per_turn),
+        (Bound.DEADLINE, now_ms - budget.started_at_ms, limits.turn_deadline_ms),
+    ]
+    return next((bound for bound, spent, ceiling in checks if spent >= ceiling), None)
+
+
+small = st.integers(min_value=0, max_value=6)
+
+
+@given(
+    iterations=small,
+    calls=small,
+    retries=small,
+    started=st.integers(min_value=0, max_value=100),
+    elapsed=st.integers(min_value=0, max_value=10),
+    caps=st.tuples(*[st.integers(min_value=1, max_value=6)] * 4),
+)
+def test_budget_exhaustion_checks_in_priority_order(
+    iterations: int, calls: int, retries: int, started: int, elapsed: int, caps: tuple[int, int, int, int]
+) -> None:
+    budget = TurnBudget(
+        iterations_started=iterations, tool_calls_accepted=calls, retries_used=retries, started_at_ms=started
+    )
+    limits = TurnLimits(
+        max_iterations=caps[0], max_tool_calls_per_turn=caps[1], max_retries_per_turn=caps[2], turn_deadline_ms=caps[3]
+    )
+    assert budget_exhaustion(budget, limits, started + elapsed) == _reference(budget, limits, started + elapsed)
+
+
+def test_reaching_a_ceiling_exactly_is_exhaustion() -> None:
+    limits = TurnLimits(max_iterations=2, max_tool_calls_per_turn=3, max_retries_per_turn=1, turn_deadline_ms=100)
+    fresh = TurnBudget(iterations_started=1, started_at_ms=0)
+    assert budget_exhaustion(fresh, limits, 99) is None
+    assert budget_exhaustion(attrs.evolve(fresh, iterations_started=2), limits, 0) is Bound.ITERATIONS
+    assert budget_exhaustion(attrs.evolve(fresh, tool_calls_accepted=3), limits, 0) is Bound.TOOL_CALLS
+    assert budget_exhaustion(attrs.evolve(fresh, retries_used=1), limits, 0) is Bound.RETRIES
+    assert budget_exhaustion(fresh, limits, 100) is Bound.DEADLINE
+
+
+def test_iterations_win_over_every_other_bound() -> None:
+    limits = TurnLimits(max_iterations=1, max_tool_calls_per_turn=1, max_retries_per_turn=1, turn_deadline_ms=1)
+    spent = TurnBudget(iterations_started=1, tool_calls_accepted=1, retries_used=1, started_at_ms=0)
+    assert budget_exhaustion(spent, limits, 5) is Bound.ITERATIONS
+    assert budget_exhaustion(attrs.evolve(spent, iterations_started=0), limits, 5) is Bound.TOOL_CALLS
+    assert budget_exhaustion(attrs.evolve(spent, iterations_started=0, tool_calls_accepted=0), limits, 5) is (
+        Bound.RETRIES
+    )
+
+
+def test_tool_call_cap_per_iteration_and_per_turn() -> None:
+    limits = TurnLimits(max_tool_calls_per_iteration=2, max_tool_calls_per_turn=3)
+    assert tool_call_cap(TurnBudget(tool_calls_accepted=0), limits, 1) is None
+    assert tool_call_cap(TurnBudget(tool_calls_accepted=0), limits, 2) is Bound.TOOL_CALLS
+    assert tool_call_cap(TurnBudget(tool_calls_accepted=2), limits, 0) is None
+    assert tool_call_cap(TurnBudget(tool_calls_accepted=3), limits, 0) is Bound.TOOL_CALLS
+
+
+def test_each_bound_has_its_own_notice_saying_what_was_kept() -> None:
+    notices = {bound: bound_notice(bound) for bound in Bound}
+    assert len(set(notices.values())) == len(Bound)
+    assert all("kept" in text for text in notices.values())
+    assert "time limit" in notices[Bound.DEADLINE]

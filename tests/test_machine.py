@@ -1,0 +1,931 @@
+"""reduce_turn, rule by rule (SPEC §1-§2 and the issue's deviations), plus the table walks."""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trioloop.loop import (
+    CALL_STATUS_EDGES,
+    PHASE_TRANSITIONS,
+    Advance,
+    ApproveBatch,
+    ApproveCall,
+    CallSettled,
+    CallStatus,
+    Cancel,
+    DenialReason,
+    DenyCall,
+    InputKind,
+    Outcome,
+    Phase,
+    RegisteredTool,
+    Retry,
+    StartCall,
+    Submit,
+    ToolOutcome,
+    TurnInput,
+    TurnLimits,
+    TurnState,
+    UndoTurn,
+    Violation,
+    create_tool_registry,
+    define_executable_tool,
+    input_digest,
+    reduce_turn,
+    tool_field,
+)
+from trioloop.loop._machine_state import Log
+from trioloop.loop._machine_tables import INITIAL_CALL_STATUSES
+from trioloop.protocol import (
+    Aborted,
+    Message,
+    MessageStart,
+    MessageStop,
+    StreamError,
+    TextBlock,
+    TextDelta,
+    ToolCallBlock,
+    ToolCallComplete,
+    ToolCallInputDelta,
+    ToolCallStart,
+    ToolResultBlock,
+    Usage,
+    assert_tool_pairing,
+)
+
+# -- fixtures: three tools, a few drivers -----------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Target:
+    name: str = tool_field(min_length=1)
+
+
+def _tool(name: str, effect: str, destructive: bool) -> RegisteredTool:
+    return define_executable_tool(
+        name=name,
+        description=f"{name} a target",
+        effect=effect,  # type: ignore[arg-type]
+        destructive=destructive,
+        input_type=Target,
+        run=lambda value, ctx: ToolOutcome.success("done"),
+        summarize=lambda value: f"{name} {value.name}",
+    )
+
+
+REGISTRY = create_tool_registry(
+    [_tool("read", "read", False), _tool("update", "mutate", False), _tool("delete", "mutate", True)]
+)
+
+
+def submit(limits: TurnLimits | None = None, base: tuple[Message, ...] = (), now_ms: int = 0) -> Submit:
+    return Submit(
+        turn_id="turn-1",
+        text="please help",
+        base_messages=base,
+        tool_set=REGISTRY,
+        limits=limits or TurnLimits(),
+        now_ms=now_ms,
+    )
+
+
+def call(call_id: str, tool: str = "update", target: Any = "web") -> ToolCallComplete:
+    return ToolCallComplete(id=call_id, name=tool, input={"name": target})
+
+
+def run(inputs: Iterable[TurnInput], state: TurnState | None = None) -> TurnState:
+    state = state or TurnState.idle()
+    for item in inputs:
+        state = reduce_turn(state, item)
+    return state
+
+
+def iteration(*calls: ToolCallComplete, text: str = "", stop: str = "tool_use") -> list[TurnInput]:
+    inputs: list[TurnInput] = [MessageStart(model="m")]
+    if text:
+        inputs.append(TextDelta(text=text))
+    inputs += calls
+    inputs.append(MessageStop(stop_reason=stop))
+    return inputs
+
+
+def start(*calls: ToolCallComplete, limits: TurnLimits | None = None, text: str = "") -> TurnState:
+    return run([submit(limits), *iteration(*calls, text=text)])
+
+
+def execute(state: TurnState, *call_ids: str, ok: bool = True) -> TurnState:
+    for call_id in call_ids:
+        outcome = ToolOutcome.success(f"ran {call_id}") if ok else ToolOutcome.failure(f"broke {call_id}")
+        state = run(
+            [StartCall(call_id=call_id, now_ms=1), CallSettled(call_id=call_id, outcome=outcome, now_ms=2)], state
+        )
+    return state
+
+
+def status(state: TurnState, call_id: str) -> CallStatus:
+    record = state.call(call_id)
+    assert record is not None
+    return record.status
+
+
+def kinds(state: TurnState) -> list[Violation]:
+    return [v.violation for v in state.violations]
+
+
+def call_blocks(state: TurnState) -> list[ToolCallBlock]:
+    return [b for m in state.messages for b in m.content if isinstance(b, ToolCallBlock)]
+
+
+def results(state: TurnState) -> dict[str, ToolResultBlock]:
+    return {b.call_id: b for m in state.messages for b in m.content if isinstance(b, ToolResultBlock)}
+
+
+def settled_and_pairable(state: TurnState) -> bool:
+    return state.is_settled and assert_tool_pairing(state.messages) == ()
+
+
+# -- representative states for the table walk ---------------------------------------------------------
+
+
+def phase_states() -> dict[Phase, TurnState]:
+    streaming = run([submit(), MessageStart(model="m"), TextDelta(text="hi"), call("c1"), call("r1", "read")])
+    awaiting = run([MessageStop(stop_reason="tool_use")], streaming)
+    executing = run([ApproveCall(call_id="c1")], awaiting)
+    states = {
+        Phase.IDLE: TurnState.idle(),
+        Phase.REQUESTING: run([submit()]),
+        Phase.STREAMING: streaming,
+        Phase.AWAITING_APPROVAL: awaiting,
+        Phase.EXECUTING: executing,
+        Phase.SETTLED: run([Cancel()], executing),
+    }
+    assert {phase: s.phase for phase, s in states.items()} == {phase: phase for phase in states}
+    return states
+
+
+SAMPLES: dict[InputKind, TurnInput] = {
+    InputKind.SUBMIT: submit(),
+    InputKind.MESSAGE_START: MessageStart(model="m"),
+    InputKind.TEXT_DELTA: TextDelta(text="more"),
+    InputKind.TOOL_CALL_START: ToolCallStart(id="n1", name="update"),
+    InputKind.TOOL_CALL_INPUT_DELTA: ToolCallInputDelta(id="n1", partial_json='{"na'),
+    InputKind.TOOL_CALL_COMPLETE: call("n1"),
+    InputKind.USAGE: Usage(input_tokens=3, output_tokens=4),
+    InputKind.MESSAGE_STOP: MessageStop(stop_reason="tool_use"),
+    InputKind.STREAM_ERROR: StreamError(code="http_status", message="The provider failed."),
+    InputKind.STREAM_NOTICE: StreamError(code="malformed_stream", message="One frame was skipped.", terminal=False),
+    InputKind.ABORTED: Aborted(),
+    InputKind.APPROVE_CALL: ApproveCall(call_id="c1"),
+    InputKind.APPROVE_BATCH: ApproveBatch(call_ids=("c1",)),
+    InputKind.DENY_CALL: DenyCall(call_id="c1"),
+    InputKind.START_CALL: StartCall(call_id="r1", now_ms=1),
+    InputKind.CALL_SETTLED: CallSettled(call_id="r1", outcome=ToolOutcome.success("x"), now_ms=1),
+    InputKind.ADVANCE: Advance(now_ms=1),
+    InputKind.RETRY: Retry(now_ms=1),
+    InputKind.CANCEL: Cancel(),
+    InputKind.UNDO_TURN: UndoTurn(),
+}
+
+
+def test_samples_cover_every_input_kind_and_the_table_every_phase() -> None:
+    assert set(SAMPLES) == set(InputKind)
+    assert set(PHASE_TRANSITIONS) == set(Phase)
+
+
+def _walk() -> Iterator[tuple[Phase, InputKind, TurnState, TurnState]]:
+    for phase, state in phase_states().items():
+        for kind, item in SAMPLES.items():
+            yield phase, kind, state, reduce_turn(state, item)
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_every_phase_against_every_input_kind(phase: Phase) -> None:
+    for walked_phase, kind, before, after in _walk():
+        if walked_phase is not phase:
+            continue
+        admitted = PHASE_TRANSITIONS[phase].get(kind)
+        if admitted is not None:
+            assert after.phase in admitted, (phase, kind, after.phase)
+        elif phase is Phase.SETTLED:
+            # Dropped, recorded once, nothing else touched.
+            assert after.violations[len(before.violations) :] == (after.violations[-1],)
+            assert after.violations[-1].violation is Violation.POST_SETTLEMENT_EVENT
+            assert kind.value in after.violations[-1].detail
+            assert attrs.evolve(after, violation_log=before.violation_log) == before
+        else:
+            assert after is before, (phase, kind)
+
+
+# (state, input) pairs realizing the table targets the walk's representative states do not reach.
+def _extra_transitions() -> list[tuple[TurnState, TurnInput]]:
+    two_pending = start(call("c1"), call("c2", target="db"))
+    read_only = run([submit(), MessageStart(model="m"), call("r1", "read")])
+    ran = execute(run([ApproveCall(call_id="c1")], start(call("c1"))), "c1")
+    return [
+        (read_only, MessageStop(stop_reason="tool_use")),  # streaming -> executing
+        (read_only, MessageStop(stop_reason="end_turn")),  # streaming -> settled
+        (two_pending, ApproveCall(call_id="ghost")),  # awaiting -> awaiting
+        (two_pending, ApproveBatch(call_ids=("ghost",))),  # awaiting -> awaiting
+        (two_pending, DenyCall(call_id="c1")),  # awaiting -> awaiting (c2 still pending)
+        (two_pending, ApproveBatch(call_ids=("c1", "c2"))),  # awaiting -> executing
+        (ran, Advance(now_ms=5)),  # executing -> requesting
+        (ran, Advance(now_ms=10**9)),  # executing -> settled (deadline)
+    ]
+
+
+def test_every_transition_in_the_table_is_reachable() -> None:
+    realized = {(phase, kind, after.phase) for phase, kind, _, after in _walk()}
+    for state, item in _extra_transitions():
+        kind = next(k for k, sample in SAMPLES.items() if type(sample) is type(item))
+        realized.add((state.phase, kind, reduce_turn(state, item).phase))
+    tabled = {(p, k, t) for p, row in PHASE_TRANSITIONS.items() for k, targets in row.items() for t in targets}
+    assert tabled <= realized, tabled - realized
+
+
+def test_the_table_wins_over_a_handler_that_disagrees(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trioloop.loop import machine
+
+    def rogue(state: TurnState, item: object) -> TurnState:
+        return attrs.evolve(state, phase=Phase.SETTLED)
+
+    monkeypatch.setattr(machine, "_HANDLERS", {**machine._HANDLERS, InputKind.TEXT_DELTA: rogue})
+    streaming = phase_states()[Phase.STREAMING]
+    assert reduce_turn(streaming, TextDelta(text="x")) is streaming
+
+
+# -- call-status edges ---------------------------------------------------------------------------------
+
+
+def _status_scenarios() -> list[list[TurnInput]]:
+    approve_c1 = [submit(), *iteration(call("c1"), call("c2", target="db")), ApproveCall(call_id="c1")]
+    twins = [submit(), *iteration(call("c1"), call("c2")), DenyCall(call_id="c1"), ApproveCall(call_id="c2")]
+    return [
+        [
+            *approve_c1,
+            StartCall(call_id="c1", now_ms=1),
+            CallSettled(call_id="c1", outcome=ToolOutcome.success("ok"), now_ms=2),
+            DenyCall(call_id="c2"),
+            Advance(now_ms=3),
+            *iteration(stop="end_turn"),
+            UndoTurn(),
+        ],
+        [
+            *approve_c1,
+            StartCall(call_id="c1", now_ms=1),
+            CallSettled(call_id="c1", outcome=ToolOutcome.failure("x"), now_ms=2),
+        ],
+        [*approve_c1, StartCall(call_id="c2", now_ms=1)],  # pending -> failed (refused start)
+        [*approve_c1, StartCall(call_id="c1", now_ms=1), Cancel()],  # running -> denied; pending -> denied
+        [*approve_c1, Cancel()],  # approved -> denied
+        [*twins, StartCall(call_id="c2", now_ms=1)],  # approved -> failed (denied_replay)
+        [submit(), *iteration(call("r1", "read"), call("x1", "nope"), call("b1", target=""))],
+        [submit(TurnLimits(max_tool_calls_per_iteration=1)), *iteration(call("c1"), call("c2"))],
+    ]
+
+
+def _status_changes(inputs: list[TurnInput]) -> Iterator[tuple[CallStatus | None, CallStatus]]:
+    state = TurnState.idle()
+    for item in inputs:
+        after = reduce_turn(state, item)
+        before = {c.id: c.status for c in state.calls}
+        for record in after.calls:
+            old = before.get(record.id)
+            if old is not record.status:
+                yield old, record.status
+        state = after
+
+
+def test_call_statuses_move_only_along_table_edges_and_every_edge_is_used() -> None:
+    observed = {change for scenario in _status_scenarios() for change in _status_changes(scenario)}
+    created = {new for old, new in observed if old is None}
+    moved = {(old, new) for old, new in observed if old is not None}
+    tabled = {(old, new) for old, targets in CALL_STATUS_EDGES.items() for new in targets}
+    assert created == INITIAL_CALL_STATUSES
+    assert moved == tabled
+
+
+def test_terminal_statuses_have_no_way_out_but_undo() -> None:
+    assert CALL_STATUS_EDGES[CallStatus.SUCCEEDED] == {CallStatus.UNDONE}
+    for terminal in (CallStatus.FAILED, CallStatus.DENIED, CallStatus.UNDONE):
+        assert CALL_STATUS_EDGES[terminal] == frozenset()
+
+
+# -- §1 row by row ----------------------------------------------------------------------------------
+
+
+def test_submit_starts_the_turn() -> None:
+    base = (Message.user("earlier"), Message.assistant("answer"))
+    state = run([submit(base=base, now_ms=1234)])
+    assert state.phase is Phase.REQUESTING and state.iteration == 1 and state.turn_id == "turn-1"
+    assert (state.budget.iterations_started, state.budget.started_at_ms) == (1, 1234)
+    assert state.messages == (*base, Message.user("please help"))
+    assert state.turn_messages == (Message.user("please help"),)
+    assert state.tool_set is REGISTRY
+
+
+def test_submit_outside_idle_is_ignored() -> None:
+    state = run([submit()])
+    assert reduce_turn(state, submit(now_ms=99)) is state
+
+
+def test_text_deltas_build_one_block_and_a_new_block_after_a_call() -> None:
+    state = run([submit(), MessageStart(model="m"), TextDelta(text="Hel"), TextDelta(text="lo"), call("c1")])
+    state = run([TextDelta(text=" more"), TextDelta(text="!")], state)
+    assert state.streaming_text == "Hello more!"
+    assistant = state.messages[-1]
+    assert assistant.role == "assistant"
+    assert assistant.content == (TextBlock(text="Hello"), call_blocks(state)[0], TextBlock(text=" more!"))
+
+
+def test_branching_from_one_state_keeps_both_branches_intact() -> None:
+    base = run([submit(), MessageStart(model="m"), TextDelta(text="a")])
+    left = reduce_turn(base, TextDelta(text="L"))
+    right = reduce_turn(base, TextDelta(text="R"))
+    left2 = reduce_turn(left, TextDelta(text="L"))
+    assert (base.streaming_text, left.streaming_text, right.streaming_text, left2.streaming_text) == (
+        "a",
+        "aL",
+        "aR",
+        "aLL",
+    )
+
+
+def test_an_empty_assistant_message_is_never_recorded() -> None:
+    state = run([submit(), *iteration(stop="end_turn")])
+    assert state.outcome is Outcome.COMPLETED
+    assert state.messages == (Message.user("please help"),)
+
+
+def test_tool_call_start_and_input_delta_never_create_a_call() -> None:
+    state = run([submit(), MessageStart(model="m")])
+    after = run([ToolCallStart(id="c1", name="update"), ToolCallInputDelta(id="c1", partial_json="{}")], state)
+    assert after is state
+
+
+def test_usage_accumulates_across_iterations() -> None:
+    state = run(
+        [
+            submit(),
+            MessageStart(model="m"),
+            Usage(input_tokens=10, output_tokens=1),
+            Usage(input_tokens=10, output_tokens=5),
+        ]
+    )
+    state = run([call("r1", "read"), MessageStop(stop_reason="tool_use")], state)
+    state = execute(state, "r1")
+    state = run([Advance(now_ms=1), MessageStart(model="m"), Usage(input_tokens=20, output_tokens=2)], state)
+    assert state.usage == Usage(input_tokens=30, output_tokens=7)
+
+
+def test_message_stop_with_a_pending_call_awaits_approval() -> None:
+    state = start(call("c1"), call("r1", "read"))
+    assert state.phase is Phase.AWAITING_APPROVAL
+    assert (status(state, "c1"), status(state, "r1")) == (CallStatus.PENDING, CallStatus.APPROVED)
+
+
+def test_message_stop_with_only_approved_or_failed_calls_executes() -> None:
+    assert start(call("r1", "read")).phase is Phase.EXECUTING
+    corrective = start(call("x1", "nope"), call("b1", target=""))
+    assert corrective.phase is Phase.EXECUTING
+    after = reduce_turn(corrective, Advance(now_ms=1))
+    assert after.phase is Phase.REQUESTING and after.iteration == 2
+
+
+@pytest.mark.parametrize("stop", ["end_turn", "max_tokens", "stop_sequence", "refusal", "other"])
+def test_any_other_stop_settles_completed_and_calls_do_not_run(stop: str) -> None:
+    state = run([submit(), *iteration(call("c1"), call("r1", "read"), text="done", stop=stop)])
+    assert state.outcome is Outcome.COMPLETED and settled_and_pairable(state)
+    for call_id in ("c1", "r1"):
+        record = state.call(call_id)
+        assert record is not None and record.status is CallStatus.DENIED
+        assert record.denial_reason is DenialReason.TURN_CANCELLED
+
+
+def test_tool_use_stop_with_zero_calls_settles_completed() -> None:
+    state = run([submit(), *iteration(text="nothing to do", stop="tool_use")])
+    assert state.outcome is Outcome.COMPLETED
+    assert state.messages[-1] == Message.assistant("nothing to do")
+
+
+def test_terminal_stream_error_fails_the_turn_keeping_text_and_answering_calls() -> None:
+    error = StreamError(code="http_status", message="The provider failed.")
+    state = run([submit(), MessageStart(model="m"), TextDelta(text="partial"), call("c1"), error])
+    assert state.outcome is Outcome.FAILED and state.error == error
+    assert settled_and_pairable(state)
+    assert state.messages[-2].content[0] == TextBlock(text="partial")
+    assert results(state)["c1"].is_error
+
+
+def test_terminal_stream_error_while_executing_is_ignored() -> None:
+    state = start(call("r1", "read"))
+    assert reduce_turn(state, StreamError(code="transport", message="late")) is state
+
+
+def test_a_malformed_stream_notice_is_recorded_and_the_turn_goes_on() -> None:
+    notice = StreamError(code="malformed_stream", message="A frame could not be decoded.", terminal=False)
+    state = run([submit(), MessageStart(model="m"), TextDelta(text="a"), notice, TextDelta(text="b")])
+    assert state.phase is Phase.STREAMING and state.notices == ("A frame could not be decoded.",)
+    assert state.streaming_text == "ab" and state.error is None
+    assert run([MessageStop(stop_reason="end_turn")], state).outcome is Outcome.COMPLETED
+
+
+@pytest.mark.parametrize("stopper", [Aborted(), Cancel()], ids=["aborted", "cancel"])
+def test_stop_settles_cancelled_from_every_live_phase(stopper: TurnInput) -> None:
+    for phase, state in phase_states().items():
+        if not state.is_live:
+            continue
+        after = reduce_turn(state, stopper)
+        assert after.outcome is Outcome.CANCELLED, phase
+        assert settled_and_pairable(after), phase
+
+
+def test_cancel_in_idle_is_ignored() -> None:
+    idle = TurnState.idle()
+    assert reduce_turn(idle, Cancel()) is idle and reduce_turn(idle, Aborted()) is idle
+
+
+def test_deadline_cancel_settles_bounded_with_the_time_limit_notice() -> None:
+    state = run([ApproveCall(call_id="c1"), Cancel(reason="deadline")], start(call("c1"), call("c2", target="db")))
+    assert state.outcome is Outcome.BOUNDED and "time limit" in state.notices[-1]
+    for call_id in ("c1", "c2"):
+        record = state.call(call_id)
+        assert record is not None and record.denial_reason is DenialReason.LIMIT_EXCEEDED
+    assert settled_and_pairable(state)
+
+
+def test_settling_marks_every_unfinished_call_not_run_and_answers_it() -> None:
+    state = start(call("c1"), call("c2", target="db"), call("c3", target="x"))
+    state = run([ApproveBatch(call_ids=("c1", "c2")), StartCall(call_id="c1", now_ms=1), Cancel()], state)
+    records = {c.id: c for c in state.calls}
+    assert {c.status for c in records.values()} == {CallStatus.DENIED}
+    assert {c.denial_reason for c in records.values()} == {DenialReason.TURN_CANCELLED}
+    assert "discarded" in (records["c1"].result or "")  # it was running
+    assert (records["c2"].result or "").startswith("Not run")  # approved, never started
+    assert (records["c3"].result or "").startswith("Not run")  # never approved
+    assert settled_and_pairable(state)
+    assert set(results(state)) == {"c1", "c2", "c3"}
+
+
+def test_approve_call_grants_and_executes_even_with_others_pending() -> None:
+    state = reduce_turn(start(call("c1"), call("c2", target="db")), ApproveCall(call_id="c1"))
+    assert state.phase is Phase.EXECUTING
+    assert status(state, "c1") is CallStatus.APPROVED and status(state, "c2") is CallStatus.PENDING
+    assert [g.call_id for g in state.grants] == ["c1"]
+    # Still approvable while executing.
+    later = reduce_turn(execute(state, "c1"), ApproveCall(call_id="c2"))
+    assert status(later, "c2") is CallStatus.APPROVED
+
+
+def test_approve_of_a_non_pending_call_is_a_no_op() -> None:
+    state = reduce_turn(start(call("c1")), ApproveCall(call_id="c1"))
+    assert reduce_turn(state, ApproveCall(call_id="c1")) is state
+    assert reduce_turn(state, ApproveCall(call_id="ghost")) is state
+
+
+def test_approve_batch_leaves_destructive_and_unlisted_calls_pending() -> None:
+    state = start(call("c1"), call("d1", "delete"), call("c2", target="db"))
+    state = reduce_turn(state, ApproveBatch(call_ids=("c1", "d1")))
+    assert [status(state, i) for i in ("c1", "d1", "c2")] == [
+        CallStatus.APPROVED,
+        CallStatus.PENDING,
+        CallStatus.PENDING,
+    ]
+    assert [g.call_id for g in state.grants] == ["c1"]
+    assert reduce_turn(state, ApproveBatch(call_ids=("d1",))) is state
+
+
+def test_deny_call_is_sticky_and_tells_the_model_not_to_retry() -> None:
+    state = reduce_turn(start(call("c1"), call("c2", target="db")), DenyCall(call_id="c1"))
+    record = state.call("c1")
+    assert record is not None and record.status is CallStatus.DENIED
+    assert record.denial_reason is DenialReason.USER_DECLINED and record.is_error
+    assert "declined" in (record.result or "") and "not retry" in (record.result or "").lower()
+    assert [(d.tool_name, d.input_digest) for d in state.denials] == [("update", input_digest({"name": "web"}))]
+    assert state.phase is Phase.AWAITING_APPROVAL  # c2 still pending
+    assert reduce_turn(state, DenyCall(call_id="c2")).phase is Phase.EXECUTING
+    assert reduce_turn(state, DenyCall(call_id="c1")) is state  # no longer pending
+
+
+def test_start_call_runs_once_and_spends_the_grant() -> None:
+    state = run([ApproveCall(call_id="c1"), StartCall(call_id="c1", now_ms=1)], start(call("c1")))
+    assert status(state, "c1") is CallStatus.RUNNING and state.grants[0].consumed
+    again = reduce_turn(state, StartCall(call_id="c1", now_ms=2))
+    assert kinds(again)[-1] is Violation.GRANT_ALREADY_CONSUMED
+    assert status(again, "c1") is CallStatus.RUNNING  # a duplicate start must not fail a running call
+
+
+def test_a_refused_start_makes_the_call_terminal_so_the_iteration_can_end() -> None:
+    state = run([DenyCall(call_id="c1"), ApproveCall(call_id="c2")], start(call("c1"), call("c2")))
+    state = reduce_turn(state, StartCall(call_id="c2", now_ms=1))
+    record = state.call("c2")
+    assert record is not None and record.status is CallStatus.FAILED
+    assert record.result == "not authorized: denied_replay" and kinds(state)[-1] is Violation.DENIED_REPLAY
+    assert reduce_turn(state, Advance(now_ms=2)).phase is Phase.REQUESTING
+
+
+def test_start_call_before_executing_is_a_violation_and_leaves_the_call_alone() -> None:
+    state = start(call("c1"), call("r1", "read"))
+    after = reduce_turn(state, StartCall(call_id="r1", now_ms=1))
+    assert kinds(after) == [Violation.NO_GRANT]
+    assert status(after, "r1") is CallStatus.APPROVED
+
+
+def test_start_of_an_unknown_id_is_recorded() -> None:
+    state = start(call("r1", "read"))
+    assert kinds(reduce_turn(state, StartCall(call_id="ghost", now_ms=1))) == [Violation.NO_GRANT]
+
+
+def test_call_settled_records_the_outcome_and_ignores_any_document() -> None:
+    state = run([ApproveCall(call_id="c1"), StartCall(call_id="c1", now_ms=1)], start(call("c1")))
+    ok = reduce_turn(state, CallSettled(call_id="c1", outcome=ToolOutcome.success("applied"), now_ms=2))
+    record = ok.call("c1")
+    assert record is not None and (record.status, record.result, record.is_error) == (
+        CallStatus.SUCCEEDED,
+        "applied",
+        False,
+    )
+    bad = reduce_turn(state, CallSettled(call_id="c1", outcome=ToolOutcome.failure("nope"), now_ms=2))
+    record = bad.call("c1")
+    assert record is not None and (record.status, record.result, record.is_error) == (CallStatus.FAILED, "nope", True)
+
+
+def test_call_settled_for_a_call_that_is_not_running_is_a_violation() -> None:
+    state = start(call("c1"), call("r1", "read"))
+    never_started = reduce_turn(state, CallSettled(call_id="c1", outcome=ToolOutcome.success("x"), now_ms=1))
+    assert kinds(never_started) == [Violation.NO_GRANT] and status(never_started, "c1") is CallStatus.PENDING
+    finished = execute(reduce_turn(state, ApproveCall(call_id="c1")), "c1")
+    replay = reduce_turn(finished, CallSettled(call_id="c1", outcome=ToolOutcome.failure("x"), now_ms=3))
+    assert kinds(replay)[-1] is Violation.GRANT_ALREADY_CONSUMED and status(replay, "c1") is CallStatus.SUCCEEDED
+
+
+def test_advance_waits_for_every_call_of_the_iteration() -> None:
+    state = reduce_turn(start(call("c1"), call("c2", target="db")), ApproveCall(call_id="c1"))
+    state = execute(state, "c1")
+    assert reduce_turn(state, Advance(now_ms=5)) is state  # c2 still pending
+    state = run([DenyCall(call_id="c2"), Advance(now_ms=5)], state)
+    assert state.phase is Phase.REQUESTING and state.iteration == 2 and state.budget.iterations_started == 2
+    answered = results(state)
+    assert answered["c1"] == ToolResultBlock(call_id="c1", content="ran c1", is_error=False)
+    assert answered["c2"].is_error
+    assert assert_tool_pairing(state.messages) == ()
+    assert state.streaming_text == ""
+
+
+def test_max_iterations_allows_exactly_that_many_requests() -> None:
+    state = run([submit(TurnLimits(max_iterations=3))])
+    requests = 0
+    for index in range(10):
+        if state.is_settled:
+            break
+        assert state.phase is Phase.REQUESTING
+        requests += 1
+        state = run(iteration(call(f"r{index}", "read", f"t{index}")), state)
+        state = run([Advance(now_ms=1)], execute(state, f"r{index}"))
+    assert requests == 3
+    assert state.outcome is Outcome.BOUNDED and "model steps" in state.notices[-1]
+    assert settled_and_pairable(state)
+
+
+@pytest.mark.parametrize(
+    ("limits", "now_ms", "retries", "expected"),
+    [
+        (TurnLimits(max_tool_calls_per_turn=1), 1, 0, "tool calls"),
+        (TurnLimits(max_retries_per_turn=1), 1, 1, "retries"),
+        (TurnLimits(turn_deadline_ms=100), 100, 0, "time limit"),
+    ],
+)
+def test_advance_settles_bounded_naming_the_bound(limits: TurnLimits, now_ms: int, retries: int, expected: str) -> None:
+    state = run([submit(limits), *[Retry(now_ms=0)] * retries, *iteration(call("r1", "read"))])
+    state = reduce_turn(execute(state, "r1"), Advance(now_ms=now_ms))
+    assert state.outcome is Outcome.BOUNDED and expected in state.notices[-1]
+    assert status(state, "r1") is CallStatus.SUCCEEDED  # what was done is kept
+    assert settled_and_pairable(state)
+
+
+def test_retry_counts_only_while_requesting() -> None:
+    state = run([submit(), Retry(now_ms=1), Retry(now_ms=2)])
+    assert state.budget.retries_used == 2
+    streaming = reduce_turn(state, MessageStart(model="m"))
+    assert reduce_turn(streaming, Retry(now_ms=3)) is streaming
+
+
+def test_settled_drops_every_input_but_undo() -> None:
+    state = run([submit(), *iteration(stop="end_turn")])
+    for item in [submit(), Cancel(), Aborted(), TextDelta(text="x"), call("c9"), Advance(now_ms=1)]:
+        after = reduce_turn(state, item)
+        assert (
+            kinds(after)[-1] is Violation.POST_SETTLEMENT_EVENT and len(after.violations) == len(state.violations) + 1
+        )
+        assert (after.phase, after.outcome, after.calls, after.messages) == (
+            state.phase,
+            state.outcome,
+            state.calls,
+            state.messages,
+        )
+
+
+def test_undo_turn_marks_succeeded_calls_undone_only_once_settled() -> None:
+    state = reduce_turn(start(call("c1"), call("c2", target="db")), ApproveBatch(call_ids=("c1", "c2")))
+    state = execute(execute(state, "c1"), "c2", ok=False)
+    assert reduce_turn(state, UndoTurn()) is state  # live: no-op
+    state = run([Advance(now_ms=1), *iteration(stop="end_turn"), UndoTurn()], state)
+    assert (status(state, "c1"), status(state, "c2")) == (CallStatus.UNDONE, CallStatus.FAILED)
+    assert reduce_turn(state, UndoTurn()) is state and kinds(state) == []
+
+
+# -- §2: a completed tool call, step by step --------------------------------------------------------
+
+
+def test_a_reused_call_id_is_dropped_whole() -> None:
+    state = run([submit(), MessageStart(model="m"), call("c1"), call("c1", target="payments-db")])
+    assert kinds(state) == [Violation.DUPLICATE_CALL_ID]
+    assert len(state.calls) == 1 and len(call_blocks(state)) == 1
+    assert state.calls[0].input_digest == input_digest({"name": "web"})
+
+
+def test_an_id_from_an_earlier_turn_is_a_duplicate_too() -> None:
+    base = (
+        Message.user("earlier"),
+        Message(role="assistant", content=(ToolCallBlock(id="old", name="read", input={"name": "a"}),)),
+        Message(role="user", content=(ToolResultBlock(call_id="old", content="ok"),)),
+    )
+    state = run([submit(base=base), *iteration(call("old", "read"), stop="end_turn")])
+    assert kinds(state) == [Violation.DUPLICATE_CALL_ID] and state.calls == ()
+    assert settled_and_pairable(state)
+
+
+def test_an_unknown_tool_fails_unprepared_with_its_name_made_visible() -> None:
+    state = start(call("x1", "update\u200b"))
+    record = state.call("x1")
+    assert record is not None and record.status is CallStatus.FAILED and record.prepared is None
+    assert record.input_digest == "" and record.effect == "mutate" and not record.destructive
+    assert "\\u200b" in (record.result or "")  # the invisible character is spelled out
+    assert kinds(state) == [Violation.UNKNOWN_TOOL] and state.budget.tool_calls_accepted == 0
+    assert len(call_blocks(state)) == 1
+
+
+def test_an_unknown_tool_name_is_capped_in_the_result() -> None:
+    record = start(call("x1", "z" * 10_000)).call("x1")
+    assert record is not None and len(record.result or "") < 300
+
+
+def test_the_per_iteration_cap_refuses_without_preparing() -> None:
+    limits = TurnLimits(max_tool_calls_per_iteration=2)
+    state = start(call("x1", "nope"), call("c1"), call("c2", target="db"), call("c3", target=""), limits=limits)
+    over = [state.call(i) for i in ("c2", "c3")]
+    assert all(
+        r is not None and r.status is CallStatus.DENIED and r.denial_reason is DenialReason.LIMIT_EXCEEDED for r in over
+    )
+    assert all(r is not None and r.prepared is None and r.input_digest == "" for r in over)
+    assert kinds(state) == [Violation.UNKNOWN_TOOL, Violation.LIMIT_EXCEEDED, Violation.LIMIT_EXCEEDED]
+    assert len(state.notices) == 1 and state.budget.tool_calls_accepted == 1
+    assert len(call_blocks(state)) == 4
+
+
+def test_the_per_turn_cap_counts_accepted_calls_across_iterations() -> None:
+    limits = TurnLimits(max_tool_calls_per_turn=2, max_tool_calls_per_iteration=5)
+    state = start(call("r1", "read", "a"), call("b1", "read", ""), limits=limits)
+    state = run([Advance(now_ms=1), *iteration(call("r2", "read", "b"), call("r3", "read", "c"))], execute(state, "r1"))
+    assert status(state, "r2") is CallStatus.APPROVED
+    record = state.call("r3")
+    assert record is not None and record.denial_reason is DenialReason.LIMIT_EXCEEDED
+
+
+def test_invalid_input_fails_with_every_field_issue_and_is_not_counted() -> None:
+    state = start(ToolCallComplete(id="b1", name="update", input={"name": ""}), call("b2", target=7))
+    for call_id in ("b1", "b2"):
+        record = state.call(call_id)
+        assert record is not None and record.status is CallStatus.FAILED and record.prepared is None
+        assert "name: " in (record.result or "")  # the path and its problem, for the model to fix
+    assert state.budget.tool_calls_accepted == 0 and kinds(state) == []
+
+
+@pytest.mark.parametrize(
+    "key", ["k" * 1_000_000, "a\u202eb\x1b[31m\u200b\U000e0041"], ids=["1 MB key", "bidi and ESC key"]
+)
+def test_invalid_input_text_is_bounded_and_shows_invisible_characters(key: str) -> None:
+    raw = {"name": "web", **{f"{key}{i}": i for i in range(30)}}
+    record = start(ToolCallComplete(id="b1", name="update", input=raw)).call("b1")
+    assert record is not None and record.status is CallStatus.FAILED and record.result is not None
+    assert len(record.result) <= 4096
+    assert not any(unicodedata.category(ch) in {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"} for ch in record.result)
+    if len(key) < 100:
+        assert "\\u202e" in record.result and "\\u001b" in record.result  # spelled out, not live
+    assert "more" in record.result  # 30 issues, only the first dozen are spelled out
+
+
+def test_a_tool_result_that_is_not_text_fails_the_call_instead_of_hanging() -> None:
+    state = run([ApproveCall(call_id="c1"), StartCall(call_id="c1", now_ms=1)], start(call("c1")))
+    for odd in (None, b"bytes", 7):
+        outcome = ToolOutcome(ok=True, result=odd)  # type: ignore[arg-type]
+        after = reduce_turn(state, CallSettled(call_id="c1", outcome=outcome, now_ms=2))
+        record = after.call("c1")
+        assert record is not None and record.status is CallStatus.FAILED and record.is_error
+        assert type(record.result) is str and "not text" in record.result
+        settled = run([Advance(now_ms=3), *iteration(stop="end_turn")], after)
+        assert settled_and_pairable(settled)
+
+
+def test_a_sticky_denial_refuses_the_identical_call_later_in_the_turn() -> None:
+    state = run([DenyCall(call_id="c1"), Advance(now_ms=1)], start(call("c1")))
+    state = run(iteration(call("c2"), call("c3", target="other")), state)
+    record = state.call("c2")
+    assert (
+        record is not None and record.status is CallStatus.DENIED and record.denial_reason is DenialReason.USER_DECLINED
+    )
+    assert "already declined" in (record.result or "")
+    assert kinds(state) == [Violation.DENIED_REPLAY]
+    assert status(state, "c3") is CallStatus.PENDING  # another input is another action
+    assert state.budget.tool_calls_accepted == 3
+
+
+def test_read_calls_are_approved_with_a_grant_and_mutations_wait() -> None:
+    state = start(call("r1", "read"), call("c1"), call("d1", "delete"))
+    assert [status(state, i) for i in ("r1", "c1", "d1")] == [
+        CallStatus.APPROVED,
+        CallStatus.PENDING,
+        CallStatus.PENDING,
+    ]
+    assert [g.call_id for g in state.grants] == ["r1"]
+
+
+def test_step_order_duplicate_before_unknown_before_cap_before_prepare_before_sticky() -> None:
+    limits = TurnLimits(max_tool_calls_per_iteration=1)
+    # duplicate id beats unknown tool
+    state = run([submit(), MessageStart(model="m"), call("c1"), call("c1", "nope")])
+    assert kinds(state) == [Violation.DUPLICATE_CALL_ID]
+    # unknown tool beats the cap
+    state = run([submit(limits), MessageStart(model="m"), call("c1"), call("x1", "nope")])
+    assert kinds(state) == [Violation.UNKNOWN_TOOL]
+    # the cap beats input validation
+    state = run([submit(limits), MessageStart(model="m"), call("c1"), call("b1", target="")])
+    assert kinds(state) == [Violation.LIMIT_EXCEEDED]
+    # input validation beats the sticky denial (an invalid input has no digest to match)
+    state = run(
+        [DenyCall(call_id="c1"), Advance(now_ms=1), MessageStart(model="m"), call("b1", target="")], start(call("c1"))
+    )
+    assert status(state, "b1") is CallStatus.FAILED and kinds(state) == []
+
+
+# -- commands at construction -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: ApproveBatch(call_ids=["c1"]),  # type: ignore[arg-type]
+        lambda: ApproveBatch(call_ids=lambda c: True),  # type: ignore[arg-type]
+        lambda: ApproveCall(call_id=1),  # type: ignore[arg-type]
+        lambda: Cancel(reason="later"),  # type: ignore[arg-type]
+        lambda: StartCall(call_id="c1", now_ms=1.5),  # type: ignore[arg-type]
+        lambda: Advance(now_ms=True),
+        lambda: Retry(now_ms=math.nan),  # type: ignore[arg-type]
+        lambda: CallSettled(call_id="c1", outcome="ok", now_ms=1),  # type: ignore[arg-type]
+        lambda: Submit(turn_id="t", text="x", base_messages=("hi",), tool_set=REGISTRY, now_ms=0),  # type: ignore[arg-type]
+        lambda: Submit(turn_id="t", text="x", tool_set=(), now_ms=0),  # type: ignore[arg-type]
+    ],
+)
+def test_malformed_commands_are_refused_at_construction(build: Any) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        build()
+
+
+# -- totality and purity -----------------------------------------------------------------------------
+
+
+class _Hostile:
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("hostile comparison")
+
+    def __hash__(self) -> int:
+        raise RuntimeError("hostile hash")
+
+    def __bool__(self) -> bool:
+        raise RuntimeError("hostile truth")
+
+
+def _forge(item: Any, field: str, value: object) -> Any:
+    """A copy of ``item`` with one field set past its validator."""
+    forged = attrs.evolve(item)
+    object.__setattr__(forged, field, value)
+    return forged
+
+
+hostile_values = st.one_of(
+    st.none(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
+    st.integers(min_value=0, max_value=2).map(lambda n: tuple(_Hostile() for _ in range(n))),
+    st.integers(min_value=0, max_value=2).map(lambda n: _Hostile() if n else (lambda *a: True)),
+)
+
+
+@st.composite
+def forged_inputs(draw: st.DrawFn) -> Any:
+    item = draw(st.sampled_from(list(SAMPLES.values())))
+    fields = [f.name for f in attrs.fields(type(item))]
+    if not fields:
+        return item
+    return _forge(item, draw(st.sampled_from(fields)), draw(hostile_values))
+
+
+any_input = st.one_of(st.sampled_from(list(SAMPLES.values())), forged_inputs(), hostile_values, st.builds(object))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(any_input, max_size=12), st.sampled_from(list(Phase)))
+def test_reduce_turn_never_raises_for_any_input(inputs: list[Any], phase: Phase) -> None:
+    state = phase_states()[phase]
+    for item in inputs:
+        state = reduce_turn(state, item)
+        assert isinstance(state, TurnState)
+
+
+class _StrSub(str):
+    pass
+
+
+class _IntSub(int):
+    pass
+
+
+# The fields the reducer relies on, per input type; a forged value in any of them must make the value
+# "not an input". (Fields the reducer never interprets, like MessageStart.model, are not listed.)
+CHECKED_FIELDS: dict[type, list[str]] = {
+    Submit: ["turn_id", "text", "base_messages", "tool_set", "limits", "now_ms"],
+    TextDelta: ["text"],
+    ToolCallComplete: ["id", "name"],
+    Usage: ["input_tokens", "output_tokens"],
+    MessageStop: ["stop_reason"],
+    StreamError: ["terminal", "message"],
+    ApproveCall: ["call_id"],
+    ApproveBatch: ["call_ids"],
+    DenyCall: ["call_id"],
+    StartCall: ["call_id", "now_ms"],
+    CallSettled: ["call_id", "outcome", "now_ms"],
+    Advance: ["now_ms"],
+    Retry: ["now_ms"],
+    Cancel: ["reason"],
+}
+# Factories, so hypothesis never has to compare (or hash) a hostile value itself.
+_INVALID = [
+    lambda: None,
+    lambda: 1.5,
+    lambda: b"bytes",
+    lambda: ["c1"],
+    lambda: _StrSub("stop"),
+    lambda: _IntSub(1),
+    _Hostile,
+    lambda: lambda: 0,
+    lambda: (_Hostile(),),
+    lambda: ("c1", 2),
+]
+invalid_values = st.integers(min_value=0, max_value=len(_INVALID) - 1).map(lambda i: _INVALID[i]())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(CHECKED_FIELDS, key=lambda t: t.__name__)), st.data(), st.sampled_from(list(Phase)))
+def test_a_forged_input_is_not_an_input_in_any_phase(kind: type, data: st.DataObject, phase: Phase) -> None:
+    sample = next(s for s in SAMPLES.values() if type(s) is kind)
+    field = data.draw(st.sampled_from(CHECKED_FIELDS[kind]))
+    forged = _forge(sample, field, data.draw(invalid_values))
+    state = phase_states()[phase]
+    assert reduce_turn(state, forged) is state
+
+
+def test_reduce_turn_is_deterministic_and_leaves_its_input_untouched() -> None:
+    inputs = [submit(), *iteration(call("c1"), call("r1", "read"), text="hi"), ApproveCall(call_id="c1")]
+    first, second = run(inputs), run(inputs)
+    assert first == second
+    snapshot = {f.name: getattr(first, f.name) for f in attrs.fields(TurnState)}
+    reduce_turn(first, StartCall(call_id="c1", now_ms=1))
+    reduce_turn(first, Cancel())
+    assert {f.name: getattr(first, f.name) for f in attrs.fields(TurnState)} == snapshot
+    assert first.phase is Phase.EXECUTING
+
+
+# -- the persistent log -------------------------------------------------------------------------------
+
+
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=5), st.integers()), max_size=40))
+def test_log_branches_behave_like_independent_lists(steps: list[tuple[int, int]]) -> None:
+    logs: list[Log[int]] = [Log()]
+    models: list[list[int]] = [[]]
+    for pick, value in steps:
+        index = pick % len(logs)
+        if value % 3 == 0:
+            assert logs[index].items == tuple(models[index])  # materialize mid-way
+        logs.append(logs[index].append(value))
+        models.append([*models[index], value])
+    for log, model in zip(logs, models, strict=True):
+        assert log.items == tuple(model) and len(log) == len(model)

@@ -1,0 +1,273 @@
+"""The commands a runner or a user feeds the turn reducer, and how any input is classified.
+
+Commands are small frozen values validated when built. `classify` re-checks every field at the
+reducer's door as well, because a value can be forged past its constructor; whatever it does not
+recognise as a well-formed turn input is not an input at all.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Final, Literal, TypeAlias, final
+
+import attrs
+
+from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.loop.tool_runtime import ToolOutcome, ToolRegistry
+from trioloop.protocol.events import (
+    Aborted,
+    MessageStart,
+    MessageStop,
+    StopReason,
+    StreamError,
+    StreamEvent,
+    TextDelta,
+    ToolCallComplete,
+    ToolCallInputDelta,
+    ToolCallStart,
+    Usage,
+)
+from trioloop.protocol.messages import Message
+
+__all__ = [
+    "Advance",
+    "ApproveBatch",
+    "ApproveCall",
+    "CallSettled",
+    "Cancel",
+    "DenyCall",
+    "InputKind",
+    "Retry",
+    "StartCall",
+    "Submit",
+    "TurnCommand",
+    "TurnInput",
+    "UndoTurn",
+    "classify",
+]
+
+
+def _text(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if type(value) is not str:
+        raise TypeError(f"{attribute.name} must be str, got {type(value).__name__}")
+
+
+def _now(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int:
+        raise TypeError(f"{attribute.name} must be an int of milliseconds, got {value!r}")
+
+
+def _messages(value: object) -> tuple[Message, ...]:
+    if not isinstance(value, tuple | list) or not all(type(m) is Message for m in value):
+        raise TypeError("base_messages must be a sequence of Message")
+    return tuple(value)
+
+
+def _call_ids(instance: object, attribute: attrs.Attribute[tuple[str, ...]], value: object) -> None:
+    # An explicit tuple captured at the click: never a predicate or a live collection.
+    if type(value) is not tuple or not all(type(i) is str for i in value):
+        raise TypeError(f"{attribute.name} must be a tuple of str call ids, got {type(value).__name__}")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Submit:
+    """Start a turn: the user's text over ``base_messages``, with a tool set and limits frozen for the turn."""
+
+    turn_id: str = attrs.field(validator=_text)
+    text: str = attrs.field(validator=_text)
+    base_messages: tuple[Message, ...] = attrs.field(default=(), converter=_messages)
+    tool_set: ToolRegistry = attrs.field(validator=attrs.validators.instance_of(ToolRegistry))
+    limits: TurnLimits = attrs.field(default=DEFAULT_TURN_LIMITS, validator=attrs.validators.instance_of(TurnLimits))
+    now_ms: int = attrs.field(validator=_now)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ApproveCall:
+    """The user approved one call (a destructive one included)."""
+
+    call_id: str = attrs.field(validator=_text)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ApproveBatch:
+    """The user approved the calls listed when they clicked; destructive ones are never included."""
+
+    call_ids: tuple[str, ...] = attrs.field(validator=_call_ids)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class DenyCall:
+    call_id: str = attrs.field(validator=_text)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class StartCall:
+    """The runner asks to start one call; only `authorize_start` decides."""
+
+    call_id: str = attrs.field(validator=_text)
+    now_ms: int = attrs.field(validator=_now)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class CallSettled:
+    """A started call finished (after its outcome went through `commit_tool_outcome`)."""
+
+    call_id: str = attrs.field(validator=_text)
+    outcome: ToolOutcome = attrs.field(validator=attrs.validators.instance_of(ToolOutcome))
+    now_ms: int = attrs.field(validator=_now)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Advance:
+    """Every call of the iteration is terminal: answer them and decide whether to ask the model again."""
+
+    now_ms: int = attrs.field(validator=_now)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Retry:
+    """The runner re-sends the request after a transient failure before any event arrived."""
+
+    now_ms: int = attrs.field(validator=_now)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Cancel:
+    """End the turn now: ``"stop"`` (the user) settles cancelled, ``"deadline"`` settles bounded."""
+
+    reason: Literal["stop", "deadline"] = attrs.field(
+        default="stop", validator=attrs.validators.in_(("stop", "deadline"))
+    )
+
+
+@final
+@attrs.frozen(kw_only=True)
+class UndoTurn:
+    """The turn's document changes were undone; its succeeded calls become undone."""
+
+
+TurnCommand: TypeAlias = (
+    Submit | ApproveCall | ApproveBatch | DenyCall | StartCall | CallSettled | Advance | Retry | Cancel | UndoTurn
+)
+TurnInput: TypeAlias = StreamEvent | TurnCommand
+
+
+@final
+class InputKind(enum.StrEnum):
+    """Every kind of turn input; the transition table is keyed by these."""
+
+    SUBMIT = "submit"
+    MESSAGE_START = "message_start"
+    TEXT_DELTA = "text_delta"
+    TOOL_CALL_START = "tool_call_start"
+    TOOL_CALL_INPUT_DELTA = "tool_call_input_delta"
+    TOOL_CALL_COMPLETE = "tool_call_complete"
+    USAGE = "usage"
+    MESSAGE_STOP = "message_stop"
+    STREAM_ERROR = "stream_error"
+    STREAM_NOTICE = "stream_notice"
+    ABORTED = "aborted"
+    APPROVE_CALL = "approve_call"
+    APPROVE_BATCH = "approve_batch"
+    DENY_CALL = "deny_call"
+    START_CALL = "start_call"
+    CALL_SETTLED = "call_settled"
+    ADVANCE = "advance"
+    RETRY = "retry"
+    CANCEL = "cancel"
+    UNDO_TURN = "undo_turn"
+
+
+def _is_str(value: object) -> bool:
+    return type(value) is str
+
+
+def _is_ms(value: object) -> bool:
+    return type(value) is int
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _submit_ok(c: Any) -> bool:
+    return (
+        _is_str(c.turn_id)
+        and _is_str(c.text)
+        and type(c.base_messages) is tuple
+        and all(type(m) is Message for m in c.base_messages)
+        and type(c.tool_set) is ToolRegistry
+        and type(c.limits) is TurnLimits
+        and _is_ms(c.now_ms)
+    )
+
+
+def _outcome_ok(outcome: object) -> bool:
+    # Only the type is checked here: a ToolOutcome with a non-text result is a tool fault the
+    # reducer turns into a failed call, so the call cannot stay running for ever.
+    return type(outcome) is ToolOutcome
+
+
+def _stream_error_ok(e: Any) -> bool:
+    return type(e.terminal) is bool and _is_str(e.message)
+
+
+_Check: TypeAlias = Callable[[Any], bool]
+
+# Exact types only: a subclass could override what the reducer relies on.
+_DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
+    {
+        Submit: (InputKind.SUBMIT, _submit_ok),
+        MessageStart: (InputKind.MESSAGE_START, lambda e: True),
+        TextDelta: (InputKind.TEXT_DELTA, lambda e: _is_str(e.text)),
+        ToolCallStart: (InputKind.TOOL_CALL_START, lambda e: True),
+        ToolCallInputDelta: (InputKind.TOOL_CALL_INPUT_DELTA, lambda e: True),
+        ToolCallComplete: (InputKind.TOOL_CALL_COMPLETE, lambda e: _is_str(e.id) and _is_str(e.name)),
+        Usage: (InputKind.USAGE, lambda e: _is_count(e.input_tokens) and _is_count(e.output_tokens)),
+        MessageStop: (InputKind.MESSAGE_STOP, lambda e: type(e.stop_reason) is StopReason),
+        StreamError: (InputKind.STREAM_ERROR, _stream_error_ok),
+        Aborted: (InputKind.ABORTED, lambda e: True),
+        ApproveCall: (InputKind.APPROVE_CALL, lambda c: _is_str(c.call_id)),
+        ApproveBatch: (
+            InputKind.APPROVE_BATCH,
+            lambda c: type(c.call_ids) is tuple and all(_is_str(i) for i in c.call_ids),
+        ),
+        DenyCall: (InputKind.DENY_CALL, lambda c: _is_str(c.call_id)),
+        StartCall: (InputKind.START_CALL, lambda c: _is_str(c.call_id) and _is_ms(c.now_ms)),
+        CallSettled: (
+            InputKind.CALL_SETTLED,
+            lambda c: _is_str(c.call_id) and _outcome_ok(c.outcome) and _is_ms(c.now_ms),
+        ),
+        Advance: (InputKind.ADVANCE, lambda c: _is_ms(c.now_ms)),
+        Retry: (InputKind.RETRY, lambda c: _is_ms(c.now_ms)),
+        Cancel: (InputKind.CANCEL, lambda c: _is_str(c.reason) and c.reason in ("stop", "deadline")),
+        UndoTurn: (InputKind.UNDO_TURN, lambda c: True),
+    }
+)
+
+
+def classify(value: object) -> InputKind | None:
+    """The kind of a well-formed turn input, or None for anything else (never raises)."""
+    entry = _DOOR.get(type(value))
+    if entry is None:
+        return None
+    kind, check = entry
+    try:
+        if not check(value):
+            return None
+    except Exception:  # a forged field whose comparison misbehaves is simply not an input
+        return None
+    if kind is InputKind.STREAM_ERROR and not value.terminal:  # type: ignore[attr-defined]
+        return InputKind.STREAM_NOTICE
+    return kind

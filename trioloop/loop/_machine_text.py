@@ -1,0 +1,88 @@
+"""What the turn reducer tells the model and the user about each call it refuses or ends.
+
+Every text a call record carries goes back to the model as that call's tool result, so each one
+says what happened and what to do next; text the model chose is escaped and capped before it is
+echoed, so it cannot hide characters or grow without bound.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from typing import Final
+
+from trioloop.loop.authorization import Violation
+from trioloop.loop.tool_runtime import PrepareFailure
+
+__all__ = [
+    "DECLINED_TEXT",
+    "INTERRUPTED_TEXT",
+    "LIMIT_NOTICE",
+    "LIMIT_TEXT",
+    "NOT_RUN_TEXT",
+    "NOT_TEXT_RESULT",
+    "REPLAY_TEXT",
+    "echo",
+    "invalid_input_text",
+    "not_authorized_text",
+    "unknown_tool_text",
+]
+
+_ECHO_MAX = 80
+
+
+def echo(name: str) -> str:
+    """A model-chosen name, quoted with every invisible or non-ASCII code point escaped and capped,
+    so look-alike names are visibly different in the result and in any UI."""
+    cut = name if len(name) <= _ECHO_MAX else name[: _ECHO_MAX - 1] + "…"
+    return json.dumps(cut, ensure_ascii=True)
+
+
+def unknown_tool_text(name: str) -> str:
+    return f"unknown tool {echo(name)}: no tool has exactly this name, so nothing was run."
+
+
+_ISSUE_MAX = 200
+_ISSUES_MAX = 12
+# Control, format (bidi, zero-width), surrogate, private-use, unassigned and line/paragraph separators.
+_INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def _visible(text: str, cap: int) -> str:
+    """``text`` with every invisible code point spelled as an escape, capped at ``cap`` characters.
+
+    Issue paths can embed keys the model chose; they go back to the model and into the history,
+    so they must be bounded and must not carry terminal escapes or bidi overrides.
+    """
+    out = []
+    for char in text[: cap + 1]:
+        if unicodedata.category(char) in _INVISIBLE:
+            code = ord(char)
+            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+        else:
+            out.append(char)
+    shown = "".join(out)
+    return shown if len(shown) <= cap else shown[: cap - 1] + "…"
+
+
+def invalid_input_text(name: str, failure: PrepareFailure) -> str:
+    shown = [_visible(issue, _ISSUE_MAX) for issue in failure.issues[:_ISSUES_MAX]]
+    if len(failure.issues) > _ISSUES_MAX:
+        shown.append(f"and {len(failure.issues) - _ISSUES_MAX} more")
+    issues = "; ".join(shown)
+    return f"The input for {echo(name)} was not valid, so nothing was run. Fix these and call it again: {issues}"
+
+
+LIMIT_TEXT: Final = "Not run: this turn reached its tool-call limit, so this call was refused."
+LIMIT_NOTICE: Final = "The model asked for more tool calls than this turn allows; the extra calls were not run."
+DECLINED_TEXT: Final = "The user declined this action. Do not retry it in this turn."
+REPLAY_TEXT: Final = "Not run: the user already declined an identical action in this turn. Do not retry it."
+NOT_RUN_TEXT: Final = "Not run: the turn ended before this call could run."
+INTERRUPTED_TEXT: Final = "Not run to completion: the turn ended while this call was running; its result was discarded."
+
+
+NOT_TEXT_RESULT: Final = "The tool returned a result that is not text, so the call failed and its result was discarded."
+
+
+def not_authorized_text(violation: Violation) -> str:
+    return f"not authorized: {violation.value}"

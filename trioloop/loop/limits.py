@@ -1,0 +1,119 @@
+"""The ceilings of one turn and the only code that compares against them.
+
+`TurnLimits` holds every ceiling, validated when it is built; `TurnBudget` counts what the turn has
+spent. `budget_exhaustion` decides whether the turn may start another iteration and
+`tool_call_cap` whether one more tool call may be admitted; nothing else in trioloop compares a
+count with a limit, so a bound cannot be checked two different ways.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final, final
+
+import attrs
+
+__all__ = [
+    "DEFAULT_TURN_LIMITS",
+    "Bound",
+    "TurnBudget",
+    "TurnLimits",
+    "bound_notice",
+    "budget_exhaustion",
+    "tool_call_cap",
+]
+
+
+@final
+class Bound(enum.StrEnum):
+    """Which ceiling stopped a turn, in the order `budget_exhaustion` checks them."""
+
+    ITERATIONS = "iterations"
+    TOOL_CALLS = "tool_calls"
+    RETRIES = "retries"
+    DEADLINE = "deadline"
+
+
+def _positive_int(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    # bool is an int subclass and a float may be integral or NaN; all are refused so that a
+    # limit is always an exact, comparable count.
+    if type(value) is not int:
+        raise TypeError(f'Turn limit "{attribute.name}" must be a positive integer, received {value!r}.')
+    if value <= 0:
+        raise ValueError(f'Turn limit "{attribute.name}" must be a positive integer, received {value!r}.')
+
+
+def _limit(default: int) -> int:
+    return attrs.field(default=default, validator=_positive_int)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class TurnLimits:
+    """Every ceiling of one turn; invalid values are refused at construction, naming the field."""
+
+    max_iterations: int = _limit(8)
+    max_tool_calls_per_turn: int = _limit(32)
+    max_tool_calls_per_iteration: int = _limit(12)
+    max_retries_per_turn: int = _limit(3)
+    turn_deadline_ms: int = _limit(300_000)
+    reserve_output_tokens: int = _limit(4096)
+
+
+DEFAULT_TURN_LIMITS: Final = TurnLimits()
+
+
+@final
+@attrs.frozen(kw_only=True)
+class TurnBudget:
+    """What a turn has spent so far; only the reducer advances it."""
+
+    iterations_started: int = 0
+    tool_calls_accepted: int = 0
+    retries_used: int = 0
+    started_at_ms: int = 0
+
+
+def budget_exhaustion(budget: TurnBudget, limits: TurnLimits, now_ms: int) -> Bound | None:
+    """The first exhausted bound (iterations, tool calls, retries, deadline), or None.
+
+    Consulted when an iteration ends and before a retry; reaching a ceiling exactly counts as
+    exhausted, so ``max_iterations = N`` allows exactly N provider requests.
+    """
+    if budget.iterations_started >= limits.max_iterations:
+        return Bound.ITERATIONS
+    if budget.tool_calls_accepted >= limits.max_tool_calls_per_turn:
+        return Bound.TOOL_CALLS
+    if budget.retries_used >= limits.max_retries_per_turn:
+        return Bound.RETRIES
+    if now_ms - budget.started_at_ms >= limits.turn_deadline_ms:
+        return Bound.DEADLINE
+    return None
+
+
+def tool_call_cap(budget: TurnBudget, limits: TurnLimits, calls_this_iteration: int) -> Bound | None:
+    """`Bound.TOOL_CALLS` when one more call would exceed the per-iteration or per-turn cap.
+
+    ``calls_this_iteration`` counts every call record of the iteration (unknown tools and invalid
+    inputs included); the turn count is the accepted calls only.
+    """
+    if calls_this_iteration >= limits.max_tool_calls_per_iteration:
+        return Bound.TOOL_CALLS
+    if budget.tool_calls_accepted >= limits.max_tool_calls_per_turn:
+        return Bound.TOOL_CALLS
+    return None
+
+
+_KEPT: Final = " Changes you already approved were kept and can be undone."
+
+_NOTICES: Final = {
+    Bound.ITERATIONS: "This turn stopped because it used all of its model steps." + _KEPT,
+    Bound.TOOL_CALLS: "This turn stopped because it used all of its tool calls." + _KEPT,
+    Bound.RETRIES: "This turn stopped because the provider needed too many retries." + _KEPT,
+    Bound.DEADLINE: "This turn stopped because it ran past its time limit." + _KEPT,
+}
+
+
+def bound_notice(bound: Bound) -> str:
+    """The user-facing notice for a turn settled by ``bound``: what stopped it and what was kept."""
+    return _NOTICES[bound]

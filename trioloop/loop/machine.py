@@ -1,0 +1,492 @@
+"""The turn reducer: ``reduce_turn(state, input) -> state``, a pure and total function.
+
+Theory of operation: a turn is a value (`TurnState`) and every fact about it -- a stream event, a
+user's approval, a tool finishing -- is an input. The reducer looks the input up in the phase table
+(`PHASE_TRANSITIONS`); an input the phase does not admit is dropped (recorded as a violation once the
+turn has settled); an admitted one goes to its handler. Handlers are the only writers of phase and
+call status, move a status only along `CALL_STATUS_EDGES`, and never read a clock, do I/O or raise.
+Authorization is not decided here: grants come from `authorization`, and a call reaches `running`
+only through `authorize_start`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Final, TypeAlias
+
+import attrs
+
+from trioloop.loop._machine_inputs import (
+    Advance,
+    ApproveBatch,
+    ApproveCall,
+    CallSettled,
+    Cancel,
+    DenyCall,
+    InputKind,
+    Retry,
+    StartCall,
+    Submit,
+    TurnCommand,
+    TurnInput,
+    UndoTurn,
+    classify,
+)
+from trioloop.loop._machine_state import (
+    CallRecord,
+    CallStatus,
+    DenialReason,
+    Draft,
+    Outcome,
+    Phase,
+    TurnState,
+    ViolationRecord,
+)
+from trioloop.loop._machine_tables import CALL_STATUS_EDGES, INITIAL_CALL_STATUSES, PHASE_TRANSITIONS
+from trioloop.loop._machine_text import (
+    DECLINED_TEXT,
+    INTERRUPTED_TEXT,
+    LIMIT_NOTICE,
+    LIMIT_TEXT,
+    NOT_RUN_TEXT,
+    NOT_TEXT_RESULT,
+    REPLAY_TEXT,
+    echo,
+    invalid_input_text,
+    not_authorized_text,
+    unknown_tool_text,
+)
+from trioloop.loop.authorization import (
+    Denial,
+    Grant,
+    Violation,
+    authorize_start,
+    auto_grant_read_only,
+    grant_for_batch,
+    grant_for_call,
+)
+from trioloop.loop.limits import Bound, TurnBudget, bound_notice, budget_exhaustion, tool_call_cap
+from trioloop.loop.tool_runtime import PrepareFailure
+from trioloop.protocol.events import MessageStop, StopReason, StreamError, TextDelta, ToolCallComplete, Usage
+from trioloop.protocol.messages import Message, ToolCallBlock, ToolResultBlock
+
+__all__ = [
+    "CALL_STATUS_EDGES",
+    "INITIAL_CALL_STATUSES",
+    "PHASE_TRANSITIONS",
+    "Advance",
+    "ApproveBatch",
+    "ApproveCall",
+    "CallRecord",
+    "CallSettled",
+    "CallStatus",
+    "Cancel",
+    "DenialReason",
+    "DenyCall",
+    "InputKind",
+    "Outcome",
+    "Phase",
+    "Retry",
+    "StartCall",
+    "Submit",
+    "TurnCommand",
+    "TurnInput",
+    "TurnState",
+    "UndoTurn",
+    "ViolationRecord",
+    "classify",
+    "reduce_turn",
+]
+
+# ---------------------------------------------------------------------------------------------
+# Small pure helpers
+
+
+def _violate(state: TurnState, violation: Violation, call_id: str | None, detail: str) -> TurnState:
+    record = ViolationRecord(violation=violation, call_id=call_id, detail=detail)
+    return attrs.evolve(state, violation_log=state.violation_log.append(record))
+
+
+def _notice(state: TurnState, text: str) -> TurnState:
+    return attrs.evolve(state, notice_log=state.notice_log.append(text))
+
+
+def _moved(call: CallRecord, status: CallStatus, **changes: Any) -> CallRecord:
+    """``call`` in ``status``, or unchanged when the status table has no such edge."""
+    if status not in CALL_STATUS_EDGES[call.status]:
+        return call
+    return attrs.evolve(call, status=status, **changes)
+
+
+def _replace_call(state: TurnState, call: CallRecord) -> TurnState:
+    calls = tuple(call if c.id == call.id else c for c in state.calls)
+    return attrs.evolve(state, calls=calls)
+
+
+def _add_call(state: TurnState, call: CallRecord, **changes: Any) -> TurnState:
+    if call.status not in INITIAL_CALL_STATUSES:
+        return state
+    return attrs.evolve(state, calls=(*state.calls, call), **changes)
+
+
+def _has_pending(state: TurnState) -> bool:
+    return any(c.status is CallStatus.PENDING for c in state.calls if c.iteration == state.iteration)
+
+
+def _close_draft(state: TurnState) -> TurnState:
+    """Freeze the streaming assistant message into the turn's messages (once; never an empty one)."""
+    draft = state.draft
+    if draft is None or not draft.open:
+        return state
+    closed = draft.closed()
+    message = closed.message
+    messages = state.closed_messages if message is None else (*state.closed_messages, message)
+    return attrs.evolve(state, draft=closed, closed_messages=messages)
+
+
+def _answer_calls(state: TurnState) -> TurnState:
+    """Append one user message answering every call not yet answered, in emission order."""
+    pending = state.calls[state.answered :]
+    if not pending:
+        return state
+    results = tuple(
+        ToolResultBlock(
+            call_id=c.id,
+            content=c.result if c.result is not None else c.summary,
+            is_error=c.is_error,
+        )
+        for c in pending
+    )
+    message = Message(role="user", content=results)
+    return attrs.evolve(state, closed_messages=(*state.closed_messages, message), answered=len(state.calls))
+
+
+def _settle(
+    state: TurnState,
+    outcome: Outcome,
+    *,
+    bound: Bound | None = None,
+    error: StreamError | None = None,
+) -> TurnState:
+    """End the turn: every call that did not finish is marked not run, every opened call is answered."""
+    reason = DenialReason.LIMIT_EXCEEDED if outcome is Outcome.BOUNDED else DenialReason.TURN_CANCELLED
+    calls = tuple(_not_run(c, reason) for c in state.calls)
+    state = attrs.evolve(state, calls=calls)
+    state = _answer_calls(_close_draft(state))
+    if bound is not None:
+        state = _notice(state, bound_notice(bound))
+    return attrs.evolve(state, phase=Phase.SETTLED, outcome=outcome, error=error)
+
+
+def _not_run(call: CallRecord, reason: DenialReason) -> CallRecord:
+    if call.is_terminal:
+        return call
+    text = INTERRUPTED_TEXT if call.status is CallStatus.RUNNING else NOT_RUN_TEXT
+    return _moved(call, CallStatus.DENIED, denial_reason=reason, result=text, is_error=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Handlers, one per input kind. Each receives an input its phase admits (see PHASE_TRANSITIONS).
+
+_Handler: TypeAlias = Callable[[TurnState, Any], TurnState]
+
+
+def _on_submit(state: TurnState, cmd: Submit) -> TurnState:
+    base_ids = frozenset(
+        block.id
+        for message in cmd.base_messages
+        for block in message.content
+        if type(block) is ToolCallBlock and type(block.id) is str
+    )
+    return TurnState(
+        turn_id=cmd.turn_id,
+        phase=Phase.REQUESTING,
+        iteration=1,
+        tool_set=cmd.tool_set,
+        limits=cmd.limits,
+        budget=TurnBudget(iterations_started=1, started_at_ms=cmd.now_ms),
+        base_messages=cmd.base_messages,
+        closed_messages=(Message.user(cmd.text),),
+        base_call_ids=base_ids,
+    )
+
+
+def _on_message_start(state: TurnState, event: object) -> TurnState:
+    return attrs.evolve(state, phase=Phase.STREAMING, draft=Draft())
+
+
+def _on_text_delta(state: TurnState, event: TextDelta) -> TurnState:
+    if not event.text:
+        return state
+    draft = state.draft or Draft()
+    return attrs.evolve(state, draft=draft.with_text(event.text))
+
+
+def _on_informational(state: TurnState, event: object) -> TurnState:
+    return state
+
+
+def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnState:
+    """SPEC §2: duplicate id, unknown tool, caps, invalid input, sticky denial, read-only policy."""
+    call_id, name = event.id, event.name
+    if call_id in state.base_call_ids or state.call(call_id) is not None:
+        return _violate(state, Violation.DUPLICATE_CALL_ID, call_id, f"reused tool call id {echo(call_id)}")
+    draft = (state.draft or Draft()).with_call(ToolCallBlock(id=call_id, name=name, input=event.input))
+    state = attrs.evolve(state, draft=draft)
+    common: dict[str, Any] = {"id": call_id, "tool_name": name, "iteration": state.iteration}
+
+    tool = state.tool_set.get(name)
+    if tool is None:
+        text = unknown_tool_text(name)
+        record = CallRecord(
+            **common,
+            input_digest="",
+            summary=text,
+            effect="mutate",
+            destructive=False,
+            status=CallStatus.FAILED,
+            result=text,
+            is_error=True,
+        )
+        return _violate(_add_call(state, record), Violation.UNKNOWN_TOOL, call_id, text)
+
+    common.update(effect=tool.effect, destructive=tool.destructive)
+    if tool_call_cap(state.budget, state.limits, len(state.current_calls)) is not None:
+        first = not any(c.denial_reason is DenialReason.LIMIT_EXCEEDED for c in state.calls)
+        record = CallRecord(
+            **common,
+            input_digest="",
+            summary=f"Not run (limit reached): {name}",
+            status=CallStatus.DENIED,
+            result=LIMIT_TEXT,
+            is_error=True,
+            denial_reason=DenialReason.LIMIT_EXCEEDED,
+        )
+        state = _violate(_add_call(state, record), Violation.LIMIT_EXCEEDED, call_id, "tool-call limit reached")
+        return _notice(state, LIMIT_NOTICE) if first else state
+
+    prepared = tool.prepare(event.input)
+    if isinstance(prepared, PrepareFailure):
+        text = invalid_input_text(name, prepared)
+        record = CallRecord(
+            **common,
+            input_digest="",
+            summary=text,
+            status=CallStatus.FAILED,
+            result=text,
+            is_error=True,
+        )
+        return _add_call(state, record)
+
+    budget = attrs.evolve(state.budget, tool_calls_accepted=state.budget.tool_calls_accepted + 1)
+    record = CallRecord(
+        **common,
+        input_digest=prepared.input_digest,
+        summary=prepared.summary,
+        prepared=prepared,
+        status=CallStatus.PENDING,
+    )
+    if Denial(tool_name=name, input_digest=prepared.input_digest) in state.denials:
+        record = attrs.evolve(
+            record,
+            status=CallStatus.DENIED,
+            denial_reason=DenialReason.USER_DECLINED,
+            result=REPLAY_TEXT,
+            is_error=True,
+        )
+        state = _add_call(state, record, budget=budget)
+        return _violate(state, Violation.DENIED_REPLAY, call_id, "identical action already declined")
+    if tool.effect == "read" and not tool.destructive:
+        grant = auto_grant_read_only(tool, record, state.iteration)
+        record = attrs.evolve(record, status=CallStatus.APPROVED)
+        return _add_call(state, record, budget=budget, grants=(*state.grants, grant))
+    return _add_call(state, record, budget=budget)
+
+
+def _on_usage(state: TurnState, event: Usage) -> TurnState:
+    before = state.usage_before_iteration
+    total = Usage(
+        input_tokens=before.input_tokens + event.input_tokens,
+        output_tokens=before.output_tokens + event.output_tokens,
+    )
+    return attrs.evolve(state, usage=total)
+
+
+def _on_message_stop(state: TurnState, event: MessageStop) -> TurnState:
+    state = _close_draft(state)
+    current = state.current_calls
+    if event.stop_reason is not StopReason.TOOL_USE or not current:
+        # Any other stop, or a tool_use stop with no call: the model is done (a quirk must not loop).
+        return _settle(state, Outcome.COMPLETED)
+    phase = Phase.AWAITING_APPROVAL if _has_pending(state) else Phase.EXECUTING
+    return attrs.evolve(state, phase=phase)
+
+
+def _on_stream_error(state: TurnState, event: StreamError) -> TurnState:
+    return _settle(state, Outcome.FAILED, error=event)
+
+
+def _on_stream_notice(state: TurnState, event: StreamError) -> TurnState:
+    return _notice(state, event.message)
+
+
+def _on_aborted(state: TurnState, event: object) -> TurnState:
+    return _settle(state, Outcome.CANCELLED)
+
+
+def _on_cancel(state: TurnState, cmd: Cancel) -> TurnState:
+    if cmd.reason == "deadline":
+        return _settle(state, Outcome.BOUNDED, bound=Bound.DEADLINE)
+    return _settle(state, Outcome.CANCELLED)
+
+
+def _approve(state: TurnState, grants: tuple[Grant, ...]) -> TurnState:
+    if not grants:
+        return state
+    granted = {g.call_id for g in grants}
+    calls = tuple(_moved(c, CallStatus.APPROVED) if c.id in granted else c for c in state.calls)
+    return attrs.evolve(state, calls=calls, grants=state.grants + grants, phase=Phase.EXECUTING)
+
+
+def _on_approve_call(state: TurnState, cmd: ApproveCall) -> TurnState:
+    grant = grant_for_call(state, cmd.call_id)
+    return state if grant is None else _approve(state, (grant,))
+
+
+def _on_approve_batch(state: TurnState, cmd: ApproveBatch) -> TurnState:
+    return _approve(state, grant_for_batch(state, cmd.call_ids))
+
+
+def _on_deny_call(state: TurnState, cmd: DenyCall) -> TurnState:
+    call = state.call(cmd.call_id)
+    if call is None or call.status is not CallStatus.PENDING:
+        return state
+    denied = _moved(
+        call,
+        CallStatus.DENIED,
+        denial_reason=DenialReason.USER_DECLINED,
+        result=DECLINED_TEXT,
+        is_error=True,
+    )
+    denial = Denial(tool_name=call.tool_name, input_digest=call.input_digest)
+    denials = state.denials if denial in state.denials else (*state.denials, denial)
+    state = attrs.evolve(_replace_call(state, denied), denials=denials)
+    return state if _has_pending(state) else attrs.evolve(state, phase=Phase.EXECUTING)
+
+
+def _on_start_call(state: TurnState, cmd: StartCall) -> TurnState:
+    if state.phase is not Phase.EXECUTING:
+        # A start before the iteration is executing has no grant to spend yet; the call is left
+        # as it is, since it may still run legitimately once the phase allows.
+        return _violate(state, Violation.NO_GRANT, cmd.call_id, f"StartCall refused: phase is {state.phase}")
+    verdict = authorize_start(state, cmd.call_id)
+    if isinstance(verdict, Violation):
+        state = _violate(state, verdict, cmd.call_id, f"StartCall refused: {verdict.value}")
+        call = state.call(cmd.call_id)
+        if call is not None and call.status in (CallStatus.PENDING, CallStatus.APPROVED):
+            # Terminal, so the iteration can still end: no runner may wait on a call that cannot start.
+            failed = _moved(call, CallStatus.FAILED, result=not_authorized_text(verdict), is_error=True)
+            state = _replace_call(state, failed)
+        return state
+    call = state.call(cmd.call_id)
+    if call is None:  # authorize_start found it; kept total all the same
+        return state
+    grants = list(state.grants)
+    grants[grants.index(verdict)] = attrs.evolve(verdict, consumed=True)
+    return attrs.evolve(_replace_call(state, _moved(call, CallStatus.RUNNING)), grants=tuple(grants))
+
+
+def _on_call_settled(state: TurnState, cmd: CallSettled) -> TurnState:
+    call = state.call(cmd.call_id)
+    if state.phase is Phase.EXECUTING and call is not None and call.status is CallStatus.RUNNING:
+        ok, result = cmd.outcome.ok, cmd.outcome.result
+        if type(ok) is not bool or type(result) is not str:
+            # A tool fault (ToolOutcome does not check its fields): end the call rather than leave
+            # it running forever, and never store a non-text result in the history.
+            return _replace_call(state, _moved(call, CallStatus.FAILED, result=NOT_TEXT_RESULT, is_error=True))
+        status = CallStatus.SUCCEEDED if ok else CallStatus.FAILED
+        return _replace_call(state, _moved(call, status, result=result, is_error=not ok))
+    # Not running: either no grant was ever spent on it, or the run that spent it already settled.
+    spent = any(g.call_id == cmd.call_id and g.consumed for g in state.grants)
+    violation = Violation.GRANT_ALREADY_CONSUMED if spent else Violation.NO_GRANT
+    return _violate(state, violation, cmd.call_id, "CallSettled for a call that is not running")
+
+
+def _on_advance(state: TurnState, cmd: Advance) -> TurnState:
+    if not all(c.is_terminal for c in state.current_calls):
+        return state
+    state = _answer_calls(_close_draft(state))
+    bound = budget_exhaustion(state.budget, state.limits, cmd.now_ms)
+    if bound is not None:
+        return _settle(state, Outcome.BOUNDED, bound=bound)
+    budget = attrs.evolve(state.budget, iterations_started=state.budget.iterations_started + 1)
+    return attrs.evolve(
+        state,
+        phase=Phase.REQUESTING,
+        iteration=state.iteration + 1,
+        budget=budget,
+        draft=None,
+        usage_before_iteration=state.usage,
+    )
+
+
+def _on_retry(state: TurnState, cmd: Retry) -> TurnState:
+    budget = attrs.evolve(state.budget, retries_used=state.budget.retries_used + 1)
+    return attrs.evolve(state, budget=budget)
+
+
+def _on_undo_turn(state: TurnState, cmd: UndoTurn) -> TurnState:
+    if not any(c.status is CallStatus.SUCCEEDED for c in state.calls):
+        return state
+    calls = tuple(_moved(c, CallStatus.UNDONE) if c.status is CallStatus.SUCCEEDED else c for c in state.calls)
+    return attrs.evolve(state, calls=calls)
+
+
+_K = InputKind
+_HANDLERS: Final[Mapping[InputKind, _Handler]] = MappingProxyType(
+    {
+        _K.SUBMIT: _on_submit,
+        _K.MESSAGE_START: _on_message_start,
+        _K.TEXT_DELTA: _on_text_delta,
+        _K.TOOL_CALL_START: _on_informational,
+        _K.TOOL_CALL_INPUT_DELTA: _on_informational,
+        _K.TOOL_CALL_COMPLETE: _on_tool_call_complete,
+        _K.USAGE: _on_usage,
+        _K.MESSAGE_STOP: _on_message_stop,
+        _K.STREAM_ERROR: _on_stream_error,
+        _K.STREAM_NOTICE: _on_stream_notice,
+        _K.ABORTED: _on_aborted,
+        _K.APPROVE_CALL: _on_approve_call,
+        _K.APPROVE_BATCH: _on_approve_batch,
+        _K.DENY_CALL: _on_deny_call,
+        _K.START_CALL: _on_start_call,
+        _K.CALL_SETTLED: _on_call_settled,
+        _K.ADVANCE: _on_advance,
+        _K.RETRY: _on_retry,
+        _K.CANCEL: _on_cancel,
+        _K.UNDO_TURN: _on_undo_turn,
+    }
+)
+
+
+def reduce_turn(state: TurnState, turn_input: TurnInput, /) -> TurnState:
+    """The next turn state after ``turn_input``. Pure and total: it never raises and never mutates.
+
+    Anything that is not a well-formed turn input leaves the state as it is. In a settled turn every
+    input except `UndoTurn` is dropped and recorded once as a ``post_settlement_event`` violation.
+    """
+    kind = classify(turn_input)
+    if kind is None:
+        return state
+    admitted = PHASE_TRANSITIONS[state.phase].get(kind)
+    if admitted is None:
+        if state.phase is Phase.SETTLED:
+            return _violate(
+                state, Violation.POST_SETTLEMENT_EVENT, None, f"dropped {kind.value} after the turn settled"
+            )
+        return state
+    result = _HANDLERS[kind](state, turn_input)
+    if result.phase not in admitted:
+        return state  # not reachable while the handlers agree with the table; the table wins
+    return result

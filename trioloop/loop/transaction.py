@@ -1,0 +1,231 @@
+"""The one path from a tool's outcome to the live document, and undo of a whole turn.
+
+A tool proposes a whole next document; `commit_tool_outcome` either swaps it in or refuses, and on
+a turn's first commit records the pre-turn document in `UndoHistory` so the turn can be undone as
+one step. Everything here is a pure function over immutable values: the caller holds the live
+document and history and replaces them with what it gets back.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final, final
+
+import attrs
+
+from trioloop.document.model import ThreatModel
+from trioloop.document.validation import validate_threat_model
+from trioloop.loop.tool_runtime import RegisteredTool, ToolOutcome
+
+__all__ = [
+    "DEFAULT_UNDO_ENTRIES",
+    "Committed",
+    "Refusal",
+    "Refused",
+    "Unchanged",
+    "UndoAvailability",
+    "UndoEntry",
+    "UndoHistory",
+    "commit_tool_outcome",
+    "turn_undo_availability",
+    "undo_turn",
+]
+
+DEFAULT_UNDO_ENTRIES: Final = 20
+
+
+@final
+@attrs.frozen(kw_only=True)
+class UndoEntry:
+    """The document as it was before ``turn_id`` changed it."""
+
+    turn_id: str
+    document: ThreatModel
+
+
+@final
+@attrs.frozen(kw_only=True)
+class _Retired:
+    """A turn whose entry left the stack: popped by an undo, or trimmed off the bottom."""
+
+    turn_id: str
+    undone: bool
+
+
+def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int or value <= 0:
+        raise ValueError(f"{attribute.name} must be a positive int, got {value!r}")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class UndoHistory:
+    """An immutable, capped undo stack (newest last); the oldest entry is dropped beyond the cap.
+
+    ``retired`` remembers (up to the cap) which turns left the stack and whether by undo or by
+    trimming, so availability can say "already undone" rather than "nothing to undo".
+    """
+
+    entries: tuple[UndoEntry, ...] = ()
+    max_entries: int = attrs.field(default=DEFAULT_UNDO_ENTRIES, validator=_positive)
+    retired: tuple[_Retired, ...] = ()
+
+    @property
+    def top(self) -> UndoEntry | None:
+        return self.entries[-1] if self.entries else None
+
+    def push(self, entry: UndoEntry) -> UndoHistory:
+        entries = (*self.entries, entry)
+        cut = len(entries) - self.max_entries
+        trimmed = tuple(_Retired(turn_id=e.turn_id, undone=False) for e in entries[:cut]) if cut > 0 else ()
+        return attrs.evolve(self, entries=entries[max(cut, 0) :], retired=self._remember(trimmed))
+
+    def pop(self) -> UndoHistory:
+        """The history without its top entry (unchanged when empty)."""
+        top = self.top
+        if top is None:
+            return self
+        return attrs.evolve(
+            self, entries=self.entries[:-1], retired=self._remember((_Retired(turn_id=top.turn_id, undone=True),))
+        )
+
+    def _remember(self, more: tuple[_Retired, ...]) -> tuple[_Retired, ...]:
+        return (*self.retired, *more)[-self.max_entries :] if more else self.retired
+
+
+# ---------------------------------------------------------------------------------------------
+# Commit
+
+
+@final
+class Refusal(enum.StrEnum):
+    TOOL_ERROR = "tool_error"
+    READ_TOOL_MUTATED = "read_tool_mutated"
+    DOCUMENT_CHANGED = "document_changed"
+    INVALID_DOCUMENT = "invalid_document"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Committed:
+    """The proposed document is now live; ``history`` holds the turn's pre-turn snapshot."""
+
+    document: ThreatModel
+    history: UndoHistory
+    result: str
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Unchanged:
+    """The tool succeeded without proposing a document (every read tool, a no-op mutation)."""
+
+    result: str
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Refused:
+    """Nothing was committed; ``result`` is the error text the model receives for the call."""
+
+    refusal: Refusal
+    result: str
+
+
+_READ_MUTATED_TEXT: Final = "A read-only tool returned a document change; it was refused and nothing changed."
+_CHANGED_TEXT: Final = (
+    "The document changed while this tool was running, so its change was not applied. "
+    "Read the current document and try again."
+)
+
+
+def commit_tool_outcome(
+    live_document: ThreatModel,
+    call_snapshot: ThreatModel,
+    outcome: ToolOutcome,
+    tool: RegisteredTool,
+    history: UndoHistory,
+    *,
+    turn_id: str,
+) -> Committed | Unchanged | Refused:
+    """Commit a tool's proposed document, or say why not. First refusal wins:
+
+    the tool failed (``tool_error``, its own text) -> a read tool proposed a document
+    (``read_tool_mutated``) -> the live document is not the very object the call started from
+    (``document_changed``) -> the proposal fails `validate_threat_model` (``invalid_document``, with
+    the validator's message for the model). Identity, not equality, decides "changed": an equal copy
+    put in place by someone else is still a write the call did not see, and identity can never
+    mistake two different edits for one. On the turn's first commit the pre-turn document is pushed.
+    """
+    if not outcome.ok:
+        return Refused(refusal=Refusal.TOOL_ERROR, result=outcome.result)
+    proposed = outcome.document
+    if proposed is None:
+        return Unchanged(result=outcome.result)
+    if tool.effect == "read":
+        return Refused(refusal=Refusal.READ_TOOL_MUTATED, result=_READ_MUTATED_TEXT)
+    if live_document is not call_snapshot:
+        return Refused(refusal=Refusal.DOCUMENT_CHANGED, result=_CHANGED_TEXT)
+    problem = validate_threat_model(proposed)
+    if problem is not None:
+        return Refused(
+            refusal=Refusal.INVALID_DOCUMENT,
+            result=f"The change was not applied because the document would be invalid: {problem.message}",
+        )
+    top = history.top
+    if top is None or top.turn_id != turn_id:
+        history = history.push(UndoEntry(turn_id=turn_id, document=live_document))
+    return Committed(document=proposed, history=history, result=outcome.result)
+
+
+# ---------------------------------------------------------------------------------------------
+# Undo
+
+
+@final
+class UndoAvailability(enum.StrEnum):
+    UNDOABLE = "undoable"
+    NOTHING_TO_UNDO = "nothing_to_undo"
+    ALREADY_UNDONE = "already_undone"
+    SUPERSEDED = "superseded"
+
+    @property
+    def undoable(self) -> bool:
+        return self is UndoAvailability.UNDOABLE
+
+
+def turn_undo_availability(history: UndoHistory, turn_id: str, snapshot: ThreatModel | None = None) -> UndoAvailability:
+    """Whether undoing ``turn_id`` now would restore exactly its pre-turn document.
+
+    Only the top of the stack can be undone, and it is compared by value (turn id, and the pre-turn
+    ``snapshot`` when the caller kept it) -- never by a remembered depth, which a trimmed history
+    would alias to a newer entry. A turn that never committed has nothing to undo.
+    """
+    top = history.top
+    if top is not None and top.turn_id == turn_id:
+        if snapshot is None or top.document == snapshot:
+            return UndoAvailability.UNDOABLE
+        return UndoAvailability.SUPERSEDED
+    if any(entry.turn_id == turn_id for entry in history.entries):
+        return UndoAvailability.SUPERSEDED
+    for retired in reversed(history.retired):
+        if retired.turn_id == turn_id:
+            return UndoAvailability.ALREADY_UNDONE if retired.undone else UndoAvailability.SUPERSEDED
+    # Committed (the caller kept a snapshot) but no longer known: it was trimmed long ago.
+    return UndoAvailability.NOTHING_TO_UNDO if snapshot is None else UndoAvailability.SUPERSEDED
+
+
+def undo_turn(
+    history: UndoHistory, live_document: ThreatModel, turn_id: str, snapshot: ThreatModel | None = None
+) -> tuple[ThreatModel, UndoHistory] | None:
+    """The pre-turn document and the history without the turn's entry, or None when not undoable.
+
+    ``live_document`` is the document the undo replaces whole; it is not consulted, because the
+    turn's entry being on top already means nothing was recorded after the turn's changes.
+    """
+    if not turn_undo_availability(history, turn_id, snapshot).undoable:
+        return None
+    top = history.top
+    if top is None:  # undoable implies a top entry; kept total all the same
+        return None
+    return top.document, history.pop()

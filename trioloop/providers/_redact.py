@@ -1,0 +1,157 @@
+"""Keeping the literal API key out of every event, even when a hostile endpoint echoes it back.
+
+Whole fields (ids, names, the model name, parsed tool input) are scrubbed by replacement. Streamed text
+and argument fragments need more care: the key may be split across deltas, and the consumer joins
+them. ``StreamRedactor`` holds back a tail that could be the start of the key and replaces any
+occurrence it completes, so the joined output never contains the key. At most the key's first
+``MIN_HOLD - 1`` characters (its public prefix, e.g. ``sk-``) can precede the marker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, final
+
+import attrs
+
+from trioloop.protocol.events import (
+    MessageStart,
+    StreamEvent,
+    TextDelta,
+    ToolCallComplete,
+    ToolCallInputDelta,
+    ToolCallStart,
+)
+
+__all__ = ["MIN_HOLD", "REDACTED", "EventScrubber", "StreamRedactor", "scrub_json"]
+
+REDACTED: Final = "[redacted-key]"
+MIN_HOLD: Final = 4
+
+
+def scrub_json(value: Any, key: str) -> Any:
+    """``value`` with ``key`` replaced in every string, object keys included."""
+    if isinstance(value, str):
+        return value.replace(key, REDACTED) if key in value else value
+    if isinstance(value, list):
+        return [scrub_json(item, key) for item in value]
+    if isinstance(value, dict):
+        return {scrub_json(k, key): scrub_json(v, key) for k, v in value.items()}
+    return value
+
+
+@final
+class StreamRedactor:
+    """Redacts ``key`` from one stream of text fragments; ``push`` each fragment, ``flush`` at its end."""
+
+    __slots__ = ("_hold_from", "_key", "_pending", "_tail")
+
+    def __init__(self, key: str) -> None:
+        self._key = key
+        self._hold_from = max(1, min(MIN_HOLD, len(key) - 1))
+        self._pending = ""  # received, not yet released: it may be the start of the key
+        self._tail = ""  # the last len(key) - 1 released characters
+
+    def push(self, text: str) -> str:
+        """The part of ``text`` (plus anything held before) that is safe to release now."""
+        key, n = self._key, len(self._key)
+        tail = self._tail
+        virtual = tail + self._pending + text
+        cursor = len(tail)
+        parts: list[str] = []
+        found = virtual.find(key)
+        while found != -1:
+            # An occurrence can start inside the released tail (it was shorter than the hold threshold
+            # there); only its unreleased part can still be replaced.
+            parts.append(virtual[cursor : max(found, cursor)])
+            parts.append(REDACTED)
+            cursor = found + n
+            found = virtual.find(key, cursor)
+        parts.append(virtual[cursor:])
+        redacted = "".join(parts)
+        # A possible key start may begin in the released tail: measure it over tail + redacted text.
+        hold = min(self._held_suffix(tail + redacted), len(redacted))
+        release = redacted[: len(redacted) - hold]
+        self._pending = redacted[len(redacted) - hold :]
+        self._tail = (tail + release)[-(n - 1) :] if n > 1 else ""
+        return release
+
+    def flush(self) -> str:
+        """Release what is held; the stream of fragments has ended."""
+        release, self._pending = self._pending, ""
+        if len(self._key) > 1:
+            self._tail = (self._tail + release)[-(len(self._key) - 1) :]
+        return release
+
+    def _held_suffix(self, text: str) -> int:
+        """Length of the longest suffix of ``text`` that is a proper prefix of the key, if ``MIN_HOLD`` long."""
+        key = self._key
+        if len(key) <= 1:
+            return 0
+        start = self._hold_from
+        probe = key[:start]
+        position = text.find(probe, max(0, len(text) - (len(key) - 1)))
+        while position != -1:
+            if key.startswith(text[position:]):
+                return len(text) - position
+            position = text.find(probe, position + 1)
+        return 0
+
+
+@final
+@attrs.define
+class EventScrubber:
+    """Applies the key redaction to a provider's event stream, in order, without losing content."""
+
+    key: str
+    _text: StreamRedactor = attrs.field(init=False)
+    _arguments: StreamRedactor = attrs.field(init=False)
+    _arguments_id: str | None = attrs.field(init=False, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        self._text = StreamRedactor(self.key)
+        self._arguments = StreamRedactor(self.key)
+
+    def _clean(self, text: str) -> str:
+        return text.replace(self.key, REDACTED) if self.key in text else text
+
+    def process(self, event: StreamEvent) -> list[StreamEvent]:
+        """``event`` made safe, preceded by any held text it must not overtake (possibly none at all)."""
+        if isinstance(event, TextDelta):
+            out = self._flush_arguments()
+            text = self._text.push(event.text)
+            return [*out, TextDelta(text=text)] if text else out
+        if isinstance(event, ToolCallInputDelta):
+            call_id = self._clean(event.id)
+            out = self._flush_text()
+            if self._arguments_id != call_id:
+                out += self._flush_arguments()
+                self._arguments_id = call_id
+            fragment = self._arguments.push(event.partial_json)
+            return [*out, ToolCallInputDelta(id=call_id, partial_json=fragment)] if fragment else out
+        out = self._flush_text() + self._flush_arguments()
+        if isinstance(event, MessageStart):
+            out.append(MessageStart(model=self._clean(event.model)) if self.key in event.model else event)
+        elif isinstance(event, ToolCallStart):
+            out.append(ToolCallStart(id=self._clean(event.id), name=self._clean(event.name)))
+        elif isinstance(event, ToolCallComplete):
+            out.append(
+                ToolCallComplete(
+                    id=self._clean(event.id), name=self._clean(event.name), input=scrub_json(event.input, self.key)
+                )
+            )
+        else:
+            out.append(event)
+        return out
+
+    def flush(self) -> list[StreamEvent]:
+        """Everything still held, as events; call before ending the stream another way (a held-back error)."""
+        return self._flush_text() + self._flush_arguments()
+
+    def _flush_text(self) -> list[StreamEvent]:
+        text = self._text.flush()
+        return [TextDelta(text=text)] if text else []
+
+    def _flush_arguments(self) -> list[StreamEvent]:
+        fragment = self._arguments.flush()
+        call_id, self._arguments_id = self._arguments_id, None
+        return [ToolCallInputDelta(id=call_id, partial_json=fragment)] if fragment and call_id is not None else []

@@ -1,0 +1,481 @@
+"""The Anthropic Messages API wire shape: request body, auth headers, stream mapping, error bodies.
+
+This and ``openai.py`` are the only modules that know a provider's JSON. The mapper is sans-IO: SSE
+frames in, ``StreamEvent``s out, never raising on hostile input. ``render_stream`` writes the same
+shape back out for the scripted provider, the fixture tests and the benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, Final, final
+
+import attrs
+import httpx
+
+from trioloop.protocol.errors import ProtocolErrorCode
+from trioloop.protocol.events import (
+    MessageStart,
+    MessageStop,
+    StopReason,
+    StreamError,
+    StreamEvent,
+    TextDelta,
+    ToolCallInputDelta,
+    ToolCallStart,
+    Usage,
+)
+from trioloop.protocol.messages import Message, TextBlock, ToolCallBlock, ToolResultBlock
+from trioloop.protocol.preflight import MODEL_TABLE, ModelCapabilities
+from trioloop.protocol.tools import ChatRequest
+from trioloop.providers.base import (
+    ErrorBody,
+    Messages,
+    WireResponse,
+    decode_json_object,
+    finish_tool_call,
+    non_negative_int,
+    notice,
+    split_text,
+)
+from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from trioloop.providers.sse import SseFrame
+from trioloop.providers.transport import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_READ_TIMEOUT,
+    HttpChatProvider,
+)
+
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "ANTHROPIC_WIRE",
+    "AnthropicProvider",
+    "AnthropicStreamMapper",
+    "AnthropicWire",
+    "build_anthropic_body",
+    "render_anthropic_stream",
+]
+
+ANTHROPIC_VERSION: Final = "2023-06-01"
+
+_STOP_REASONS: Final[Mapping[str, StopReason]] = {
+    "end_turn": StopReason.END_TURN,
+    "tool_use": StopReason.TOOL_USE,
+    "max_tokens": StopReason.MAX_TOKENS,
+    "stop_sequence": StopReason.STOP_SEQUENCE,
+    "refusal": StopReason.REFUSAL,
+}
+_WIRE_STOP_REASONS: Final[Mapping[StopReason, str]] = {
+    **{reason: name for name, reason in _STOP_REASONS.items()},
+    StopReason.OTHER: "pause_turn",
+}
+_KNOWN_EVENTS: Final = frozenset(
+    {
+        "message",
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+        "ping",
+        "error",
+    }
+)
+_ERROR_TYPES: Final[Mapping[int, str]] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+class _Undecodable(Exception):
+    """A frame whose JSON does not have the documented shape."""
+
+
+@attrs.define
+class _OpenCall:
+    id: str
+    name: str
+    fragments: list[str] = attrs.field(factory=list)
+
+
+def _input_tokens(usage: Mapping[str, Any]) -> int | None:
+    """Billed prompt tokens: fresh input plus cache writes and reads (OpenAI's prompt_tokens counts all three)."""
+    base = non_negative_int(usage.get("input_tokens"))
+    if base is None:
+        return None
+    extra = (non_negative_int(usage.get(k)) or 0 for k in ("cache_creation_input_tokens", "cache_read_input_tokens"))
+    return base + sum(extra)
+
+
+@final
+class AnthropicStreamMapper:
+    """Maps Anthropic Messages stream frames onto ``StreamEvent``s; one instance per response."""
+
+    def __init__(self, *, scrub: Callable[[str], str] | None = None) -> None:
+        self._scrub = scrub or _identity
+        self._started = False
+        self._done = False
+        self._input_tokens = 0
+        self._stop: StopReason | None = None
+        self._calls: dict[int, _OpenCall] = {}
+        self._ignored: set[int] = set()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def feed(self, frame: SseFrame) -> list[StreamEvent]:
+        if self._done or frame.event not in _KNOWN_EVENTS:
+            return []
+        payload = decode_json_object(frame.data)
+        if payload is None:
+            return [notice(Messages.UNDECODABLE_EVENT, self._scrub(frame.data))]
+        kind = frame.event
+        if kind == "message":
+            kind = _text(payload.get("type"))
+        out: list[StreamEvent] = []
+        try:
+            self._dispatch(kind, payload, out)
+        except _Undecodable:
+            out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(frame.data)))
+        return out
+
+    def finish(self) -> list[StreamEvent]:
+        if self._done:
+            return []
+        self._done = True
+        return [StreamError(code=ProtocolErrorCode.MALFORMED_STREAM, message=Messages.INCOMPLETE_STREAM)]
+
+    def _dispatch(self, kind: str, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
+        if kind == "message_start":
+            self._message_start(payload, out)
+        elif kind == "content_block_start":
+            self._block_start(payload, out)
+        elif kind == "content_block_delta":
+            self._block_delta(payload, out)
+        elif kind == "content_block_stop":
+            index = _index(payload)
+            call = self._calls.pop(index, None)
+            if call is not None:
+                out.append(finish_tool_call(call.id, call.name, call.fragments))
+        elif kind == "message_delta":
+            self._message_delta(payload, out)
+        elif kind == "message_stop":
+            self._start(out)
+            for index in sorted(self._calls):
+                out.append(notice(Messages.UNFINISHED_CALL, self._scrub(self._calls[index].name)))
+            self._calls.clear()
+            out.append(MessageStop(stop_reason=self._stop or StopReason.OTHER))
+            self._done = True
+        elif kind == "error":
+            self._error(payload, out)
+
+    def _start(self, out: list[StreamEvent], model: str = "") -> None:
+        if not self._started:
+            self._started = True
+            out.append(MessageStart(model=model))
+
+    def _message_start(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
+        message = payload.get("message")
+        if not isinstance(message, dict):
+            raise _Undecodable
+        if self._started:
+            return
+        model = message.get("model")
+        usage = message.get("usage")
+        if isinstance(usage, dict):
+            self._input_tokens = _input_tokens(usage) or 0
+        self._start(out, model if isinstance(model, str) else "")
+
+    def _block_start(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
+        index = _index(payload)
+        block = payload.get("content_block")
+        if not isinstance(block, dict):
+            raise _Undecodable
+        kind = block.get("type")
+        if kind == "tool_use":
+            call_id, name = block.get("id"), block.get("name")
+            if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name):
+                raise _Undecodable
+            if index in self._calls:
+                raise _Undecodable
+            self._start(out)
+            self._calls[index] = _OpenCall(call_id, name)
+            out.append(ToolCallStart(id=call_id, name=name))
+        elif kind == "text":
+            text = block.get("text", "")
+            if not isinstance(text, str):
+                raise _Undecodable
+            self._start(out)
+            if text:
+                out.append(TextDelta(text=text))
+        else:
+            self._ignored.add(index)
+
+    def _block_delta(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
+        index = _index(payload)
+        delta = payload.get("delta")
+        if not isinstance(delta, dict):
+            raise _Undecodable
+        kind = delta.get("type")
+        if kind == "text_delta":
+            text = delta.get("text")
+            if not isinstance(text, str):
+                raise _Undecodable
+            if text:
+                self._start(out)
+                out.append(TextDelta(text=text))
+        elif kind == "input_json_delta":
+            fragment = delta.get("partial_json")
+            if not isinstance(fragment, str):
+                raise _Undecodable
+            call = self._calls.get(index)
+            if call is None:
+                if index not in self._ignored:
+                    out.append(notice(Messages.ORPHAN_ARGUMENTS, self._scrub(fragment)))
+            elif fragment:
+                call.fragments.append(fragment)
+                out.append(ToolCallInputDelta(id=call.id, partial_json=fragment))
+
+    def _message_delta(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
+        delta = payload.get("delta")
+        usage = payload.get("usage")
+        if not isinstance(delta, dict) or (usage is not None and not isinstance(usage, dict)):
+            raise _Undecodable
+        reason = delta.get("stop_reason")
+        if isinstance(reason, str):
+            self._stop = _STOP_REASONS.get(reason, StopReason.OTHER)
+        if isinstance(usage, dict):
+            self._start(out)
+            input_tokens = _input_tokens(usage)
+            out.append(
+                Usage(
+                    input_tokens=self._input_tokens if input_tokens is None else input_tokens,
+                    output_tokens=non_negative_int(usage.get("output_tokens")) or 0,
+                )
+            )
+
+    def _error(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
+        error = payload.get("error")
+        if not isinstance(error, dict):
+            raise _Undecodable
+        kind, message = _text(error.get("type")), _text(error.get("message"))
+        rate_limited = kind == "rate_limit_error"
+        out.append(
+            StreamError(
+                code=ProtocolErrorCode.RATE_LIMITED if rate_limited else ProtocolErrorCode.HTTP_STATUS,
+                message=Messages.STREAM_RATE_LIMITED if rate_limited else Messages.STREAM_PROVIDER_ERROR,
+                provider_detail=self._scrub(message or kind) or None,
+            )
+        )
+        self._done = True
+
+
+def _index(payload: Mapping[str, Any]) -> int:
+    index = non_negative_int(payload.get("index"))
+    if index is None:
+        raise _Undecodable
+    return index
+
+
+def _tool_use_input(value: Any) -> dict[str, Any]:
+    # The API only accepts an object here; a non-object input was already answered with an error result.
+    return value if isinstance(value, dict) else {}
+
+
+def _message_to_wire(message: Message) -> dict[str, Any] | None:
+    results: list[dict[str, Any]] = []
+    others: list[dict[str, Any]] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            if block.text:  # the API rejects empty text blocks
+                others.append({"type": "text", "text": block.text})
+        elif isinstance(block, ToolCallBlock):
+            others.append(
+                {"type": "tool_use", "id": block.id, "name": block.name, "input": _tool_use_input(block.input)}
+            )
+        elif isinstance(block, ToolResultBlock):
+            results.append(
+                {
+                    "type": "tool_result",
+                    "tool_use_id": block.call_id,
+                    "content": block.content,
+                    "is_error": block.is_error,
+                }
+            )
+    content = results + others  # tool results must lead a user message
+    if not content:
+        return None
+    return {"role": message.role, "content": content}
+
+
+def build_anthropic_body(request: ChatRequest) -> dict[str, Any]:
+    """The Messages API request: top-level ``system``, tool_use/tool_result blocks, ``stream: true``."""
+    messages = [m for m in (_message_to_wire(message) for message in request.messages) if m is not None]
+    body: dict[str, Any] = {
+        "model": request.model,
+        "max_tokens": request.max_tokens,
+        "messages": messages,
+        "stream": True,
+    }
+    if request.system:
+        body["system"] = request.system
+    if request.tools:
+        body["tools"] = [
+            {"name": tool.name, "description": tool.description, "input_schema": dict(tool.json_schema)}
+            for tool in request.tools
+        ]
+    return body
+
+
+def _sse(event: str, data: Mapping[str, Any]) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+def render_anthropic_stream(response: WireResponse) -> bytes:
+    """``response`` as the Messages API would stream it (text block first, then one block per tool call)."""
+    parts = [
+        _sse(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_scripted",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": response.model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": response.input_tokens, "output_tokens": 1},
+                },
+            },
+        ),
+        _sse("ping", {"type": "ping"}),
+    ]
+    index = 0
+    if response.text:
+        parts.append(
+            _sse(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            )
+        )
+        for piece in split_text(response.text, response.text_piece):
+            parts.append(
+                _sse(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}},
+                )
+            )
+        parts.append(_sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
+        index = 1
+    if response.error_type is not None:
+        error = {"type": response.error_type, "message": response.error_message}
+        parts.append(_sse("error", {"type": "error", "error": error}))
+        return "".join(parts).encode()
+    for call in response.tool_calls:
+        block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
+        parts.append(
+            _sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+        )
+        arguments = json.dumps(call.input, separators=(",", ":"), ensure_ascii=False)
+        for piece in split_text(arguments, response.arguments_piece):
+            delta = {"type": "input_json_delta", "partial_json": piece}
+            parts.append(_sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
+        parts.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+        index += 1
+    parts.append(
+        _sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": _WIRE_STOP_REASONS[response.stop_reason], "stop_sequence": None},
+                "usage": {"output_tokens": response.output_tokens},
+            },
+        )
+    )
+    parts.append(_sse("message_stop", {"type": "message_stop"}))
+    return "".join(parts).encode()
+
+
+@final
+class AnthropicWire:
+    """The ``WireFormat`` for the Anthropic Messages API."""
+
+    name: Final = "anthropic"
+    env_var: Final = "ANTHROPIC_API_KEY"
+    default_base_url: Final = "https://api.anthropic.com"
+    endpoint: Final = "/v1/messages"
+
+    def auth_headers(self, api_key: str) -> dict[str, str]:
+        return {"x-api-key": api_key, "anthropic-version": ANTHROPIC_VERSION}
+
+    def build_body(self, request: ChatRequest) -> dict[str, Any]:
+        return build_anthropic_body(request)
+
+    def new_mapper(self, *, scrub: Callable[[str], str] | None = None) -> AnthropicStreamMapper:
+        return AnthropicStreamMapper(scrub=scrub)
+
+    def describe_error_body(self, body: bytes) -> ErrorBody:
+        payload = decode_json_object(body.decode("utf-8", errors="replace"))
+        error = payload.get("error") if payload is not None else None
+        if isinstance(error, dict):
+            message, kind = _text(error.get("message")), _text(error.get("type"))
+            return ErrorBody(
+                detail=f"{kind}: {message}" if kind and message else (message or kind),
+                context_overflow="prompt is too long" in message.lower(),
+            )
+        return ErrorBody(detail=body.decode("utf-8", errors="replace"))
+
+    def render_stream(self, response: WireResponse) -> bytes:
+        return render_anthropic_stream(response)
+
+    def render_error_body(self, status: int, message: str) -> bytes:
+        kind = _ERROR_TYPES.get(status, "api_error")
+        return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+
+
+ANTHROPIC_WIRE: Final = AnthropicWire()
+
+
+@final
+class AnthropicProvider(HttpChatProvider):
+    """Streams from the Anthropic Messages API; the key comes from ``api_key`` or ``ANTHROPIC_API_KEY``."""
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        *,
+        base_url: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
+        model_table: Mapping[str, ModelCapabilities] = MODEL_TABLE,
+    ) -> None:
+        super().__init__(
+            ANTHROPIC_WIRE,
+            api_key=api_key,
+            base_url=base_url,
+            client=client,
+            read_timeout=read_timeout,
+            max_response_bytes=max_response_bytes,
+            retry=retry,
+            model_table=model_table,
+        )

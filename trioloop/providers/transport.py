@@ -1,0 +1,456 @@
+"""The httpx transport (running under Trio) and the provider that composes preflight, retry and cancellation.
+
+One ``HttpTransport.attempt`` posts one request and streams the body through the SSE decoder and the
+wire's mapper, with a per-read gap deadline and a total-bytes cap; redirects are refused, HTTP statuses
+become typed errors, and the API key lives only in the auth header. ``HttpChatProvider`` is the
+``ChatProvider`` built on top: preflight, the retrying transport, and ``Aborted`` for its cancel scope.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import AsyncGenerator, Mapping
+from typing import Final, cast, final
+
+import httpx
+import trio
+
+from trioloop.protocol.errors import ProtocolError, ProtocolErrorCode
+from trioloop.protocol.events import Aborted, StreamError, StreamEvent, is_terminal
+from trioloop.protocol.preflight import MODEL_TABLE, ModelCapabilities, preflight_request
+from trioloop.protocol.tools import ChatRequest
+from trioloop.providers._redact import REDACTED, EventScrubber
+from trioloop.providers.base import AttemptOutcome, Messages, StreamMapper, Transport, WireFormat
+from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryingTransport, RetryPolicy
+from trioloop.providers.sse import SseDecoder
+
+__all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "DEFAULT_READ_TIMEOUT",
+    "ERROR_BODY_LIMIT",
+    "ApiKey",
+    "HttpChatProvider",
+    "HttpTransport",
+    "parse_retry_after",
+]
+
+DEFAULT_READ_TIMEOUT: Final = 300.0
+DEFAULT_MAX_RESPONSE_BYTES: Final = 50 * 1024 * 1024
+ERROR_BODY_LIMIT: Final = 16 * 1024
+RETRY_AFTER_CEILING: Final = 600.0
+_CLOSE_GRACE: Final = 5.0
+_DRAIN_LIMIT: Final = 1024
+_RETRY_AFTER_SECONDS = re.compile(r"[0-9]{1,10}(\.[0-9]{1,6})?")
+
+_log = logging.getLogger("trioloop.providers")
+
+
+@final
+class ApiKey:
+    """A secret that never shows itself: no repr, no str, no pickling; ``reveal()`` is the one way out."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "ApiKey(<redacted>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> str:
+        raise TypeError("an ApiKey cannot be pickled")
+
+
+def _usable_key(value: str | None) -> str | None:
+    """The key, stripped, if it can go in a header: printable ASCII with no spaces."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or not value.isascii() or not value.isprintable() or " " in value:
+        return None
+    return value
+
+
+def _loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``retry-after`` header in delay-seconds form, clamped to 10 minutes.
+
+    An HTTP-date is ignored: honoring it would need the wall clock, and the backoff covers the case.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if not _RETRY_AFTER_SECONDS.fullmatch(value):
+        return None
+    seconds = float(value)
+    return min(seconds, RETRY_AFTER_CEILING) if math.isfinite(seconds) else None
+
+
+def _failure(
+    code: ProtocolErrorCode,
+    message: str,
+    detail: str | None = None,
+    *,
+    committed: bool = False,
+    retry_after: float | None = None,
+) -> AttemptOutcome:
+    return AttemptOutcome(
+        failure=StreamError(code=code, message=message, provider_detail=detail),
+        committed=committed,
+        retry_after=retry_after,
+    )
+
+
+@final
+class HttpTransport:
+    """One HTTP attempt per call; the ``Transport`` every real provider and the scripted one use."""
+
+    def __init__(
+        self,
+        wire: WireFormat,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
+        if not (isinstance(read_timeout, int | float) and read_timeout > 0 and math.isfinite(read_timeout)):
+            raise ValueError("read_timeout must be a positive number of seconds")
+        if not (isinstance(max_response_bytes, int) and max_response_bytes > 0):
+            raise ValueError("max_response_bytes must be a positive int")
+        self._wire = wire
+        self._key = None if api_key is None else ApiKey(api_key)
+        self._url = (base_url or wire.default_base_url).rstrip("/") + wire.endpoint
+        self._client = client
+        self._read_timeout = float(read_timeout)
+        self._max_bytes = max_response_bytes
+
+    def __repr__(self) -> str:
+        return f"HttpTransport(wire={self._wire.name!r}, url={self._url!r})"
+
+    def _resolve_key(self) -> str | None:
+        raw = self._key.reveal() if self._key is not None else os.environ.get(self._wire.env_var)
+        return _usable_key(raw)
+
+    def _url_allowed(self) -> bool:
+        url = httpx.URL(self._url)
+        return url.scheme == "https" or (url.scheme == "http" and _loopback_host(url.host))
+
+    async def attempt(self, request: ChatRequest, send: trio.abc.SendChannel[StreamEvent]) -> AttemptOutcome:
+        await trio.lowlevel.checkpoint()
+        key = self._resolve_key()
+        if key is None:
+            return _failure(
+                ProtocolErrorCode.NO_API_KEY,
+                Messages.NO_API_KEY,
+                f"Set {self._wire.env_var} or pass api_key to the provider.",
+            )
+        try:
+            allowed = self._url_allowed()
+        except httpx.InvalidURL:
+            allowed = False
+        if not allowed:
+            return _failure(ProtocolErrorCode.TRANSPORT, Messages.INSECURE_URL)
+        try:
+            body = json.dumps(
+                self._wire.build_body(request), ensure_ascii=False, separators=(",", ":"), allow_nan=False
+            ).encode()
+        except (TypeError, ValueError):
+            return _failure(ProtocolErrorCode.TRANSPORT, Messages.REQUEST_FAILED, "The request was not valid JSON.")
+        headers = {
+            **self._wire.auth_headers(key),
+            "content-type": "application/json",
+            "accept": "text/event-stream",
+            "accept-encoding": "identity",
+        }
+        client = self._client
+        owned = client is None
+        if client is None:
+            client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
+        exchange = _Exchange(
+            wire=self._wire,
+            key=key,
+            send=send,
+            read_timeout=self._read_timeout,
+            max_bytes=self._max_bytes,
+        )
+        try:
+            return await exchange.run(client, self._url, body, headers)
+        finally:
+            if owned:
+                with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
+                    await client.aclose()
+
+
+class _Exchange:
+    """The state of one request/response: what was sent on, and how the body is being read."""
+
+    def __init__(
+        self,
+        *,
+        wire: WireFormat,
+        key: str,
+        send: trio.abc.SendChannel[StreamEvent],
+        read_timeout: float,
+        max_bytes: int,
+    ) -> None:
+        self._wire = wire
+        self._key = key
+        self._send = send
+        self._read_timeout = read_timeout
+        self._max_bytes = max_bytes
+        self.committed = False
+        self._mapper: StreamMapper = wire.new_mapper(scrub=self.scrub)
+        self._scrubber = EventScrubber(key)
+
+    def scrub(self, text: str) -> str:
+        """Remove the literal key from provider text before anything caps or stores it."""
+        return text.replace(self._key, REDACTED) if self._key in text else text
+
+    def fail(
+        self, code: ProtocolErrorCode, message: str, detail: str | None = None, *, retry_after: float | None = None
+    ) -> AttemptOutcome:
+        return _failure(
+            code,
+            message,
+            None if detail is None else self.scrub(detail),
+            committed=self.committed,
+            retry_after=retry_after,
+        )
+
+    async def run(self, client: httpx.AsyncClient, url: str, body: bytes, headers: Mapping[str, str]) -> AttemptOutcome:
+        try:
+            request = client.build_request("POST", url, content=body, headers=headers)
+            with trio.move_on_after(self._read_timeout) as waiting:
+                response = await client.send(request, stream=True, follow_redirects=False)
+            if waiting.cancelled_caught:
+                return self.fail(ProtocolErrorCode.TRANSPORT, Messages.READ_TIMEOUT, "no response headers")
+            chunks = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+            try:
+                if not 200 <= response.status_code < 300:
+                    return await self._status_failure(response, chunks)
+                return await self._read_stream(chunks)
+            finally:
+                await _release(response, chunks)
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError) as exc:
+            _log.debug("provider connection failed: %s", type(exc).__name__)
+            return self.fail(ProtocolErrorCode.TRANSPORT, Messages.NETWORK, type(exc).__name__)
+        except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
+            _log.debug("provider request failed: %s", type(exc).__name__)
+            return self.fail(ProtocolErrorCode.TRANSPORT, Messages.REQUEST_FAILED, type(exc).__name__)
+
+    async def _forward(self, events: list[StreamEvent]) -> AttemptOutcome | None:
+        """Send events on, key-scrubbed; a terminal error is held back and returned, a stop ends the attempt."""
+        for event in events:
+            if isinstance(event, StreamError) and event.terminal:
+                await self._send_all(self._scrubber.flush())
+                return AttemptOutcome(failure=event, committed=self.committed)
+            await self._send_all(self._scrubber.process(event))
+            if is_terminal(event):
+                return AttemptOutcome(committed=True)
+        return None
+
+    async def _send_all(self, events: list[StreamEvent]) -> None:
+        for event in events:
+            await self._send.send(event)
+            self.committed = True
+
+    async def _read_stream(self, chunks: AsyncGenerator[bytes, None]) -> AttemptOutcome:
+        decoder = SseDecoder()
+        received = 0
+        while True:
+            chunk = b""
+            with trio.move_on_after(self._read_timeout) as waiting:
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+            if waiting.cancelled_caught:
+                return self.fail(ProtocolErrorCode.TRANSPORT, Messages.READ_TIMEOUT, "read gap timeout")
+            received += len(chunk)
+            if received > self._max_bytes:
+                return self.fail(ProtocolErrorCode.TRANSPORT, Messages.TOO_LARGE, "response_too_large")
+            try:
+                frames = decoder.feed(chunk)
+            except ProtocolError as exc:
+                return self.fail(exc.code, exc.message)
+            for frame in frames:
+                ended = await self._forward(self._mapper.feed(frame))
+                if ended is not None:
+                    return ended
+        try:
+            frames = decoder.close()
+        except ProtocolError as exc:
+            return self.fail(exc.code, exc.message)
+        events = [event for frame in frames for event in self._mapper.feed(frame)]
+        ended = await self._forward(events + self._mapper.finish())
+        assert ended is not None, "finish() always yields a terminal event"
+        return ended
+
+    async def _status_failure(self, response: httpx.Response, chunks: AsyncGenerator[bytes, None]) -> AttemptOutcome:
+        status = response.status_code
+        if 300 <= status < 400:
+            return self.fail(ProtocolErrorCode.HTTP_STATUS, Messages.REDIRECT_REFUSED, f"HTTP {status}")
+        body = await self._read_error_body(chunks)
+        described = self._wire.describe_error_body(body)
+        detail = f"HTTP {status}: {described.detail}" if described.detail else f"HTTP {status}"
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        if status == 429:
+            return self.fail(ProtocolErrorCode.RATE_LIMITED, Messages.RATE_LIMITED, detail, retry_after=retry_after)
+        if status in (401, 403):
+            return self.fail(ProtocolErrorCode.HTTP_STATUS, Messages.AUTH_REJECTED, detail)
+        if status >= 500:
+            return self.fail(ProtocolErrorCode.HTTP_STATUS, Messages.SERVER_ERROR, detail, retry_after=retry_after)
+        if described.context_overflow:
+            return self.fail(ProtocolErrorCode.CONTEXT_OVERFLOW, _CONTEXT_OVERFLOW_MESSAGE, detail)
+        return self.fail(ProtocolErrorCode.HTTP_STATUS, Messages.REQUEST_REJECTED, detail)
+
+    async def _read_error_body(self, chunks: AsyncGenerator[bytes, None]) -> bytes:
+        """At most ``ERROR_BODY_LIMIT`` bytes of an error body; a slow or broken body yields what arrived."""
+        collected = bytearray()
+        while len(collected) < ERROR_BODY_LIMIT:
+            with trio.move_on_after(self._read_timeout):
+                try:
+                    collected += await chunks.__anext__()
+                    continue
+                except StopAsyncIteration:
+                    break
+                except (httpx.HTTPError, OSError):
+                    break
+            break
+        return bytes(collected[:ERROR_BODY_LIMIT])
+
+
+async def _release(response: httpx.Response, chunks: AsyncGenerator[bytes, None]) -> None:
+    """Close the response, then run its byte generator to its end.
+
+    httpx reads through a chain of nested async generators; closing only the outer one would leave the
+    inner ones suspended until garbage collection. Once the connection is closed, resuming the chain makes
+    the innermost read fail, and that failure finishes every generator in it.
+    """
+    with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
+        await response.aclose()
+        for _ in range(_DRAIN_LIMIT):
+            try:
+                await chunks.__anext__()
+            except (StopAsyncIteration, Exception):
+                break
+
+
+_CONTEXT_OVERFLOW_MESSAGE: Final = (
+    "The conversation is too long for the model's context window. "
+    "Start a new conversation or shorten the latest message."
+)
+
+
+class _TerminalGuard(trio.abc.SendChannel[StreamEvent]):
+    """Forwards to the consumer's channel and remembers whether a terminal event went through."""
+
+    def __init__(self, inner: trio.abc.SendChannel[StreamEvent]) -> None:
+        self._inner = inner
+        self.terminal_sent = False
+
+    async def send(self, value: StreamEvent) -> None:
+        if self.terminal_sent:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._inner.send(value)
+        if is_terminal(value):
+            self.terminal_sent = True
+
+    async def aclose(self) -> None:
+        """Never closes the consumer's channel: the provider contract leaves that to the caller."""
+        await trio.lowlevel.checkpoint()
+
+
+class HttpChatProvider:
+    """A ``ChatProvider`` over one ``WireFormat``: preflight, bounded retry, typed failures, ``Aborted``."""
+
+    def __init__(
+        self,
+        wire: WireFormat,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
+        model_table: Mapping[str, ModelCapabilities] = MODEL_TABLE,
+    ) -> None:
+        self._wire = wire
+        self._table = model_table
+        http = HttpTransport(
+            wire,
+            api_key=api_key,
+            base_url=base_url,
+            client=client,
+            read_timeout=read_timeout,
+            max_response_bytes=max_response_bytes,
+        )
+        self._transport: Transport = http if retry is None else RetryingTransport(http, retry)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._transport!r})"
+
+    async def stream(
+        self,
+        request: ChatRequest,
+        send: trio.abc.SendChannel[StreamEvent],
+        *,
+        cancel_scope: trio.CancelScope | None = None,
+    ) -> None:
+        """Stream one response into ``send``; see ``ChatProvider`` for the contract."""
+        guard = _TerminalGuard(send)
+        try:
+            if cancel_scope is None:
+                await self._run(request, guard)
+                return
+            with cancel_scope:
+                await self._run(request, guard)
+            if cancel_scope.cancelled_caught and not guard.terminal_sent:
+                await guard.send(Aborted())
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            _log.debug("provider consumer went away before the stream ended")
+
+    async def _run(self, request: ChatRequest, out: _TerminalGuard) -> None:
+        try:
+            prepared = preflight_request(request, provider=self._wire.name, table=self._table)
+        except ProtocolError as exc:
+            await out.send(StreamError(code=exc.code, message=exc.message, provider_detail=exc.provider_detail))
+            return
+        try:
+            outcome = await self._transport.attempt(prepared, out)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise
+        except Exception as exc:  # a bug below must still end the stream with a typed error, not a crash
+            _log.debug("provider stream raised %s", type(exc).__name__)
+            outcome = AttemptOutcome(
+                failure=StreamError(
+                    code=ProtocolErrorCode.TRANSPORT,
+                    message=Messages.REQUEST_FAILED,
+                    provider_detail=type(exc).__name__,
+                )
+            )
+        if outcome.failure is not None:
+            _log.debug("provider stream failed: %s", outcome.failure.code.value)
+            await out.send(outcome.failure)

@@ -1,0 +1,89 @@
+"""Untrusted text: how a string from a document or the catalog becomes safe to hand to a model.
+
+Every such string is stripped of invisible and control code points, capped in code points, and escaped so
+it can never spell a fence marker; every successful read result is one canonical JSON line between the two
+markers, so a raw marker in a result can only be the fence itself.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Mapping
+from typing import Any, Final
+
+from trioloop.loop.canonical import canonical_json
+
+__all__ = [
+    "END_MARKER",
+    "START_MARKER",
+    "TRUNCATION_MARK",
+    "fence",
+    "is_stripped_code_point",
+    "quote_untrusted",
+    "sanitize_scalar",
+]
+
+START_MARKER: Final = "<<<UNTRUSTED_DOCUMENT_DATA>>>"
+END_MARKER: Final = "<<<END_UNTRUSTED_DOCUMENT_DATA>>>"
+TRUNCATION_MARK: Final = "…"
+
+# Cc (C0, DEL, C1), Cf (bidi controls, zero-width characters, BOM, soft hyphen, tag characters), Cs (lone
+# surrogates cannot be encoded as UTF-8) and Zl/Zp (U+2028/U+2029 would split the JSON line).
+_STRIPPED_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+# Named explicitly as well, so the rule does not depend on the Unicode version behind `unicodedata`.
+_ALWAYS_STRIPPED: Final = frozenset(
+    {0x061C, 0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2060, 0xFEFF}
+    | set(range(0x202A, 0x202F))
+    | set(range(0x2066, 0x206A))
+    | set(range(0xE0000, 0xE0080))
+)
+_DESCRIPTION_WHITESPACE: Final = frozenset({"\n", "\t"})
+_ESCAPES: Final = str.maketrans({"\\": "\\\\", "<": "\\<", ">": "\\>"})
+
+
+def is_stripped_code_point(char: str, allow_newlines: bool = False) -> bool:
+    """True if `char` (one code point) never survives sanitizing; newline and tab survive only in text."""
+    if " " <= char <= "~":
+        return False
+    if allow_newlines and char in _DESCRIPTION_WHITESPACE:
+        return False
+    return ord(char) in _ALWAYS_STRIPPED or unicodedata.category(char) in _STRIPPED_CATEGORIES
+
+
+def sanitize_scalar(text: str, max_code_points: int, allow_newlines: bool = False) -> tuple[str, bool]:
+    """Strip, cap and escape one untrusted string; returns (escaped text, whether it was cut).
+
+    Capping counts code points after stripping and before escaping, so the escaped text can be longer
+    than the cap. A cut string keeps `max_code_points - 1` code points and ends in "…".
+    """
+    if max_code_points < 1:
+        raise ValueError("max_code_points must be at least 1")
+    kept: list[str] = []
+    # Stop one past the cap: that is enough to know the string was cut, and bounds work on huge fields.
+    for char in text:
+        if not is_stripped_code_point(char, allow_newlines):
+            kept.append(char)
+            if len(kept) > max_code_points:
+                break
+    truncated = len(kept) > max_code_points
+    if truncated:
+        kept[max_code_points - 1 :] = [TRUNCATION_MARK]
+    return "".join(kept).translate(_ESCAPES), truncated
+
+
+def quote_untrusted(text: str, max_code_points: int) -> str:
+    """Sanitize `text` and wrap it in JSON string quotes, for echoing a value inside authored prose."""
+    clean, _ = sanitize_scalar(text, max_code_points)
+    return canonical_json(clean)
+
+
+def fence(payload: Mapping[str, Any]) -> str:
+    """Wrap a payload as start marker line, canonical JSON line, end marker line.
+
+    Raises ValueError if the JSON could spell a marker or break the line, which only an unsanitized string
+    can cause: that is a bug in the caller, and refusing is safer than fencing it.
+    """
+    body = canonical_json(dict(payload))
+    if "<<<" in body or ">>>" in body or len(body.splitlines()) != 1:
+        raise ValueError("payload holds unsanitized text; every document string must pass sanitize_scalar")
+    return f"{START_MARKER}\n{body}\n{END_MARKER}"

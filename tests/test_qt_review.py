@@ -1,0 +1,591 @@
+"""The Qt review panel, driven headless through its real buttons, with Trio as a guest of the Qt loop.
+
+No pytest-trio here: Qt's event loop is the host. Each test runs Qt events until a condition holds;
+the wall-clock cap is a hang guard that fails the test, never a timing assertion.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest
+
+pytest.importorskip("PySide6", reason="the Qt review panel needs the optional 'trioloop[qt]' extra (PySide6)")
+
+import attrs
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PySide6.QtCore import QEventLoop, Qt, QThread, QTimer
+from PySide6.QtGui import Qt as GuiQt
+from PySide6.QtGui import QTextCursor
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QAbstractButton, QApplication, QLabel
+
+from trioloop._demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
+from trioloop.document import ThreatModel, load_thf
+from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.loop.machine import CallRecord, CallStatus, DenialReason, Outcome, Phase, TurnState
+from trioloop.loop.session import Session
+from trioloop.loop.tool_runtime import (
+    ToolExecutionContext,
+    ToolOutcome,
+    ToolRegistry,
+    create_tool_registry,
+    define_executable_tool,
+    tool_field,
+)
+from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.ui.qt import CallCard, NoticeKind, ReviewPanel, TrioGuestHost, run_trio_guest, turn_notice
+
+ROOT = Path(__file__).resolve().parent.parent
+PAYMENT = ROOT / "examples" / "payment.thf"
+SCREENSHOT = ROOT / "docs" / "qt-review.png"
+#: Hang guard, not a timing assertion. Below the slow tool's 30 s so a Stop that waited for it fails.
+CAP_S = 20.0
+MARKUP = "<b>bold</b>"
+
+
+# -- a small tool set over the document's metadata --------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class TitleInput:
+    title: str = tool_field(description="The new title.", min_length=1, max_length=200)
+
+
+@attrs.frozen(kw_only=True)
+class DescriptionInput:
+    text: str = tool_field(description="The new description.", min_length=1, max_length=400)
+
+
+@attrs.frozen(kw_only=True)
+class NoInput:
+    pass
+
+
+@attrs.frozen(kw_only=True)
+class NoteInput:
+    note: str = tool_field(description="Shown to the reviewer as the summary.", min_length=1, max_length=200)
+
+
+def _with_metadata(document: ThreatModel, **changes: Any) -> ThreatModel:
+    return attrs.evolve(document, metadata=attrs.evolve(document.metadata, **changes))
+
+
+def _rename(data: TitleInput, ctx: ToolExecutionContext) -> ToolOutcome:
+    return ToolOutcome.success("Renamed.", _with_metadata(ctx.document, title=data.title))
+
+
+async def _slow_rename(data: TitleInput, ctx: ToolExecutionContext) -> ToolOutcome:
+    await trio.sleep(30)  # real clock: only Stop can end this turn in time
+    return ToolOutcome.success("Renamed slowly.", _with_metadata(ctx.document, title=data.title))
+
+
+def _describe(data: DescriptionInput, ctx: ToolExecutionContext) -> ToolOutcome:
+    return ToolOutcome.success("Description set.", _with_metadata(ctx.document, description=data.text))
+
+
+def _clear(data: NoInput, ctx: ToolExecutionContext) -> ToolOutcome:
+    return ToolOutcome.success("Description cleared.", _with_metadata(ctx.document, description=None))
+
+
+def _note(data: NoteInput, ctx: ToolExecutionContext) -> ToolOutcome:
+    return ToolOutcome.success("Noted.")
+
+
+def metadata_tools() -> ToolRegistry:
+    return create_tool_registry(
+        [
+            define_executable_tool(
+                name="rename_model",
+                description="Rename the threat model.",
+                effect="mutate",
+                destructive=False,
+                input_type=TitleInput,
+                run=_rename,
+                summarize=lambda i: f'Rename the model to "{i.title}"',
+            ),
+            define_executable_tool(
+                name="slow_rename",
+                description="Rename the threat model, slowly.",
+                effect="mutate",
+                destructive=False,
+                input_type=TitleInput,
+                run=_slow_rename,
+                summarize=lambda i: f'Slowly rename the model to "{i.title}"',
+            ),
+            define_executable_tool(
+                name="set_description",
+                description="Replace the model's description.",
+                effect="mutate",
+                destructive=False,
+                input_type=DescriptionInput,
+                run=_describe,
+                summarize=lambda i: f'Set the description to "{i.text}"',
+            ),
+            define_executable_tool(
+                name="clear_description",
+                description="Delete the model's description.",
+                effect="mutate",
+                destructive=True,
+                input_type=NoInput,
+                run=_clear,
+                summarize=lambda i: "Delete the model's description",
+            ),
+            define_executable_tool(
+                name="note",
+                description="Leave a note for the reviewer.",
+                effect="mutate",
+                destructive=False,
+                input_type=NoteInput,
+                run=_note,
+                summarize=lambda i: i.note,
+            ),
+        ]
+    )
+
+
+def call(call_id: str, name: str, **data: str) -> ScriptedCall:
+    return ScriptedCall(id=call_id, name=name, input=dict(data))
+
+
+# -- driving Qt --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def app() -> QApplication:
+    existing = QApplication.instance()
+    if isinstance(existing, QApplication):
+        return existing
+    assert existing is None, "a non-widget QCoreApplication already exists"
+    return QApplication([])
+
+
+@pytest.fixture
+def document() -> ThreatModel:
+    return load_thf(PAYMENT)
+
+
+def run_until(
+    app: QApplication, predicate: Callable[[], bool], what: str, *, host: TrioGuestHost[None] | None = None
+) -> None:
+    """Process Qt events (so the Trio guest advances) until ``predicate`` holds; fail at the hang guard."""
+    waker = QTimer()
+    waker.start(20)  # wakes the loop so the guard is checked even if nothing else happens
+    deadline = time.monotonic() + CAP_S
+    try:
+        while not predicate():
+            if host is not None and host.is_done:
+                host.result()
+                pytest.fail(f"the Trio run ended before {what}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"hang guard: {what} did not happen within {CAP_S} s")
+            app.processEvents(QEventLoop.ProcessEventsFlag.WaitForMoreEvents)
+    finally:
+        waker.stop()
+
+
+def click(button: QAbstractButton) -> None:
+    assert button.isVisible() and button.isEnabled(), f"{button.text()!r} is not clickable"
+    QTest.mouseClick(button, Qt.MouseButton.LeftButton)
+
+
+@attrs.define
+class Running:
+    app: QApplication
+    host: TrioGuestHost[None]
+    original: ThreatModel
+    _panel: ReviewPanel | None = None
+
+    @property
+    def panel(self) -> ReviewPanel:
+        assert self._panel is not None
+        return self._panel
+
+    def until(self, predicate: Callable[[], bool], what: str) -> None:
+        run_until(self.app, predicate, what, host=self.host)
+
+    def until_phase(self, phase: Phase) -> None:
+        self.until(lambda: self.panel.state is not None and self.panel.state.phase is phase, f"phase {phase}")
+
+    def until_settled(self) -> None:
+        """The turn settled and the panel has taken the session back (Send enabled again)."""
+
+        def settled() -> bool:
+            state = self.panel.state
+            return state is not None and state.is_settled and not self.panel.turn_running
+
+        self.until(settled, "the turn to settle")
+
+    def until_status(self, call_id: str, status: CallStatus) -> None:
+        def reached() -> bool:
+            card = self.panel.card(call_id)
+            return card is not None and card.call.status is status
+
+        self.until(reached, f"{call_id} to be {status}")
+
+    def send(self, text: str) -> None:
+        QTest.keyClicks(self.panel.prompt_input, text)
+        click(self.panel.send_button)
+
+
+@contextlib.contextmanager
+def review_panel(
+    app: QApplication,
+    steps: Sequence[ScriptStep],
+    document: ThreatModel,
+    *,
+    registry: ToolRegistry | None = None,
+    limits: TurnLimits = DEFAULT_TURN_LIMITS,
+) -> Iterator[Running]:
+    """A ReviewPanel over a scripted session, served by a Trio guest run; closed and finished on exit."""
+    running = Running(app=app, host=TrioGuestHost(app), original=document)
+
+    async def main() -> None:
+        async with ScriptedProvider(steps) as provider:
+            session = Session(
+                document=document, provider=provider, model="scripted-1", registry=registry, limits=limits
+            )
+            panel = ReviewPanel(session)
+            panel.resize(760, 820)
+            panel.show()
+            running._panel = panel
+            await panel.serve()
+
+    running.host.start(main)
+    try:
+        running.until(lambda: running._panel is not None and running._panel.is_serving, "the panel to serve")
+        yield running
+    finally:
+        if running._panel is not None:
+            running._panel.close()
+        try:
+            run_until(app, lambda: running.host.is_done, "the Trio run to finish after closing the panel")
+        finally:
+            # Never leave a guest run behind for the next test, even when this one failed.
+            running.host.cancel()
+            running.host.process_events_until_done()
+            if running._panel is not None:
+                running._panel.deleteLater()
+    running.host.result()
+
+
+# -- the review flow ---------------------------------------------------------------------------
+
+
+def test_a_scripted_turn_reviewed_by_clicking(app: QApplication, document: ThreatModel) -> None:
+    steps = [
+        ScriptStep(
+            text="I propose two edits.",
+            tool_calls=(call("c1", "rename_model", title="Payments v2"), call("c2", "clear_description")),
+            chunk_size=16,
+        ),
+        ScriptStep(text="Renamed; the description stays."),
+    ]
+    with review_panel(app, steps, document, registry=metadata_tools()) as run:
+        panel = run.panel
+        assert panel.send_button.isEnabled()
+        assert not panel.stop_button.isEnabled()
+        assert not panel.undo_button.isEnabled()
+        run.send("Tidy the model")
+        run.until_phase(Phase.AWAITING_APPROVAL)
+
+        cards = panel.cards
+        assert list(cards) == ["c1", "c2"]
+        rename, clear = cards["c1"], cards["c2"]
+        assert rename.tool_label.text() == "rename_model"
+        assert rename.summary_label.text() == 'Rename the model to "Payments v2"'
+        assert clear.summary_label.text() == "Delete the model's description"
+        assert not rename.destructive_badge.isVisibleTo(rename)
+        assert clear.destructive_badge.isVisibleTo(clear)
+        for card in (rename, clear):
+            assert card.approve_button.isEnabled() and card.deny_button.isEnabled()
+        assert panel.stop_button.isEnabled()
+        assert panel.approve_safe_button.isEnabled()
+        assert not panel.send_button.isEnabled()
+        assert not panel.undo_button.isEnabled()
+        answer = panel.answer_view.toPlainText()
+        assert "You: Tidy the model" in answer and "I propose two edits." in answer
+
+        click(rename.approve_button)
+        run.until_status("c1", CallStatus.SUCCEEDED)
+        assert rename.status_label.text() == "Applied"
+        assert clear.approve_button.isEnabled()  # the other call still waits for its own decision
+        click(clear.deny_button)
+        run.until_settled()
+
+        state = panel.state
+        assert state is not None and state.outcome is Outcome.COMPLETED
+        assert clear.call.status is CallStatus.DENIED and clear.status_label.text() == "Declined"
+        assert panel.session.document.metadata.title == "Payments v2"
+        assert panel.session.document.metadata.description == document.metadata.description
+        assert "Renamed; the description stays." in panel.answer_view.toPlainText()
+        assert not panel.stop_button.isEnabled()
+        assert panel.send_button.isEnabled()
+        assert not panel.notice_frame.isVisibleTo(panel)
+        assert not any(c.approve_button.isVisibleTo(c) for c in panel.cards.values())
+
+        click(panel.undo_button)
+        run.until_status("c1", CallStatus.UNDONE)
+        assert panel.session.document == document
+        assert rename.status_label.text() == "Undone"
+        assert not panel.undo_button.isEnabled()
+
+
+def test_approve_all_safe_leaves_the_destructive_call_pending(app: QApplication, document: ThreatModel) -> None:
+    steps = [
+        ScriptStep(
+            tool_calls=(
+                call("c1", "rename_model", title="Renamed"),
+                call("c2", "clear_description"),
+                call("c3", "set_description", text="Payments, reviewed."),
+            )
+        ),
+        ScriptStep(text="Done."),
+    ]
+    with review_panel(app, steps, document, registry=metadata_tools()) as run:
+        panel = run.panel
+        run.send("Edit")
+        run.until_phase(Phase.AWAITING_APPROVAL)
+        click(panel.approve_safe_button)
+        run.until_status("c1", CallStatus.SUCCEEDED)
+        run.until_status("c3", CallStatus.SUCCEEDED)
+
+        destructive = panel.cards["c2"]
+        assert destructive.call.status is CallStatus.PENDING
+        assert destructive.approve_button.isEnabled()
+        assert not panel.approve_safe_button.isEnabled()  # nothing safe is left to approve
+        click(destructive.deny_button)
+        run.until_settled()
+
+        metadata = panel.session.document.metadata
+        assert (metadata.title, metadata.description) == ("Renamed", "Payments, reviewed.")
+
+
+def test_stop_during_a_slow_tool_settles_and_keeps_the_document(app: QApplication, document: ThreatModel) -> None:
+    steps = [ScriptStep(text="This will take a while.", tool_calls=(call("c1", "slow_rename", title="Never"),))]
+    with review_panel(app, steps, document, registry=metadata_tools()) as run:
+        panel = run.panel
+        run.send("Rename it")
+        run.until_phase(Phase.AWAITING_APPROVAL)
+        click(panel.cards["c1"].approve_button)
+        run.until_status("c1", CallStatus.RUNNING)
+        assert panel.cards["c1"].status_label.text() == "Running…"
+
+        click(panel.stop_button)  # the hang guard (20 s) is shorter than the tool's 30 s sleep
+        run.until_settled()
+
+        state = panel.state
+        assert state is not None and state.outcome is Outcome.CANCELLED
+        record = panel.cards["c1"].call
+        assert record.status is CallStatus.DENIED and record.denial_reason is DenialReason.TURN_CANCELLED
+        assert panel.session.document == document
+        assert not panel.stop_button.isEnabled()
+        assert not panel.undo_button.isEnabled()
+        assert panel.notice_kind is NoticeKind.INFO
+        assert panel.notice_frame.isVisibleTo(panel)
+        assert "No change was applied" in panel.notice_label.text()
+        assert "This will take a while." in panel.answer_view.toPlainText()
+
+
+def test_markup_in_a_summary_is_shown_literally(app: QApplication, document: ThreatModel) -> None:
+    steps = [ScriptStep(text="<i>not italic</i>", tool_calls=(call("c1", "note", note=MARKUP),))]
+    with review_panel(app, steps, document, registry=metadata_tools()) as run:
+        panel = run.panel
+        run.send("<u>also literal</u>")
+        run.until_phase(Phase.AWAITING_APPROVAL)
+        summary = panel.cards["c1"].summary_label
+        assert summary.text() == MARKUP
+        assert GuiQt.mightBeRichText(MARKUP)  # so an AutoText label would have rendered it as bold "bold"
+
+        # What is painted equals a plain-text rendering of the markup and differs from the rich one.
+        assert rendered_like(summary, Qt.TextFormat.PlainText)
+        assert not rendered_like(summary, Qt.TextFormat.RichText)
+
+        labels = panel.findChildren(QLabel)
+        assert labels and all(label.textFormat() is Qt.TextFormat.PlainText for label in labels)
+        answer = panel.answer_view.toPlainText()
+        assert "You: <u>also literal</u>" in answer and "<i>not italic</i>" in answer
+        click(panel.cards["c1"].deny_button)
+        run.until_settled()
+
+
+def rendered_like(label: QLabel, text_format: Qt.TextFormat) -> bool:
+    """Whether ``label`` paints exactly what a label of ``text_format`` with the same text and place paints."""
+    reference = QLabel(label.parentWidget())
+    try:
+        reference.setTextFormat(text_format)
+        reference.setWordWrap(label.wordWrap())
+        reference.setTextInteractionFlags(label.textInteractionFlags())
+        reference.setText(label.text())
+        reference.setGeometry(label.geometry())
+        reference.show()
+        return label.grab().toImage() == reference.grab().toImage()
+    finally:
+        reference.hide()
+        reference.setParent(None)
+        reference.deleteLater()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    summary=st.one_of(
+        st.text(st.characters(codec="utf-8"), max_size=80),
+        st.sampled_from([MARKUP, "<img src=x>", "<a href='https://x'>click</a>", "&lt;b&gt;", "<h1>big</h1>\n<p>"]),
+    ),
+    tool_name=st.text(st.characters(codec="utf-8"), min_size=1, max_size=30),
+)
+def test_a_card_shows_any_summary_and_tool_name_as_written(app: QApplication, summary: str, tool_name: str) -> None:
+    record = CallRecord(
+        id="c1",
+        tool_name=tool_name,
+        input_digest="",
+        summary=summary,
+        effect="mutate",
+        destructive=False,
+        iteration=1,
+        status=CallStatus.PENDING,
+    )
+    card = CallCard(record)
+    try:
+        card.resize(600, 160)
+        card.show()
+        app.processEvents()
+        assert card.summary_label.text() == summary
+        assert card.tool_label.text() == tool_name
+        assert all(label.textFormat() is Qt.TextFormat.PlainText for label in card.findChildren(QLabel))
+        assert rendered_like(card.summary_label, Qt.TextFormat.PlainText)
+    finally:
+        card.close()
+        card.deleteLater()
+
+
+@pytest.mark.parametrize("undoable", [False, True])
+@pytest.mark.parametrize("outcome", list(Outcome))
+def test_only_a_failed_turn_gets_a_warning_notice(outcome: Outcome, undoable: bool) -> None:
+    state = TurnState(phase=Phase.SETTLED, outcome=outcome)
+    kind, text = turn_notice(state, undoable=undoable)
+    expected = {
+        Outcome.COMPLETED: NoticeKind.NONE,
+        Outcome.CANCELLED: NoticeKind.INFO,
+        Outcome.BOUNDED: NoticeKind.INFO,
+        Outcome.FAILED: NoticeKind.WARNING,
+    }[outcome]
+    assert kind is expected
+    assert bool(text) is (kind is not NoticeKind.NONE)
+    if outcome is Outcome.CANCELLED:
+        assert ("Undo turn" in text) is undoable
+
+
+def test_closing_the_window_mid_turn_stops_the_turn(app: QApplication, document: ThreatModel) -> None:
+    steps = [ScriptStep(tool_calls=(call("c1", "rename_model", title="Unreviewed"),))]
+    with review_panel(app, steps, document, registry=metadata_tools()) as run:
+        run.send("Rename it")
+        run.until_phase(Phase.AWAITING_APPROVAL)
+        run.panel.close()
+        run_until(app, lambda: run.host.is_done, "serve() to return after the window closed")
+        session = run.panel.session
+        assert session.state is not None and session.state.outcome is Outcome.CANCELLED
+        assert session.document == document
+        assert not run.panel.is_serving and not run.panel.stop_button.isEnabled()
+
+
+def test_a_failed_turn_shows_a_warning_notice(app: QApplication, document: ThreatModel) -> None:
+    with review_panel(app, [ScriptStep(status=400)], document, registry=metadata_tools()) as run:
+        panel = run.panel
+        run.send("hello")
+        run.until_settled()
+        assert panel.state is not None and panel.state.outcome is Outcome.FAILED
+        assert panel.notice_kind is NoticeKind.WARNING
+        assert panel.notice_label.text().startswith("The turn failed:")
+        assert panel.phase_label.text() == "Turn failed"
+        assert panel.send_button.isEnabled() and not panel.stop_button.isEnabled()
+
+
+def test_demo_turn_mid_review_screenshot_and_bounded_notice(
+    app: QApplication, document: ThreatModel, tmp_path: Path
+) -> None:
+    """The CLI demo's script in the panel; a mid-turn screenshot for the README; the step limit as information.
+
+    Set TRIOLOOP_WRITE_SCREENSHOT=1 to refresh docs/qt-review.png; otherwise the image goes to a temp dir.
+    """
+    with review_panel(app, DEMO_SCRIPT, document, limits=DEMO_LIMITS) as run:
+        panel = run.panel
+        run.send(DEMO_PROMPT)
+        run.until(lambda: panel.state is not None and panel.state.iteration == 2, "the second iteration")
+        run.until_phase(Phase.AWAITING_APPROVAL)
+        click(panel.cards["toolu_03"].approve_button)
+        run.until_status("toolu_03", CallStatus.SUCCEEDED)
+        assert panel.state is not None and panel.state.is_live
+
+        target = SCREENSHOT if os.environ.get("TRIOLOOP_WRITE_SCREENSHOT") == "1" else tmp_path / "qt-review.png"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        assert panel.grab().save(str(target))
+        assert target.stat().st_size > 0
+
+        # The reader puts the view's cursor at the top; later text must still land at the end, in order.
+        panel.answer_view.moveCursor(QTextCursor.MoveOperation.Start)
+        click(panel.approve_safe_button)
+        run.until_status("toolu_04", CallStatus.SUCCEEDED)
+        click(panel.cards["toolu_05"].deny_button)
+        run.until(lambda: panel.card("toolu_07") is not None, "the corrected call")
+        run.until_phase(Phase.AWAITING_APPROVAL)
+        click(panel.cards["toolu_07"].approve_button)
+        run.until_settled()
+
+        state = panel.state
+        assert state is not None and state.outcome is Outcome.BOUNDED
+        assert panel.notice_kind is NoticeKind.INFO
+        assert panel.notice_label.text() == "\n".join(state.notices)
+        assert panel.undo_button.isEnabled()
+        expected = "\n\n".join([f"You: {DEMO_PROMPT}", *(step.text for step in DEMO_SCRIPT[: state.iteration])])
+        assert panel.answer_view.toPlainText() == expected
+
+
+# -- the guest host ----------------------------------------------------------------------------
+
+
+def test_run_trio_guest_runs_trio_on_the_qt_main_thread(app: QApplication) -> None:
+    async def work(x: int) -> tuple[int, bool, bool]:
+        with trio.fail_after(CAP_S):
+            await trio.sleep(0.01)
+            on_qt_thread = QThread.currentThread() is app.thread()
+            return x * 2, on_qt_thread, threading.current_thread() is threading.main_thread()
+
+    assert run_trio_guest(work, 21, app=app) == (42, True, True)
+
+
+def test_run_trio_guest_raises_what_the_run_raised(app: QApplication) -> None:
+    async def fail() -> None:
+        await trio.lowlevel.checkpoint()
+        raise LookupError("from the trio side")
+
+    with pytest.raises(LookupError, match="from the trio side"):
+        run_trio_guest(fail, app=app)
+
+
+def test_quitting_qt_first_cancels_the_run_and_lets_it_unwind(app: QApplication) -> None:
+    unwound: list[bool] = []
+
+    async def forever() -> str:
+        with trio.fail_after(CAP_S):
+            QTimer.singleShot(50, app.quit)
+            try:
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(0.01)  # cleanup that needs the loop still runs
+                unwound.append(True)
+        return "unreachable"
+
+    assert run_trio_guest(forever, app=app) is None
+    assert unwound == [True]

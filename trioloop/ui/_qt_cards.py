@@ -1,0 +1,157 @@
+"""One review card per tool call, and the plain-text label every piece of untrusted text goes through.
+
+A card shows what the model asked for (tool name, the tool's own plain-text summary, a destructive
+badge) and what became of it. It decides nothing: its buttons only report clicks, and the panel turns
+them into session commands. Every string that came from the model, a tool or the document is shown
+with ``Qt.PlainText``, so markup in it is displayed, never interpreted.
+"""
+
+from __future__ import annotations
+
+from typing import Final, final
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
+
+from trioloop.loop.machine import CallRecord, CallStatus, DenialReason
+
+__all__ = ["CallCard", "call_status_text", "plain_label"]
+
+#: Longest piece of a call's result shown on its card; the whole text went to the model.
+RESULT_PREVIEW_CHARS: Final = 300
+
+
+def plain_label(text: str = "", *, object_name: str = "", wrap: bool = False) -> QLabel:
+    """A QLabel that can only ever show ``text`` literally (no rich text, no links)."""
+    label = QLabel()
+    label.setTextFormat(Qt.TextFormat.PlainText)
+    label.setOpenExternalLinks(False)
+    label.setText(text)
+    label.setWordWrap(wrap)
+    if object_name:
+        label.setObjectName(object_name)
+    return label
+
+
+def call_status_text(call: CallRecord) -> str:
+    """A short account of where the call stands, for the card's status line."""
+    status = call.status
+    if status is CallStatus.PENDING:
+        return "Waiting for your review"
+    if status is CallStatus.APPROVED:
+        return "Approved" if call.effect == "mutate" else "Allowed (read-only)"
+    if status is CallStatus.RUNNING:
+        return "Running…"
+    if status is CallStatus.SUCCEEDED:
+        return "Applied" if call.effect == "mutate" else "Done"
+    if status is CallStatus.FAILED:
+        return "Failed"
+    if status is CallStatus.UNDONE:
+        return "Undone"
+    reason = call.denial_reason
+    if reason is DenialReason.TURN_CANCELLED:
+        return "Not run: the turn ended first"
+    if reason is DenialReason.LIMIT_EXCEEDED:
+        return "Not run: tool-call limit reached"
+    return "Declined"
+
+
+def _result_preview(call: CallRecord) -> str:
+    """What the card shows of the result: only for calls that failed or were refused, first line, capped."""
+    if call.status is not CallStatus.FAILED or not call.result:
+        return ""
+    first = call.result.strip().splitlines()[0] if call.result.strip() else ""
+    if len(first) > RESULT_PREVIEW_CHARS:
+        first = first[: RESULT_PREVIEW_CHARS - 1] + "…"
+    return first
+
+
+@final
+class CallCard(QFrame):
+    """The review card of one tool call. ``approve_clicked`` / ``deny_clicked`` carry the call id."""
+
+    approve_clicked = Signal(str)
+    deny_clicked = Signal(str)
+
+    def __init__(self, call: CallRecord, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("callCard")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+        self.call_id = call.id
+        self._call = call
+        self._enabled_for_review: bool | None = None
+
+        self.tool_label = plain_label(call.tool_name, object_name="toolName")
+        self.destructive_badge = plain_label("DESTRUCTIVE", object_name="destructiveBadge")
+        self.read_badge = plain_label("read-only", object_name="readBadge")
+        self.status_label = plain_label(object_name="callStatus")
+        self.status_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.summary_label = plain_label(call.summary, object_name="callSummary", wrap=True)
+        self.summary_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.result_label = plain_label(object_name="callResult", wrap=True)
+        self.approve_button = QPushButton("Approve")
+        self.approve_button.setObjectName("approveButton")
+        self.deny_button = QPushButton("Deny")
+        self.deny_button.setObjectName("denyButton")
+        self.approve_button.clicked.connect(self._on_approve)
+        self.deny_button.clicked.connect(self._on_deny)
+
+        header = QHBoxLayout()
+        header.addWidget(self.tool_label)
+        header.addWidget(self.destructive_badge)
+        header.addWidget(self.read_badge)
+        header.addStretch(1)
+        header.addWidget(self.status_label)
+        buttons = QHBoxLayout()
+        buttons.addStretch(1)
+        buttons.addWidget(self.deny_button)
+        buttons.addWidget(self.approve_button)
+        body = QVBoxLayout(self)
+        body.setContentsMargins(10, 8, 10, 8)
+        body.setSpacing(4)
+        body.addLayout(header)
+        body.addWidget(self.summary_label)
+        body.addWidget(self.result_label)
+        body.addLayout(buttons)
+
+        self.destructive_badge.setVisible(call.destructive)
+        self.read_badge.setVisible(call.effect == "read")
+        self.setProperty("destructive", call.destructive)
+        self.show_call(call, reviewable=False)
+
+    @property
+    def call(self) -> CallRecord:
+        return self._call
+
+    def show_call(self, call: CallRecord, *, reviewable: bool) -> None:
+        """Show the call's latest record; the buttons are enabled only when ``reviewable``."""
+        if call is self._call and reviewable is self._enabled_for_review:
+            return
+        self._call = call
+        self._enabled_for_review = reviewable
+        self.summary_label.setText(call.summary)
+        self.status_label.setText(call_status_text(call))
+        self.status_label.setProperty("status", call.status.value)
+        self.setProperty("status", call.status.value)
+        preview = _result_preview(call)
+        self.result_label.setText(preview)
+        self.result_label.setVisible(bool(preview) and preview != call.summary)
+        pending = call.status is CallStatus.PENDING
+        self.approve_button.setVisible(pending)
+        self.deny_button.setVisible(pending)
+        self.approve_button.setEnabled(reviewable and pending)
+        self.deny_button.setEnabled(reviewable and pending)
+        for widget in (self, self.status_label):
+            widget.style().unpolish(widget)
+            widget.style().polish(widget)
+
+    def _on_approve(self) -> None:
+        self.approve_button.setEnabled(False)
+        self.deny_button.setEnabled(False)
+        self.approve_clicked.emit(self.call_id)
+
+    def _on_deny(self) -> None:
+        self.approve_button.setEnabled(False)
+        self.deny_button.setEnabled(False)
+        self.deny_clicked.emit(self.call_id)

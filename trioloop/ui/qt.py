@@ -1,0 +1,503 @@
+"""A Qt review panel for one ``Session``, driven by Trio running as a guest of the Qt event loop.
+
+The panel shows what the session's turns do (streamed answer, a card per tool call, the outcome) and
+turns clicks into the session's review commands. It decides nothing itself: a click becomes one
+``approve`` / ``approve_batch`` / ``deny`` / ``stop`` / ``undo_last_turn`` call, made from a Trio task
+so the reducer sees it in order with everything else. Every string that came from the user, the model,
+a tool or the document is displayed as plain text.
+
+Needs the ``trioloop[qt]`` extra (PySide6). Typical use::
+
+    app = QApplication([])
+
+    async def main() -> None:
+        async with ScriptedProvider(steps) as provider:
+            panel = ReviewPanel(Session(document=doc, provider=provider, model="scripted-1"))
+            panel.show()
+            await panel.serve()  # returns when the panel's window is closed
+
+    run_trio_guest(main, app=app)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import math
+from collections.abc import Callable, Iterator
+from typing import Final, final
+
+import trio
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QCloseEvent, QTextCursor
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
+
+from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
+from trioloop.loop.session import Session, SessionBusy
+from trioloop.protocol.messages import flatten_text
+from trioloop.ui._qt_cards import CallCard, call_status_text, plain_label
+from trioloop.ui._qt_guest import TrioGuestHost, run_trio_guest
+
+__all__ = [
+    "CallCard",
+    "NoticeKind",
+    "ReviewPanel",
+    "TrioGuestHost",
+    "call_status_text",
+    "run_trio_guest",
+    "turn_notice",
+]
+
+_Action = Callable[[], object]
+
+
+@final
+class NoticeKind(enum.StrEnum):
+    """How the panel's notice is styled. A limit or a Stop is information, not a fault."""
+
+    NONE = "none"
+    INFO = "info"
+    WARNING = "warning"
+
+
+_PHASE_TEXT: Final = {
+    Phase.IDLE: "Ready",
+    Phase.REQUESTING: "Waiting for the model…",
+    Phase.STREAMING: "The model is answering…",
+    Phase.AWAITING_APPROVAL: "Waiting for your review",
+    Phase.EXECUTING: "Running approved tools…",
+}
+_OUTCOME_TEXT: Final = {
+    Outcome.COMPLETED: "Turn completed",
+    Outcome.CANCELLED: "Turn stopped",
+    Outcome.BOUNDED: "Turn ended at a limit",
+    Outcome.FAILED: "Turn failed",
+}
+
+
+def turn_notice(state: TurnState | None, *, undoable: bool) -> tuple[NoticeKind, str]:
+    """The notice the panel shows for ``state``: its kind and plain text (NONE and "" when nothing to say).
+
+    ``undoable`` says whether Undo turn would revert this turn's changes now, so a Stop notice can
+    say truthfully whether anything was kept.
+    """
+    if state is None:
+        return NoticeKind.NONE, ""
+    notices = list(state.notices)
+    if state.outcome is Outcome.FAILED:
+        detail = state.error.message if state.error is not None else "the provider stream ended unexpectedly"
+        kept = " Changes already applied were kept and can be undone." if undoable else ""
+        return NoticeKind.WARNING, f"The turn failed: {detail}{kept}"
+    if state.outcome is Outcome.CANCELLED:
+        kept = (
+            "Changes already applied were kept; Undo turn reverts them."
+            if undoable
+            else "No change was applied to the document."
+        )
+        return NoticeKind.INFO, "\n".join([*notices, f"You stopped this turn; nothing more will run. {kept}"])
+    if state.outcome is Outcome.BOUNDED and not notices:
+        notices.append("This turn reached one of its limits and was stopped.")
+    if notices:
+        return NoticeKind.INFO, "\n".join(notices)
+    return NoticeKind.NONE, ""
+
+
+_STYLE: Final = """
+QFrame#callCard { background: #ffffff; border: 1px solid #c8d1da; border-radius: 6px; }
+QFrame#callCard[destructive="true"] { border: 1px solid #cf222e; }
+QFrame#callCard[status="denied"], QFrame#callCard[status="undone"] { background: #f6f8fa; }
+QLabel#toolName { font-family: monospace; font-weight: bold; }
+QLabel#destructiveBadge { background: #cf222e; color: #ffffff; border-radius: 3px; padding: 1px 6px;
+    font-size: 10px; font-weight: bold; }
+QLabel#readBadge { background: #eaeef2; color: #57606a; border-radius: 3px; padding: 1px 6px; font-size: 10px; }
+QLabel#callStatus { color: #57606a; }
+QLabel#callStatus[status="pending"] { color: #9a6700; font-weight: bold; }
+QLabel#callStatus[status="running"] { color: #0969da; font-weight: bold; }
+QLabel#callStatus[status="succeeded"] { color: #1a7f37; }
+QLabel#callStatus[status="failed"] { color: #bc4c00; }
+QLabel#callResult { color: #7d4e00; }
+QLabel#documentTitle { font-size: 15px; font-weight: bold; }
+QLabel#documentStats, QLabel#phase { color: #57606a; }
+QFrame#notice[kind="info"] { background: #ddf4ff; border: 1px solid #80ccff; border-radius: 6px; }
+QFrame#notice[kind="info"] QLabel { color: #0a3069; }
+QFrame#notice[kind="warning"] { background: #fff8c5; border: 1px solid #d4a72c; border-radius: 6px; }
+QFrame#notice[kind="warning"] QLabel { color: #4d2d00; }
+QScrollArea#cardArea { border: none; }
+"""
+
+
+@final
+class ReviewPanel(QWidget):
+    """A chat input, the streamed answer, a review card per tool call, Stop and Undo turn, for one session.
+
+    The widgets are public attributes so an app can rearrange or restyle them. The panel does
+    nothing until ``serve()`` runs inside a Trio run on the Qt main thread (Trio guest mode, see
+    ``run_trio_guest``); ``state_changed`` is emitted with each ``TurnState`` the panel has shown.
+    """
+
+    state_changed = Signal(object)
+
+    def __init__(self, session: Session, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("reviewPanel")
+        self._session = session
+        self._state: TurnState | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._inbox: trio.MemorySendChannel[_Action] | None = None
+        self._nursery: trio.Nursery | None = None
+        self._closing: trio.Event | None = None
+        self._turn_running = False
+        self._turn_done = trio.Event()
+        self._cards: dict[str, CallCard] = {}
+        self._turn_id: str | None = None
+        self._earlier_text = ""
+        self._turn_prompt = ""
+        self._turn_texts: dict[int, str] = {}
+        self._shown_text = ""
+        self._notice_kind = NoticeKind.NONE
+
+        self.title_label = plain_label(object_name="documentTitle")
+        self.stats_label = plain_label(object_name="documentStats")
+        self.phase_label = plain_label(object_name="phase")
+        self.answer_view = QPlainTextEdit()
+        self.answer_view.setObjectName("answer")
+        self.answer_view.setReadOnly(True)
+        self.answer_view.setPlaceholderText("The model's answer appears here.")
+        self.notice_label = plain_label(object_name="noticeText", wrap=True)
+        self.notice_frame = QFrame()
+        self.notice_frame.setObjectName("notice")
+        notice_layout = QHBoxLayout(self.notice_frame)
+        notice_layout.setContentsMargins(10, 8, 10, 8)
+        notice_layout.addWidget(self.notice_label, 1)
+        self.notice_frame.setVisible(False)
+        self.cards_title = plain_label("Proposed tool calls", object_name="cardsTitle")
+        self.approve_safe_button = QPushButton("Approve all safe")
+        self.approve_safe_button.setObjectName("approveSafeButton")
+        self._card_box = QWidget()
+        self._card_layout = QVBoxLayout(self._card_box)
+        self._card_layout.setContentsMargins(0, 0, 0, 0)
+        self._card_layout.setSpacing(6)
+        self._card_layout.addStretch(1)
+        self.card_area = QScrollArea()
+        self.card_area.setObjectName("cardArea")
+        self.card_area.setWidgetResizable(True)
+        self.card_area.setWidget(self._card_box)
+        self.prompt_input = QLineEdit()
+        self.prompt_input.setObjectName("prompt")
+        self.prompt_input.setPlaceholderText("Ask about the threat model or request a change…")
+        self.send_button = QPushButton("Send")
+        self.send_button.setObjectName("sendButton")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setObjectName("stopButton")
+        self.undo_button = QPushButton("Undo turn")
+        self.undo_button.setObjectName("undoButton")
+
+        header = QHBoxLayout()
+        header.addWidget(self.title_label)
+        header.addStretch(1)
+        header.addWidget(self.phase_label)
+        cards_header = QHBoxLayout()
+        cards_header.addWidget(self.cards_title)
+        cards_header.addStretch(1)
+        cards_header.addWidget(self.approve_safe_button)
+        controls = QHBoxLayout()
+        controls.addWidget(self.prompt_input, 1)
+        controls.addWidget(self.send_button)
+        controls.addWidget(self.stop_button)
+        controls.addWidget(self.undo_button)
+        root = QVBoxLayout(self)
+        root.addLayout(header)
+        root.addWidget(self.stats_label)
+        root.addWidget(self.answer_view, 1)
+        root.addWidget(self.notice_frame)
+        root.addLayout(cards_header)
+        root.addWidget(self.card_area, 3)
+        root.addLayout(controls)
+        self.setStyleSheet(_STYLE)
+
+        self.send_button.clicked.connect(self._on_send)
+        self.prompt_input.returnPressed.connect(self._on_send)
+        self.stop_button.clicked.connect(self._on_stop)
+        self.undo_button.clicked.connect(self._on_undo)
+        self.approve_safe_button.clicked.connect(self._on_approve_safe)
+        self._show_document()
+        self._refresh_controls()
+
+    # -- what an app or a test reads -------------------------------------------------------------
+
+    @property
+    def session(self) -> Session:
+        return self._session
+
+    @property
+    def state(self) -> TurnState | None:
+        """The latest state the panel has shown."""
+        return self._state
+
+    @property
+    def is_serving(self) -> bool:
+        return self._token is not None
+
+    @property
+    def turn_running(self) -> bool:
+        return self._turn_running or self._session.busy
+
+    @property
+    def notice_kind(self) -> NoticeKind:
+        return self._notice_kind
+
+    @property
+    def cards(self) -> dict[str, CallCard]:
+        """The current turn's cards by call id, in the order the model emitted the calls."""
+        return dict(self._cards)
+
+    def card(self, call_id: str) -> CallCard | None:
+        return self._cards.get(call_id)
+
+    # -- the Trio side ---------------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Follow the session and carry out the user's clicks until the panel's window is closed.
+
+        Run it in a Trio run hosted by this widget's Qt event loop. Closing the window stops a turn
+        still in flight (it settles ``cancelled``) and returns once it has settled; cancelling
+        ``serve`` from outside also works, for panels embedded in a larger window.
+        """
+        if self._token is not None:
+            raise RuntimeError("this ReviewPanel is already being served")
+        send, receive = trio.open_memory_channel[_Action](math.inf)
+        closing = trio.Event()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._token = trio.lowlevel.current_trio_token()
+                self._inbox, self._nursery, self._closing = send, nursery, closing
+                nursery.start_soon(self._follow_states)
+                nursery.start_soon(self._perform, receive)
+                self._refresh_controls()
+                await closing.wait()
+                self._session.stop()
+                if self._turn_running:
+                    await self._turn_done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            send.close()
+            self._token = self._inbox = self._nursery = self._closing = None
+            self._refresh_controls()
+
+    async def _follow_states(self) -> None:
+        async for state in self._session.states():
+            self._show(state)
+
+    async def _perform(self, receive: trio.MemoryReceiveChannel[_Action]) -> None:
+        """Run the actions the Qt side posted, one at a time, in click order, from a real Trio task."""
+        async with receive:
+            async for action in receive:
+                action()
+
+    def _post(self, action: _Action) -> bool:
+        """Hand ``action`` to the Trio side; Qt code must never call into Trio directly."""
+        token, inbox = self._token, self._inbox
+        if token is None or inbox is None:
+            return False
+
+        def deliver() -> None:
+            with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+                inbox.send_nowait(action)
+
+        try:
+            token.run_sync_soon(deliver)
+        except trio.RunFinishedError:
+            return False
+        return True
+
+    async def _run_turn(self, text: str, done: trio.Event) -> None:
+        try:
+            if self._closing is None or self._closing.is_set():
+                return
+            try:
+                state = await self._session.send(text)
+            except SessionBusy:
+                self._set_notice(NoticeKind.WARNING, "Another turn is still running in this session.")
+                return
+            self._show(state)
+        finally:
+            self._turn_running = False
+            done.set()
+            self._refresh_controls()
+
+    def _start_turn(self, text: str, done: trio.Event) -> None:
+        if self._nursery is None:
+            self._turn_running = False
+            done.set()
+            self._refresh_controls()
+            return
+        self._nursery.start_soon(self._run_turn, text, done)
+
+    def _undo(self) -> None:
+        self._session.undo_last_turn()
+        self._show_document()
+        self._refresh_controls()
+
+    # -- Qt slots: each posts exactly one session command ----------------------------------------
+
+    def _on_send(self) -> None:
+        text = self.prompt_input.text().strip()
+        if not text or not self.is_serving or self.turn_running:
+            return
+        done = trio.Event()
+        self._turn_running, self._turn_done = True, done
+        self.prompt_input.clear()
+        self._refresh_controls()
+        if not self._post(lambda: self._start_turn(text, done)):
+            self._turn_running = False
+            self._refresh_controls()
+
+    def _on_stop(self) -> None:
+        self._post(self._session.stop)
+
+    def _on_undo(self) -> None:
+        self.undo_button.setEnabled(False)
+        self._post(self._undo)
+
+    def _on_approve(self, call_id: str) -> None:
+        self._post(lambda: self._session.approve(call_id))
+
+    def _on_deny(self, call_id: str) -> None:
+        self._post(lambda: self._session.deny(call_id))
+
+    def _on_approve_safe(self) -> None:
+        # The batch is exactly the safe calls on screen at the click, never whatever is pending later.
+        ids = tuple(card.call_id for card in self._pending_safe_cards())
+        if ids:
+            self.approve_safe_button.setEnabled(False)
+            self._post(lambda: self._session.approve_batch(ids))
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        closing = self._closing
+        if closing is not None:
+            self._post(closing.set)
+        super().closeEvent(event)
+
+    # -- rendering -------------------------------------------------------------------------------
+
+    def _show(self, state: TurnState) -> None:
+        if state is self._state:
+            self._refresh_controls()
+            return
+        if state.turn_id != self._turn_id:
+            self._begin_turn(state)
+        self._state = state
+        self._show_answer(state)
+        self._show_cards(state)
+        self._show_document()
+        self._refresh_controls()
+        self.state_changed.emit(state)
+
+    def _begin_turn(self, state: TurnState) -> None:
+        self._turn_id = state.turn_id
+        self._earlier_text = self._shown_text + "\n\n" if self._shown_text else ""
+        first = state.turn_messages[0] if state.turn_messages else None
+        self._turn_prompt = flatten_text(first) if first is not None and first.role == "user" else ""
+        self._turn_texts = {}
+        for card in self._cards.values():
+            self._card_layout.removeWidget(card)
+            card.deleteLater()
+        self._cards = {}
+
+    def _show_answer(self, state: TurnState) -> None:
+        if state.streaming_text:
+            self._turn_texts[state.iteration] = state.streaming_text
+        parts = [f"You: {self._turn_prompt}"] if self._turn_prompt else []
+        parts.extend(text for _, text in sorted(self._turn_texts.items()))
+        full = self._earlier_text + "\n\n".join(parts)
+        if full == self._shown_text:
+            return
+        scroll = self.answer_view.verticalScrollBar()
+        following = scroll.value() >= scroll.maximum()
+        if full.startswith(self._shown_text):
+            # A cursor of our own at the document's end: the view's cursor is the reader's (selection, clicks).
+            cursor = QTextCursor(self.answer_view.document())
+            cursor.movePosition(QTextCursor.MoveOperation.End)
+            cursor.insertText(full[len(self._shown_text) :])
+        else:
+            self.answer_view.setPlainText(full)
+        self._shown_text = full
+        if following:
+            scroll.setValue(scroll.maximum())
+
+    def _show_cards(self, state: TurnState) -> None:
+        reviewable = self.is_serving and state.is_live
+        for call in state.calls:
+            card = self._cards.get(call.id)
+            if card is None:
+                card = CallCard(call)
+                card.approve_clicked.connect(self._on_approve)
+                card.deny_clicked.connect(self._on_deny)
+                self._card_layout.insertWidget(self._card_layout.count() - 1, card)
+                self._cards[call.id] = card
+            card.show_call(call, reviewable=reviewable)
+
+    def _show_document(self) -> None:
+        document = self._session.document
+        title = document.metadata.title or "Untitled threat model"
+        self.title_label.setText(title)
+        self.setWindowTitle(f"trioloop review: {title}")
+        self.stats_label.setText(
+            f"{len(document.elements)} elements · {len(document.data_flows)} data flows · "
+            f"{len(document.trust_boundaries)} trust boundaries · {len(document.threats)} threats"
+        )
+
+    def _pending_safe_cards(self) -> Iterator[CallCard]:
+        state = self._state
+        if state is None or not state.is_live:
+            return
+        for card in self._cards.values():
+            call = card.call
+            if call.status is CallStatus.PENDING and not call.destructive and call.effect == "mutate":
+                yield card
+
+    def _phase_text(self, state: TurnState | None) -> str:
+        if state is None:
+            return _PHASE_TEXT[Phase.IDLE]
+        if state.outcome is not None:
+            return _OUTCOME_TEXT[state.outcome]
+        if state.phase is Phase.EXECUTING and any(c.status is CallStatus.PENDING for c in state.current_calls):
+            return _PHASE_TEXT[Phase.AWAITING_APPROVAL]  # approved calls run while others still wait for you
+        return _PHASE_TEXT.get(state.phase, state.phase.value)
+
+    def _set_notice(self, kind: NoticeKind, text: str) -> None:
+        if kind is self._notice_kind and text == self.notice_label.text():
+            return
+        self._notice_kind = kind
+        self.notice_label.setText(text)
+        self.notice_frame.setProperty("kind", kind.value)
+        self.notice_frame.setVisible(kind is not NoticeKind.NONE)
+        for widget in (self.notice_frame, self.notice_label):
+            widget.style().unpolish(widget)
+            widget.style().polish(widget)
+
+    def _refresh_controls(self) -> None:
+        serving = self.is_serving
+        state = self._state
+        live = state is not None and state.is_live
+        busy = self.turn_running
+        undoable = self._session.undo_availability().undoable
+        self.send_button.setEnabled(serving and not busy)
+        self.stop_button.setEnabled(serving and live)
+        self.undo_button.setEnabled(serving and not busy and undoable)
+        self.approve_safe_button.setEnabled(serving and any(True for _ in self._pending_safe_cards()))
+        for card in self._cards.values():
+            card.show_call(card.call, reviewable=serving and live)
+        self.phase_label.setText(self._phase_text(state))
+        if state is not None:
+            kind, text = turn_notice(state, undoable=undoable)
+            self._set_notice(kind, text)

@@ -1,0 +1,347 @@
+"""Cancellation latency: Stop with 1, 12 and 100 running tools, and the overshoot of a 50 ms turn deadline.
+
+Run ``python -m benchmarks.cancel``. Stop case: the model asks for n read tools that sleep forever; once
+all n are inside their sleep and every task is blocked, ``TurnControls.stop()`` is called and the clock
+runs until the runner publishes the settled state. The floor, measured in the same run and interleaved
+with it, is a bare Trio nursery of n sleeping tasks cancelled through its scope, timed until the nursery
+exits. Each n runs twice: warm (no forced collection) and cold (``gc.collect()`` before every
+measurement of either kind). Target: trioloop's median at most 3x the floor's. Deadline case: a turn with
+``turn_deadline_ms=50`` whose stream stalls, once over the loopback ``ScriptedProvider``
+(``stall_after_bytes=200``) and once from an in-process provider that goes silent after its first events
+(the runner alone, no HTTP teardown); the overshoot is the settled time minus (start + 50 ms), beside a
+bare ``CancelScope(deadline=...)`` around ``sleep_forever``. All times are the real clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+
+from benchmarks._common import (
+    PAYMENT_THF,
+    InProcessProvider,
+    case_record,
+    emit,
+    iteration_of,
+    print_table,
+    summarize,
+    wire_events,
+)
+from trioloop.document import ThreatModel, load_thf
+from trioloop.loop import (
+    CallStatus,
+    Cancel,
+    Outcome,
+    ToolExecutionContext,
+    ToolOutcome,
+    TurnLimits,
+    TurnState,
+    create_tool_registry,
+    define_executable_tool,
+    reduce_turn,
+    tool_field,
+)
+from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.protocol.events import StreamEvent
+from trioloop.protocol.tools import ChatRequest
+from trioloop.providers.base import ChatProvider
+from trioloop.providers.scripted import ScriptedProvider, ScriptStep
+
+TOOL_COUNTS = (1, 12, 100)
+DEADLINE_MS = 50
+STALLED_TEXT = "The answer starts and then the stream stalls."
+#: Room for 100 calls in one iteration (the defaults allow 12).
+LIMITS = TurnLimits(max_tool_calls_per_iteration=100, max_tool_calls_per_turn=100)
+
+
+class _Sleepers:
+    """Counts tools that reached their sleep; ``all_in`` fires when the expected number did."""
+
+    def __init__(self) -> None:
+        self.expected = 0
+        self.entered = 0
+        self.all_in = trio.Event()
+
+    def reset(self, expected: int) -> None:
+        self.expected, self.entered, self.all_in = expected, 0, trio.Event()
+
+    async def sleep(self) -> None:
+        self.entered += 1
+        if self.entered == self.expected:
+            self.all_in.set()
+        await trio.sleep_forever()
+
+
+SLEEPERS = _Sleepers()
+
+
+@attrs.frozen(kw_only=True)
+class HangInput:
+    id: str = tool_field(description="Which wait.", min_length=1, max_length=16)
+
+
+async def _hang(request: HangInput, ctx: ToolExecutionContext) -> ToolOutcome:
+    await SLEEPERS.sleep()
+    return ToolOutcome.success("unreachable")
+
+
+REGISTRY = create_tool_registry(
+    [
+        define_executable_tool(
+            name="hang",
+            description="Wait forever.",
+            effect="read",
+            destructive=False,
+            input_type=HangInput,
+            run=_hang,
+            summarize=lambda request: f"Wait {request.id}",
+        )
+    ]
+)
+
+
+def _answer_with(n: int) -> InProcessProvider:
+    calls = [(f"h{i}", "hang", {"id": f"h{i}"}) for i in range(n)]
+
+    def answer(request: ChatRequest) -> Sequence[StreamEvent]:
+        return wire_events(calls=calls) if iteration_of(request) == 0 else wire_events(text="unreachable")
+
+    return InProcessProvider(answer)
+
+
+def _request(limits: TurnLimits) -> TurnRequest:
+    return TurnRequest(text="Wait.", turn_id="turn-1", model="scripted-1", registry=REGISTRY, limits=limits)
+
+
+class _SettleClock:
+    """An ``on_state`` observer noting when (real and CPU clock) the first settled state was published,
+    and the last state before it."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self.cpu_at = 0.0
+        self.before: TurnState | None = None
+
+    def __call__(self, state: TurnState) -> None:
+        if self.at is not None:
+            return
+        if state.is_settled:
+            self.at = trio.current_time()
+            self.cpu_at = time.process_time()
+        else:
+            self.before = state
+
+
+async def _quiet() -> None:
+    # Every other task is blocked (tools asleep, the consumer waiting on its inbox): nothing but the
+    # cancellation itself runs inside the timed window.
+    await trio.testing.wait_all_tasks_blocked()
+
+
+def _reducer_cancel_cost(before: TurnState) -> float:
+    """CPU seconds ``reduce_turn`` alone takes to settle ``before`` as cancelled (the pure part of Stop)."""
+    started = time.process_time()
+    reduce_turn(before, Cancel(reason="stop"))
+    return time.process_time() - started
+
+
+async def trioloop_stop(n: int, provider: InProcessProvider, document: ThreatModel) -> tuple[float, float, float]:
+    """One Stop with n running tools, from stop() to the settled state: (wall s, CPU s, reducer CPU s)."""
+    SLEEPERS.reset(n)
+    controls = TurnControls()
+    clock = _SettleClock()
+    marks: dict[str, float] = {}
+
+    async def stopper() -> None:
+        await SLEEPERS.all_in.wait()
+        await _quiet()
+        marks["cpu"] = time.process_time()
+        marks["wall"] = trio.current_time()
+        controls.stop()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stopper)
+        final = await run_turn(
+            _request(LIMITS), Workspace(document=document), provider, controls=controls, on_state=clock
+        )
+    if final.outcome is not Outcome.CANCELLED or len(final.calls) != n or clock.at is None or clock.before is None:
+        raise RuntimeError(f"unexpected turn: {final.outcome} with {len(final.calls)} calls")
+    if any(c.status is not CallStatus.DENIED for c in final.calls):
+        raise RuntimeError("a stopped call did not end denied")
+    return clock.at - marks["wall"], clock.cpu_at - marks["cpu"], _reducer_cancel_cost(clock.before)
+
+
+async def bare_cancel(n: int) -> tuple[float, float]:
+    """The floor: n tasks asleep in one nursery, cancelled through its scope, timed until it exits."""
+    SLEEPERS.reset(n)
+    async with trio.open_nursery() as nursery:
+        for _ in range(n):
+            nursery.start_soon(SLEEPERS.sleep)
+        await SLEEPERS.all_in.wait()
+        await _quiet()
+        cpu = time.process_time()
+        started = trio.current_time()
+        nursery.cancel_scope.cancel()
+    return trio.current_time() - started, time.process_time() - cpu
+
+
+async def stop_case(n: int, repeat: int, document: ThreatModel, *, cold: bool) -> dict[str, list[tuple[float, ...]]]:
+    """``repeat`` pairs of (trioloop Stop, bare cancel), interleaved so load on the machine hits both alike.
+
+    The order inside a pair alternates. ``cold`` runs ``gc.collect()`` before every measurement of either
+    kind (caches cold, no collection due inside the window); warm runs none (collections fall where they
+    fall, as in a live app). Collecting before only one side would skew the ratio either way.
+    """
+    provider = _answer_with(n)
+    for _ in range(3):  # warm-up
+        await trioloop_stop(n, provider, document)
+        await bare_cancel(n)
+    found: dict[str, list[tuple[float, ...]]] = {"trioloop": [], "bare": []}
+    for i in range(repeat):
+        for kind in ("trioloop", "bare") if i % 2 == 0 else ("bare", "trioloop"):
+            if cold:
+                gc.collect()
+            if kind == "trioloop":
+                found[kind].append(await trioloop_stop(n, provider, document))
+            else:
+                found[kind].append(await bare_cancel(n))
+    return found
+
+
+class _StallingProvider:
+    """In process: the first events of an answer, then silence (no transport to tear down)."""
+
+    async def stream(
+        self,
+        request: ChatRequest,
+        send: trio.abc.SendChannel[StreamEvent],
+        *,
+        cancel_scope: trio.CancelScope | None = None,
+    ) -> None:
+        for event in wire_events(text=STALLED_TEXT)[:2]:  # MessageStart, then one TextDelta
+            await send.send(event)
+        await trio.sleep_forever()
+
+
+async def _overshoot(provider: ChatProvider, document: ThreatModel) -> float:
+    """Settled time minus the turn's deadline (start + 50 ms) for a turn whose stream stalls."""
+    clock = _SettleClock()
+    start = trio.current_time()
+    request = _request(TurnLimits(turn_deadline_ms=DEADLINE_MS))
+    final = await run_turn(request, Workspace(document=document), provider, on_state=clock)
+    if final.outcome is not Outcome.BOUNDED or clock.at is None:
+        raise RuntimeError(f"unexpected turn: {final.outcome}")
+    return clock.at - (start + DEADLINE_MS / 1000)
+
+
+async def _bare_overshoot() -> float:
+    start = trio.current_time()
+    with trio.CancelScope(deadline=start + DEADLINE_MS / 1000):
+        await trio.sleep_forever()
+    return trio.current_time() - (start + DEADLINE_MS / 1000)
+
+
+async def deadline_case(repeat: int, document: ThreatModel) -> dict[str, list[float]]:
+    """Interleaved: loopback HTTP stall, in-process stall, bare Trio deadline; the first three are warm-up."""
+    found: dict[str, list[float]] = {"loopback": [], "in_process": [], "bare": []}
+    stalled = _StallingProvider()
+    steps = [ScriptStep(text=STALLED_TEXT, stall_after_bytes=200)]
+    async with ScriptedProvider(steps * (repeat + 3)) as provider:
+        for i in range(repeat + 3):
+            figures = (
+                await _overshoot(provider, document),
+                await _overshoot(stalled, document),
+                await _bare_overshoot(),
+            )
+            if i >= 3:
+                for key, value in zip(found, figures, strict=True):
+                    found[key].append(value)
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--repeat", type=int, default=150, help="Stop measurements per tool count and mode")
+    parser.add_argument("--deadline-repeat", type=int, default=150, help="deadline measurements per kind")
+    args = parser.parse_args(argv)
+    document = load_thf(PAYMENT_THF)
+
+    rows: list[tuple[Any, ...]] = []
+    for cold in (False, True):
+        mode = "cold" if cold else "warm"
+        for n in TOOL_COUNTS:
+            found = trio.run(partial(stop_case, cold=cold), n, args.repeat, document)
+            ours = summarize([sample[0] for sample in found["trioloop"]])
+            floor = summarize([sample[0] for sample in found["bare"]])
+            ours_cpu = summarize([sample[1] for sample in found["trioloop"]])
+            floor_cpu = summarize([sample[1] for sample in found["bare"]])
+            reducer_cpu = summarize([sample[2] for sample in found["trioloop"]])
+            ratio = ours["median"] / floor["median"]
+            ratio_cpu = ours_cpu["median"] / floor_cpu["median"]
+            emit(
+                case_record(
+                    "cancel",
+                    f"stop_{n}_running_tools_{mode}",
+                    running_tools=n,
+                    caches=mode,
+                    stop_to_settled_us=ours,
+                    bare_trio_cancel_us=floor,
+                    ratio_median=round(ratio, 2),
+                    ratio_p99=round(ours["p99"] / floor["p99"], 2),
+                    stop_to_settled_cpu_us=ours_cpu,
+                    bare_trio_cancel_cpu_us=floor_cpu,
+                    ratio_cpu_median=round(ratio_cpu, 2),
+                    reducer_cancel_cpu_us=reducer_cpu,
+                    target_ratio=3.0,
+                    met=ratio <= 3.0,
+                )
+            )
+            rows.append(
+                (
+                    f"stop, {n} running tools, {mode}",
+                    ours["median"],
+                    ours["p99"],
+                    floor["median"],
+                    floor["p99"],
+                    f"{ratio:.2f}x",
+                    ours_cpu["median"],
+                    floor_cpu["median"],
+                    f"{ratio_cpu:.2f}x",
+                    reducer_cpu["median"],
+                    "yes" if ratio <= 3 else "NO",
+                )
+            )
+
+    found_deadline = trio.run(deadline_case, args.deadline_repeat, document)
+    floor = summarize(found_deadline["bare"])
+    for key, label in (("loopback", "loopback HTTP"), ("in_process", "in-process")):
+        ours = summarize(found_deadline[key])
+        ratio = ours["median"] / floor["median"]
+        emit(
+            case_record(
+                "cancel",
+                f"deadline_50ms_stalled_stream_{key}",
+                turn_deadline_ms=DEADLINE_MS,
+                overshoot_us=ours,
+                bare_trio_deadline_overshoot_us=floor,
+                ratio_median=round(ratio, 2),
+            )
+        )
+        row = (f"deadline 50 ms overshoot, {label} stall", ours["median"], ours["p99"], floor["median"], floor["p99"])
+        rows.append((*row, f"{ratio:.2f}x", "", "", "", "", ""))
+    print()
+    headers = ("case (us)", "median", "p99", "floor med", "floor p99", "ratio", "cpu med", "floor cpu", "cpu ratio")
+    print_table((*headers, "reducer cpu", "<= 3x"), rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,310 @@
+"""Per-iteration overhead of a complete turn, beside pydantic-ai's Agent doing the same work.
+
+Run ``python -m benchmarks.loop``. One turn is K = 8 iterations in which the model asks for one read tool
+(``read_note``, returning the same 200-character text everywhere), then a final text answer. Timed end
+to end (``await session.send(...)`` / ``await agent.run(...)``) and divided by K. trioloop runs over the
+loopback ``ScriptedProvider`` (real HTTP, SSE, mapper) and over an in-process ``ChatProvider`` that sends
+the very same ``StreamEvent``s with no socket, which is what pydantic-ai's ``FunctionModel`` costs too; the
+in-process figure is the like-for-like one. The batches of each contender alternate in rounds, so drift
+hits all of them alike. Target: trioloop at least 2x faster per iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import pstats
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from benchmarks._common import (
+    PAYMENT_THF,
+    InProcessProvider,
+    case_record,
+    emit,
+    iteration_of,
+    print_profile,
+    print_table,
+    summarize,
+    wire_events,
+)
+from trioloop.document import ThreatModel, load_thf
+from trioloop.loop import (
+    CallStatus,
+    Outcome,
+    ToolExecutionContext,
+    ToolOutcome,
+    TurnLimits,
+    create_tool_registry,
+    define_executable_tool,
+    tool_field,
+)
+from trioloop.loop.session import Session
+from trioloop.protocol.events import StreamEvent
+from trioloop.protocol.tools import ChatRequest
+from trioloop.providers.base import ChatProvider
+from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+
+K = 8
+NOTE_TEXT = (
+    "The payment service forwards card data to the PSP over mutually authenticated TLS; tokens are "
+    "stored in the vault and never logged. Webhooks from the PSP are signed and checked on arrival."
+)[:200].ljust(200)
+FINAL_TEXT = "Done: read all eight notes."
+PROMPT = "Read the eight notes."
+PEERS = ("pydantic-ai-slim", "pydantic", "pydantic-graph", "anyio")
+
+
+# -- trioloop side ---------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class NoteInput:
+    id: str = tool_field(description="The note id.", min_length=1, max_length=64)
+
+
+async def _read_note(request: NoteInput, ctx: ToolExecutionContext) -> ToolOutcome:
+    return ToolOutcome.success(NOTE_TEXT)
+
+
+REGISTRY = create_tool_registry(
+    [
+        define_executable_tool(
+            name="read_note",
+            description="Read one note by id.",
+            effect="read",
+            destructive=False,
+            input_type=NoteInput,
+            run=_read_note,
+            summarize=lambda request: f"Read note {request.id}",
+        )
+    ]
+)
+LIMITS = TurnLimits(max_iterations=K + 1)  # K tool iterations plus the final answer
+
+
+def _call(i: int) -> tuple[str, str, dict[str, Any]]:
+    return (f"call_{i}", "read_note", {"id": f"n{i}"})
+
+
+def script_for_one_turn() -> list[ScriptStep]:
+    steps = [ScriptStep(tool_calls=[ScriptedCall(id=c, name=n, input=v)]) for c, n, v in map(_call, range(K))]
+    return [*steps, ScriptStep(text=FINAL_TEXT)]
+
+
+def answer_in_process(request: ChatRequest) -> Sequence[StreamEvent]:
+    """Iteration i < K asks for note i; iteration K answers in text (same events as the loopback path)."""
+    i = iteration_of(request)
+    return wire_events(calls=[_call(i)]) if i < K else wire_events(text=FINAL_TEXT)
+
+
+async def _trioloop_turns(provider: ChatProvider, document: ThreatModel, turns: int) -> list[Sample]:
+    samples = []
+    for _ in range(turns):
+        session = Session(document=document, provider=provider, model="scripted-1", registry=REGISTRY, limits=LIMITS)
+        wall, cpu = time.perf_counter(), time.process_time()
+        state = await session.send(PROMPT)
+        samples.append(((time.perf_counter() - wall) / K, (time.process_time() - cpu) / K))
+        if state.outcome is not Outcome.COMPLETED or [c.status for c in state.calls] != [CallStatus.SUCCEEDED] * K:
+            raise RuntimeError(f"unexpected turn: {state.outcome} with {len(state.calls)} calls")
+    return samples
+
+
+async def trioloop_in_process(document: ThreatModel, turns: int) -> list[Sample]:
+    return await _trioloop_turns(InProcessProvider(answer_in_process), document, turns)
+
+
+async def trioloop_loopback(document: ThreatModel, turns: int) -> list[Sample]:
+    async with ScriptedProvider(script_for_one_turn() * turns) as provider:
+        return await _trioloop_turns(provider, document, turns)
+
+
+# -- pydantic-ai side ------------------------------------------------------------------------------
+
+
+def _pydantic_agents() -> dict[str, Any]:
+    """Two agents doing the turn above: ``FunctionModel(function=...)`` (no streaming, the cheapest path)
+    and ``FunctionModel(stream_function=...)`` run with an event handler (streamed, like trioloop)."""
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
+    from pydantic_ai.usage import RequestUsage
+
+    def responses_so_far(messages: list[ModelMessage]) -> int:
+        return sum(1 for m in messages if isinstance(m, ModelResponse))
+
+    async def whole(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        # Usage is given so pydantic-ai skips estimating it (trioloop reads it from the stream too).
+        usage = RequestUsage(input_tokens=100, output_tokens=10)
+        i = responses_so_far(messages)
+        if i < K:
+            call_id, name, args = _call(i)
+            return ModelResponse(parts=[ToolCallPart(tool_name=name, args=args, tool_call_id=call_id)], usage=usage)
+        return ModelResponse(parts=[TextPart(FINAL_TEXT)], usage=usage)
+
+    async def streamed(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+        i = responses_so_far(messages)
+        if i < K:
+            call_id, name, args = _call(i)
+            yield {0: DeltaToolCall(name=name, json_args=f'{{"id": "{args["id"]}"}}', tool_call_id=call_id)}
+        else:
+            yield FINAL_TEXT
+
+    async def read_note(id: str) -> str:
+        """Read one note by id."""
+        return NOTE_TEXT
+
+    plain = Agent(FunctionModel(whole))
+    plain.tool_plain(read_note)
+    streaming = Agent(FunctionModel(stream_function=streamed))
+    streaming.tool_plain(read_note)
+    return {"plain": plain, "streamed": streaming}
+
+
+async def _drain_events(ctx: Any, events: Any) -> None:
+    async for _ in events:
+        pass
+
+
+async def pydantic_turns(agent: Any, turns: int, *, streamed: bool) -> list[Sample]:
+    samples = []
+    handler = _drain_events if streamed else None
+    for _ in range(turns):
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = await agent.run(PROMPT, event_stream_handler=handler)
+        samples.append(((time.perf_counter() - wall) / K, (time.process_time() - cpu) / K))
+        if result.output != FINAL_TEXT:
+            raise RuntimeError(f"unexpected pydantic-ai output: {result.output!r}")
+    return samples
+
+
+# -- driver ----------------------------------------------------------------------------------------
+
+Sample = tuple[float, float]  # (wall seconds, process CPU seconds) per iteration
+Contender = tuple[str, Callable[[int], list[Sample]]]
+
+
+def contenders(document: ThreatModel) -> list[Contender]:
+    found: list[Contender] = [
+        ("trioloop_in_process", lambda n: trio.run(trioloop_in_process, document, n)),
+        ("trioloop_loopback_http", lambda n: trio.run(trioloop_loopback, document, n)),
+    ]
+    try:
+        agents = _pydantic_agents()
+    except ImportError as exc:
+        print(f"pydantic-ai not importable ({exc}); measuring trioloop only")
+        return found
+    found.append(
+        ("pydantic_ai_function_model", lambda n: asyncio.run(pydantic_turns(agents["plain"], n, streamed=False)))
+    )
+    found.append(
+        ("pydantic_ai_stream_function", lambda n: asyncio.run(pydantic_turns(agents["streamed"], n, streamed=True)))
+    )
+    return found
+
+
+def profile(run: Callable[[int], list[Sample]], turns: int, top: int) -> None:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run(turns)
+    profiler.disable()
+    print_profile(pstats.Stats(profiler), top)
+
+
+def _ratio_rows(stats: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[Any, ...]]:
+    """Fastest pydantic-ai variant over each trioloop variant, by median wall and by median CPU."""
+    rows: list[tuple[Any, ...]] = []
+    peers = [name for name in stats if name.startswith("pydantic")]
+    if not peers:
+        return rows
+    for name in ("trioloop_in_process", "trioloop_loopback_http"):
+        ratios = {}
+        for clock in ("wall_us", "cpu_us"):
+            best = min(stats[p][clock]["median"] for p in peers)
+            ratios[clock] = round(best / stats[name][clock]["median"], 2)
+        met = ratios["wall_us"] >= 2.0
+        emit(
+            case_record(
+                "loop",
+                f"ratio_{name}",
+                PEERS,
+                against="fastest pydantic-ai variant, median per iteration",
+                ratio_wall=ratios["wall_us"],
+                ratio_cpu=ratios["cpu_us"],
+                target=2.0,
+                met=met,
+            )
+        )
+        rows.append(
+            (
+                f"pydantic-ai / {name}",
+                f"{ratios['wall_us']}x",
+                "",
+                f"{ratios['cpu_us']}x",
+                "",
+                ">= 2x",
+                "yes" if met else "NO",
+            )
+        )
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of every contender")
+    parser.add_argument("--turns", type=int, default=20, help="turns per contender per round")
+    parser.add_argument("--profile", metavar="CONTENDER", help="cProfile one contender instead of timing")
+    args = parser.parse_args(argv)
+
+    document = load_thf(PAYMENT_THF)
+    found = contenders(document)
+    if args.profile:
+        run = dict(found)[args.profile]
+        run(3)
+        profile(run, args.turns, 30)
+        return 0
+
+    for _, run in found:  # warm-up: imports, caches, first-connection costs
+        run(3)
+    samples: dict[str, list[Sample]] = {name: [] for name, _ in found}
+    for _ in range(args.rounds):
+        for name, run in found:
+            gc.collect()
+            samples[name] += run(args.turns)
+
+    stats: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, values in samples.items():
+        stats[name] = {
+            "wall_us": summarize([wall for wall, _ in values]),
+            "cpu_us": summarize([cpu for _, cpu in values]),
+        }
+        emit(
+            case_record(
+                "loop",
+                name,
+                PEERS if name.startswith("pydantic") else (),
+                iterations_per_turn=K,
+                turns=len(values),
+                per_iteration_wall_us=stats[name]["wall_us"],
+                per_iteration_cpu_us=stats[name]["cpu_us"],
+            )
+        )
+    ratio_rows = _ratio_rows(stats)
+    print()
+    rows = [
+        (name, s["wall_us"]["median"], s["wall_us"]["p99"], s["cpu_us"]["median"], s["cpu_us"]["p99"], "", "")
+        for name, s in stats.items()
+    ]
+    headers = ("per iteration, K=8", "wall med us", "wall p99", "cpu med us", "cpu p99", "target", "met")
+    print_table(headers, [*rows, *ratio_rows])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

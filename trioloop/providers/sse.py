@@ -83,7 +83,8 @@ class SseDecoder:
             buffer = chunk
         end = max(buffer.rfind(b"\n"), buffer.rfind(b"\r")) + 1
         complete, tail = buffer[:end], buffer[end:]
-        self._skip_lf = complete.endswith(b"\r")
+        # Only a CR that is the chunk's very last byte can be half of a CRLF split across chunks.
+        self._skip_lf = not tail and complete.endswith(b"\r")
         frames: list[SseFrame] = []
         try:
             self._process_lines(complete, frames)

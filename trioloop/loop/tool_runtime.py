@@ -424,7 +424,9 @@ def structure_input(raw: Any, input_type: type[T]) -> T | PrepareFailure:
     if not isinstance(raw, dict):
         return PrepareFailure(issues=(f"the input must be a JSON object, got {_type_name(raw)}",))
     try:
-        instance = _converter.structure(raw, input_type)
+        # Structure a private copy: an ``Any`` field would otherwise hand the tool the very JSON object
+        # the history's ToolCallBlock holds, and a tool mutating it would rewrite what the model sent.
+        instance = _converter.structure(_json_copy(raw), input_type)
     except Exception as exc:
         issues = tuple(dict.fromkeys(_issues(exc, ""))) or ("the input is not valid",)
         return PrepareFailure(issues=issues)
@@ -432,6 +434,17 @@ def structure_input(raw: Any, input_type: type[T]) -> T | PrepareFailure:
     if problems:
         return PrepareFailure(issues=problems)
     return instance
+
+
+def _json_copy(value: Any) -> Any:
+    """A deep copy of a JSON value (containers rebuilt with their own types; scalars are immutable)."""
+    if isinstance(value, dict):
+        return {key: _json_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_copy(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_json_copy(item) for item in value)
+    return value
 
 
 def unstructure_input(instance: Any) -> Any:

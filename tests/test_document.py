@@ -34,7 +34,7 @@ from trioloop.document import (
 )
 from trioloop.document._safe_yaml import MAX_DEPTH, MAX_DOCUMENT_BYTES
 from trioloop.document.action_inputs import MitigationStatusName, SeverityName, StrideCategory
-from trioloop.document.model import MITIGATION_STATUSES, SECTION_NAMES, SEVERITIES, STRIDE_CATEGORIES
+from trioloop.document.model import MITIGATION_STATUSES, SECTION_NAMES, SEVERITIES, STRIDE_CATEGORIES, detached_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "payment.thf"
@@ -486,3 +486,42 @@ def test_errors_compare_by_class_and_message() -> None:
     assert InvalidShape("a\n b") == InvalidShape("a b")
     assert InvalidShape("x") != DuplicateId("x")
     assert Mitigation(status="mitigated", description="d") == Mitigation(status="mitigated", description="d")
+
+
+def _objects(value: Any) -> list[Any]:
+    """Every container and attrs instance reachable from ``value`` (strings and numbers are immutable)."""
+    found: list[Any] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if attrs.has(type(item)):
+            found.append(item)
+            stack.extend(getattr(item, field.name) for field in attrs.fields(type(item)))
+        elif isinstance(item, dict):
+            found.append(item)
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set):
+            found.append(item)
+            stack.extend(item)
+    return found
+
+
+@given(model=threat_models())
+@settings(max_examples=60, deadline=None)
+def test_a_detached_copy_is_equal_and_shares_no_mutable_object(model: ThreatModel) -> None:
+    copied = detached_copy(model)
+    assert copied == model and dump_thf(copied) == dump_thf(model)
+    originals = {id(item) for item in _objects(model) if not isinstance(item, tuple) or item}
+    shared = [item for item in _objects(copied) if id(item) in originals and not isinstance(item, tuple)]
+    assert shared == []
+
+
+def test_writing_into_a_detached_copy_leaves_the_original_alone() -> None:
+    model = load_thf(EXAMPLE)
+    before = dump_thf(model)
+    copied = detached_copy(model)
+    copied.extra["injected"] = True  # type: ignore[index]
+    copied.metadata.extra["injected"] = True  # type: ignore[index]
+    object.__setattr__(copied.metadata, "title", "changed")
+    object.__setattr__(copied.elements[0], "name", "changed")
+    assert dump_thf(model) == before and copied != model

@@ -14,7 +14,6 @@ import json
 from collections import Counter
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torture_support import FIXTURES, check_stream, record, scaled
@@ -359,7 +358,9 @@ def test_decoder_frames_do_not_depend_on_where_a_chunk_ends() -> None:
 
     @FUZZ
     @given(parts=sse_alphabet)
-    @example(parts=[b"data: ", b"a", b"\r", b"b", b"\n", b"\r\n", b"data: ", b"b", b"\n", b"\n"])  # CR, then bytes, then a chunk opening with LF
+    @example(
+        parts=[b"data: ", b"a", b"\r", b"b", b"\n", b"\r\n", b"data: ", b"b", b"\n", b"\n"]
+    )  # CR, then bytes, then a chunk opening with LF
     def check(parts: list[bytes]) -> None:
         nonlocal count
         body = b"".join(parts)

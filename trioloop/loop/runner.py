@@ -9,6 +9,7 @@ moved to ``running`` and nothing else.
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Callable
 from typing import Any, Literal, TypeAlias
@@ -16,7 +17,8 @@ from typing import Any, Literal, TypeAlias
 import attrs
 import trio
 
-from trioloop.document.model import ThreatModel
+from trioloop.document.model import ThreatModel, detached_copy
+from trioloop.loop._machine_text import NOT_TEXT_RESULT
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits, budget_exhaustion
 from trioloop.loop.machine import (
     Advance,
@@ -41,7 +43,11 @@ from trioloop.protocol.messages import Message
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import ChatProvider, is_retriable
 
-__all__ = ["TurnControls", "TurnRequest", "Workspace", "run_turn"]
+__all__ = ["TOOL_CANCEL_GRACE_S", "TurnControls", "TurnRequest", "Workspace", "run_turn"]
+
+#: How long a cancelled tool may take to unwind before the turn abandons it (its value discarded).
+TOOL_CANCEL_GRACE_S = 2.0
+NOT_AN_OUTCOME = "The tool returned something that is not a tool outcome."
 
 #: Turn-level retry backoff: 0.5 s doubling, capped at 10 s (the transport has its own, earlier retries).
 _RETRY_BASE_S = 0.5
@@ -176,6 +182,39 @@ class TurnRequest:
     registry: ToolRegistry = attrs.field(factory=lambda: ToolRegistry(()))
     limits: TurnLimits = DEFAULT_TURN_LIMITS
     max_output_tokens: int = 4096
+    tool_cancel_grace_s: float = TOOL_CANCEL_GRACE_S
+
+
+def _checked_outcome(produced: object) -> ToolOutcome:
+    """What a tool returned, or a failure naming the fault: only a well-formed outcome may be committed."""
+    if not isinstance(produced, ToolOutcome) or not (
+        produced.document is None or isinstance(produced.document, ThreatModel)
+    ):
+        return ToolOutcome.failure(NOT_AN_OUTCOME)
+    if type(produced.ok) is not bool or type(produced.result) is not str:
+        return ToolOutcome.failure(NOT_TEXT_RESULT)
+    return produced
+
+
+async def _run_tool(
+    run: Callable[[ToolExecutionContext], Any],
+    ctx: ToolExecutionContext,
+    scope: trio.CancelScope,
+    box: list[ToolOutcome],
+    finished: trio.Event,
+) -> None:
+    """The tool's body, hosted outside the turn so a tool that will not stop can be abandoned."""
+    try:
+        with scope:
+            try:
+                produced = await run(ctx)
+            except trio.Cancelled:
+                raise
+            except Exception as exc:  # contained to this call, reported to the model
+                produced = ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
+            box.append(_checked_outcome(produced))
+    finally:
+        finished.set()
 
 
 class _Turn:
@@ -356,21 +395,31 @@ class _Turn:
         snapshot: ThreatModel,
         scope: trio.CancelScope,
     ) -> None:
-        outcome: ToolOutcome | None = None
-        with scope:
-            try:
-                produced = await run(ToolExecutionContext(document=snapshot, cancel_scope=scope))
-            except trio.Cancelled:
-                raise
-            except Exception as exc:
-                produced = ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
-            if isinstance(produced, ToolOutcome) and (
-                produced.document is None or isinstance(produced.document, ThreatModel)
-            ):
-                outcome = produced
-            else:
-                outcome = ToolOutcome.failure("The tool returned something that is not a tool outcome.")
-        self.controls._tool_scopes.discard(scope)
+        # The tool gets a detached copy: nothing it does to it can reach the live document or the undo
+        # snapshot. Its body runs as a system task so that a tool which swallows Cancelled and keeps
+        # going can be abandoned after a bounded grace; this task, a child of the turn, waits for it.
+        box: list[ToolOutcome] = []
+        finished = trio.Event()
+        ctx = ToolExecutionContext(document=detached_copy(snapshot), cancel_scope=scope)
+        trio.lowlevel.spawn_system_task(
+            _run_tool,
+            run,
+            ctx,
+            scope,
+            box,
+            finished,
+            name=f"trioloop tool {tool.name}",
+            context=contextvars.copy_context(),
+        )
+        try:
+            await finished.wait()
+        finally:
+            if not finished.is_set():
+                scope.cancel()  # the turn is ending: Stop, the deadline, settling, or a cancel from outside
+                with trio.move_on_after(self.request.tool_cancel_grace_s, shield=True):
+                    await finished.wait()
+            self.controls._tool_scopes.discard(scope)
+        outcome = box[0] if box else None
         if scope.cancel_called or self.controls.turn_cancelled or outcome is None or self.state.is_settled:
             return  # cancelled or no longer wanted: whatever it returned is discarded, never committed
         # Commit and report with no checkpoint in between, so no cancellation can split them.

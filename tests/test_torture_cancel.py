@@ -325,10 +325,7 @@ def test_cut_at_sampled_checkpoints_over_the_socket(mode: Literal["stop", "deadl
         run = run_once("anthropic", mode, index + 1, loopback=True)
         label = check(run, mode) + (" (cut while live)" if run.fired else "")
         outcomes[label] = outcomes.get(label, 0) + 1
-        if run.abandoned_generators:  # see the xfail below: not an invariant of the turn, but counted
-            outcomes["left httpx's request-body generator behind"] = (
-                outcomes.get("left httpx's request-body generator behind", 0) + 1
-            )
+        assert not run.abandoned_generators, run.abandoned_generators  # no request body left half-sent
     summary = ", ".join(f"{n} {label}" for label, n in sorted(outcomes.items()))
     record(
         f"{mode} at sampled checkpoints (scripted provider over loopback HTTP)",
@@ -338,12 +335,6 @@ def test_cut_at_sampled_checkpoints_over_the_socket(mode: Literal["stop", "deadl
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gap: a Stop (or deadline) that lands while httpx writes the request body abandons httpx's "
-    "request-body async generator (ByteStream.__aiter__); it warns 'garbage collected before it had been "
-    "exhausted' (a ResourceWarning, an error under filterwarnings=error) when collected",
-)
 def test_stop_while_the_request_body_is_written_leaves_no_generator_behind() -> None:
     from trioloop.protocol import ChatRequest, Message, StreamEvent
     from trioloop.providers import AnthropicProvider
@@ -381,5 +372,5 @@ def test_stop_while_the_request_body_is_written_leaves_no_generator_behind() -> 
         trio.run(main)
         gc.collect()
     abandoned = [str(w.message) for w in caught if "garbage collected" in str(w.message)]
-    record("Stop while the request body is written", tried=1, held=int(not abandoned), note="xfail: generator left")
+    record("Stop while the request body is written", tried=1, held=int(not abandoned))
     assert not abandoned, abandoned

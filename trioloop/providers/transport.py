@@ -51,6 +51,32 @@ _log = logging.getLogger("trioloop.providers")
 
 
 @final
+class _RequestBody(httpx.AsyncByteStream):
+    """The request body as one chunk, iterated by a plain object rather than an async generator."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def __aiter__(self) -> _BodyChunks:
+        return _BodyChunks(self._body)
+
+
+@final
+class _BodyChunks:
+    def __init__(self, body: bytes) -> None:
+        self._body: bytes | None = body
+
+    def __aiter__(self) -> _BodyChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        body, self._body = self._body, None
+        if body is None:
+            raise StopAsyncIteration
+        return body
+
+
+@final
 class ApiKey:
     """A secret that never shows itself: no repr, no str, no pickling; ``reveal()`` is the one way out."""
 
@@ -240,6 +266,9 @@ class _Exchange:
     async def run(self, client: httpx.AsyncClient, url: str, body: bytes, headers: Mapping[str, str]) -> AttemptOutcome:
         try:
             request = client.build_request("POST", url, content=body, headers=headers)
+            # httpx's own byte stream is an async generator; one cut mid-write by Stop or the deadline
+            # is left unfinished and warns when collected. Ours is a plain iterator with nothing to leak.
+            request.stream = _RequestBody(body)
             with trio.move_on_after(self._read_timeout) as waiting:
                 response = await client.send(request, stream=True, follow_redirects=False)
             if waiting.cancelled_caught:

@@ -289,7 +289,6 @@ async def test_a_committed_change_is_never_reported_as_discarded(autojump_clock:
         "tool fault: committed change reported as discarded",
         tried=1,
         held=0 if committed and bad.status is not CallStatus.SUCCEEDED else 1,
-        note="xfail: state and document disagree",
     )
     # Either nothing was committed, or the state says the call succeeded: never a silent change.
     assert not committed or bad.status is CallStatus.SUCCEEDED

@@ -9,6 +9,7 @@ moved to ``running`` and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import math
 from collections.abc import Callable
@@ -196,27 +197,6 @@ def _checked_outcome(produced: object) -> ToolOutcome:
     return produced
 
 
-async def _run_tool(
-    run: Callable[[ToolExecutionContext], Any],
-    ctx: ToolExecutionContext,
-    scope: trio.CancelScope,
-    box: list[ToolOutcome],
-    finished: trio.Event,
-) -> None:
-    """The tool's body, hosted outside the turn so a tool that will not stop can be abandoned."""
-    try:
-        with scope:
-            try:
-                produced = await run(ctx)
-            except trio.Cancelled:
-                raise
-            except Exception as exc:  # contained to this call, reported to the model
-                produced = ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
-            box.append(_checked_outcome(produced))
-    finally:
-        finished.set()
-
-
 class _Turn:
     def __init__(
         self,
@@ -237,6 +217,10 @@ class _Turn:
         self.saw_first_event = False
         self.started: set[str] = set()
         self.tool_scopes: dict[str, trio.CancelScope] = {}
+        self.tools_running = 0
+        self.tools_idle = trio.Event()
+        self.tools_idle.set()
+        self.ending = False  # set when the turn starts settling: no tool value is committed after it
         self.deadline = trio.current_time() + request.limits.turn_deadline_ms / 1000
 
     # -- state -----------------------------------------------------------------------------------
@@ -385,7 +369,20 @@ class _Turn:
             self.controls._tool_scopes.add(scope)
             if self.controls.turn_cancelled:
                 scope.cancel()  # Stop arrived while this call was being started
-            nursery.start_soon(self.tool_task, call.id, tool, started.prepared.run, snapshot, scope)
+            self.tools_running += 1
+            self.tools_idle = trio.Event()
+            # A system task, not a child of the turn: a tool that swallows Cancelled and keeps going
+            # can then be abandoned after a bounded grace (``await_tools``) instead of holding the turn.
+            trio.lowlevel.spawn_system_task(
+                self.tool_task,
+                call.id,
+                tool,
+                started.prepared.run,
+                snapshot,
+                scope,
+                name=f"trioloop tool {tool.name}",
+                context=contextvars.copy_context(),
+            )
 
     async def tool_task(
         self,
@@ -395,32 +392,39 @@ class _Turn:
         snapshot: ThreatModel,
         scope: trio.CancelScope,
     ) -> None:
-        # The tool gets a detached copy: nothing it does to it can reach the live document or the undo
-        # snapshot. Its body runs as a system task so that a tool which swallows Cancelled and keeps
-        # going can be abandoned after a bounded grace; this task, a child of the turn, waits for it.
-        box: list[ToolOutcome] = []
-        finished = trio.Event()
-        ctx = ToolExecutionContext(document=detached_copy(snapshot), cancel_scope=scope)
-        trio.lowlevel.spawn_system_task(
-            _run_tool,
-            run,
-            ctx,
-            scope,
-            box,
-            finished,
-            name=f"trioloop tool {tool.name}",
-            context=contextvars.copy_context(),
-        )
         try:
-            await finished.wait()
+            await self._run_and_settle(call_id, tool, run, snapshot, scope)
+        except Exception as exc:  # a system task must never crash the run: report it as this call's failure
+            if not self.ending:
+                failure = ToolOutcome.failure(f"The tool could not be settled ({type(exc).__name__}).")
+                with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+                    self.controls._send.send_nowait(CallSettled(call_id=call_id, outcome=failure, now_ms=_now_ms()))
         finally:
-            if not finished.is_set():
-                scope.cancel()  # the turn is ending: Stop, the deadline, settling, or a cancel from outside
-                with trio.move_on_after(self.request.tool_cancel_grace_s, shield=True):
-                    await finished.wait()
             self.controls._tool_scopes.discard(scope)
-        outcome = box[0] if box else None
-        if scope.cancel_called or self.controls.turn_cancelled or outcome is None or self.state.is_settled:
+            self.tools_running -= 1
+            if self.tools_running == 0:
+                self.tools_idle.set()
+
+    async def _run_and_settle(
+        self,
+        call_id: str,
+        tool: RegisteredTool,
+        run: Callable[[ToolExecutionContext], Any],
+        snapshot: ThreatModel,
+        scope: trio.CancelScope,
+    ) -> None:
+        # The tool gets a detached copy: nothing it does to it can reach the live document or the undo
+        # snapshot that undo restores.
+        outcome: ToolOutcome | None = None
+        with scope:
+            try:
+                produced = await run(ToolExecutionContext(document=detached_copy(snapshot), cancel_scope=scope))
+            except trio.Cancelled:
+                raise
+            except Exception as exc:  # contained to this call, reported to the model
+                produced = ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
+            outcome = _checked_outcome(produced)
+        if scope.cancel_called or self.ending or self.controls.turn_cancelled or outcome is None:
             return  # cancelled or no longer wanted: whatever it returned is discarded, never committed
         # Commit and report with no checkpoint in between, so no cancellation can split them.
         committed = commit_tool_outcome(
@@ -437,6 +441,19 @@ class _Turn:
         self.controls._send.send_nowait(CallSettled(call_id=call_id, outcome=settled, now_ms=_now_ms()))
 
     # -- settling --------------------------------------------------------------------------------
+
+    async def await_tools(self) -> None:
+        """Cancel every tool still running and wait for them to unwind, for at most the grace period.
+
+        Shielded, so it also runs when the turn is being cancelled from outside. A tool still running
+        after the grace is abandoned: ``ending`` is set, so its value can never be committed.
+        """
+        self.ending = True
+        for scope in self.tool_scopes.values():
+            scope.cancel()
+        if self.tools_running:
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + self.request.tool_cancel_grace_s):
+                await self.tools_idle.wait()
 
     def drain_settlements(self) -> None:
         """Record tool settlements already in the inbox: their commits happened, so state must say so."""
@@ -484,14 +501,15 @@ async def run_turn(
                 nursery.cancel_scope.cancel()
     finally:
         # Runs on Stop, on the deadline, and even when a scope outside the turn cancels us: the turn
-        # always ends settled. Nothing here awaits, so it cannot be interrupted.
+        # always ends settled. The one await is shielded and bounded by the tool grace.
+        reason: Literal["stop", "deadline"] = (
+            "deadline" if not controls.stop_requested and trio.current_time() >= deadline else "stop"
+        )
+        await turn.await_tools()
         controls._scope = None
         controls._closed = True
         if not turn.state.is_settled:
             turn.drain_settlements()
-            reason: Literal["stop", "deadline"] = (
-                "deadline" if not controls.stop_requested and trio.current_time() >= deadline else "stop"
-            )
             turn.apply(Cancel(reason=reason))
         controls._send.close()
     return turn.state

@@ -393,7 +393,20 @@ class _Turn:
         scope: trio.CancelScope,
     ) -> None:
         try:
-            await self._run_and_settle(call_id, tool, run, snapshot, scope)
+            # The tool gets a detached copy: nothing it does to it can reach the live document or the
+            # undo snapshot that undo restores.
+            outcome: ToolOutcome | None = None
+            with scope:
+                try:
+                    produced = await run(ToolExecutionContext(document=detached_copy(snapshot), cancel_scope=scope))
+                except trio.Cancelled:
+                    raise
+                except Exception as exc:  # contained to this call, reported to the model
+                    produced = ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
+                outcome = _checked_outcome(produced)
+            if scope.cancel_called or self.ending or self.controls.turn_cancelled or outcome is None:
+                return  # cancelled or no longer wanted: whatever it returned is discarded, never committed
+            self.commit_and_report(call_id, tool, snapshot, outcome)
         except Exception as exc:  # a system task must never crash the run: report it as this call's failure
             if not self.ending:
                 failure = ToolOutcome.failure(f"The tool could not be settled ({type(exc).__name__}).")
@@ -405,28 +418,10 @@ class _Turn:
             if self.tools_running == 0:
                 self.tools_idle.set()
 
-    async def _run_and_settle(
-        self,
-        call_id: str,
-        tool: RegisteredTool,
-        run: Callable[[ToolExecutionContext], Any],
-        snapshot: ThreatModel,
-        scope: trio.CancelScope,
+    def commit_and_report(
+        self, call_id: str, tool: RegisteredTool, snapshot: ThreatModel, outcome: ToolOutcome
     ) -> None:
-        # The tool gets a detached copy: nothing it does to it can reach the live document or the undo
-        # snapshot that undo restores.
-        outcome: ToolOutcome | None = None
-        with scope:
-            try:
-                produced = await run(ToolExecutionContext(document=detached_copy(snapshot), cancel_scope=scope))
-            except trio.Cancelled:
-                raise
-            except Exception as exc:  # contained to this call, reported to the model
-                produced = ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
-            outcome = _checked_outcome(produced)
-        if scope.cancel_called or self.ending or self.controls.turn_cancelled or outcome is None:
-            return  # cancelled or no longer wanted: whatever it returned is discarded, never committed
-        # Commit and report with no checkpoint in between, so no cancellation can split them.
+        """Commit and report with no checkpoint in between, so no cancellation can split them."""
         committed = commit_tool_outcome(
             self.workspace.document, snapshot, outcome, tool, self.workspace.undo, turn_id=self.request.turn_id
         )

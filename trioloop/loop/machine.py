@@ -150,16 +150,20 @@ def _answer_calls(state: TurnState) -> TurnState:
     pending = state.calls[state.answered :]
     if not pending:
         return state
+    message = _answer_message(pending)
+    return attrs.evolve(state, closed_messages=(*state.closed_messages, message), answered=len(state.calls))
+
+
+def _answer_message(calls: tuple[CallRecord, ...]) -> Message:
     results = tuple(
         ToolResultBlock(
             call_id=c.id,
             content=c.result if c.result is not None else c.summary,
             is_error=c.is_error,
         )
-        for c in pending
+        for c in calls
     )
-    message = Message(role="user", content=results)
-    return attrs.evolve(state, closed_messages=(*state.closed_messages, message), answered=len(state.calls))
+    return Message(role="user", content=results)
 
 
 def _settle(
@@ -170,13 +174,25 @@ def _settle(
     error: StreamError | None = None,
 ) -> TurnState:
     """End the turn: every call that did not finish is marked not run, every opened call is answered."""
+    # The same steps as _close_draft, then _answer_calls, then _notice, gathered into one evolve:
+    # settling is on the Stop path, and each TurnState construction costs several microseconds.
     reason = DenialReason.LIMIT_EXCEEDED if outcome is Outcome.BOUNDED else DenialReason.TURN_CANCELLED
     calls = tuple(_not_run(c, reason) for c in state.calls)
-    state = attrs.evolve(state, calls=calls)
-    state = _answer_calls(_close_draft(state))
+    changes: dict[str, Any] = {"phase": Phase.SETTLED, "outcome": outcome, "error": error, "calls": calls}
+    messages = state.closed_messages
+    draft = state.draft
+    if draft is not None and draft.open:
+        changes["draft"] = draft = draft.closed()
+        if draft.message is not None:
+            messages = (*messages, draft.message)
+    pending = calls[state.answered :]
+    if pending:
+        messages = (*messages, _answer_message(pending))
+        changes["answered"] = len(calls)
+    changes["closed_messages"] = messages
     if bound is not None:
-        state = _notice(state, bound_notice(bound))
-    return attrs.evolve(state, phase=Phase.SETTLED, outcome=outcome, error=error)
+        changes["notice_log"] = state.notice_log.append(bound_notice(bound))
+    return attrs.evolve(state, **changes)
 
 
 def _not_run(call: CallRecord, reason: DenialReason) -> CallRecord:

@@ -417,7 +417,7 @@ def _on_call_settled(state: TurnState, cmd: CallSettled) -> TurnState:
     call = state.call(cmd.call_id)
     if state.phase is Phase.EXECUTING and call is not None and call.status is CallStatus.RUNNING:
         ok, result = cmd.outcome.ok, cmd.outcome.result
-        if type(ok) is not bool or type(result) is not str:
+        if not cmd.outcome.is_text:
             # A tool fault (ToolOutcome does not check its fields): end the call rather than leave
             # it running forever, and never store a non-text result in the history.
             return _replace_call(state, _moved(call, CallStatus.FAILED, result=NOT_TEXT_RESULT, is_error=True))

@@ -192,7 +192,7 @@ def _checked_outcome(produced: object) -> ToolOutcome:
         produced.document is None or isinstance(produced.document, ThreatModel)
     ):
         return ToolOutcome.failure(NOT_AN_OUTCOME)
-    if type(produced.ok) is not bool or type(produced.result) is not str:
+    if not produced.is_text:
         return ToolOutcome.failure(NOT_TEXT_RESULT)
     return produced
 
@@ -369,8 +369,9 @@ class _Turn:
             self.controls._tool_scopes.add(scope)
             if self.controls.turn_cancelled:
                 scope.cancel()  # Stop arrived while this call was being started
+            if self.tools_running == 0:
+                self.tools_idle = trio.Event()  # set again when the last running tool ends
             self.tools_running += 1
-            self.tools_idle = trio.Event()
             # A system task, not a child of the turn: a tool that swallows Cancelled and keeps going
             # can then be abandoned after a bounded grace (``await_tools``) instead of holding the turn.
             trio.lowlevel.spawn_system_task(
@@ -404,7 +405,13 @@ class _Turn:
                 except Exception as exc:  # contained to this call, reported to the model
                     produced = ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
                 outcome = _checked_outcome(produced)
-            if scope.cancel_called or self.ending or self.controls.turn_cancelled or outcome is None:
+            if (
+                scope.cancel_called
+                or self.ending
+                or self.controls.turn_cancelled
+                or outcome is None
+                or self.state.is_settled
+            ):
                 return  # cancelled or no longer wanted: whatever it returned is discarded, never committed
             self.commit_and_report(call_id, tool, snapshot, outcome)
         except Exception as exc:  # a system task must never crash the run: report it as this call's failure

@@ -57,6 +57,11 @@ class ToolOutcome:
     def failure(cls, result: str) -> ToolOutcome:
         return cls(ok=False, result=result, document=None)
 
+    @property
+    def is_text(self) -> bool:
+        """Whether ``ok`` and ``result`` really are a bool and a str (the class does not check its fields)."""
+        return type(self.ok) is bool and type(self.result) is str
+
 
 @attrs.frozen(kw_only=True)
 class ToolExecutionContext:

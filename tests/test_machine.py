@@ -42,7 +42,7 @@ from trioloop.loop import (
     reduce_turn,
     tool_field,
 )
-from trioloop.loop._machine_state import Log
+from trioloop.loop._machine_state import CallRecord, Log
 from trioloop.loop._machine_tables import INITIAL_CALL_STATUSES
 from trioloop.protocol import (
     Aborted,
@@ -316,6 +316,56 @@ def test_terminal_statuses_have_no_way_out_but_undo() -> None:
     assert CALL_STATUS_EDGES[CallStatus.SUCCEEDED] == {CallStatus.UNDONE}
     for terminal in (CallStatus.FAILED, CallStatus.DENIED, CallStatus.UNDONE):
         assert CALL_STATUS_EDGES[terminal] == frozenset()
+
+
+_PREPARED = _tool("read", "read", False).prepare({"name": "x"})
+
+
+@st.composite
+def _call_records(draw: st.DrawFn) -> CallRecord:
+    """Any call record, every field drawn (a non-default value for each is possible)."""
+    text = st.text(max_size=8)
+    return CallRecord(
+        id=draw(text),
+        tool_name=draw(text),
+        input_digest=draw(text),
+        summary=draw(text),
+        effect=draw(st.sampled_from(("read", "mutate"))),
+        destructive=draw(st.booleans()),
+        iteration=draw(st.integers(min_value=1, max_value=99)),
+        status=draw(st.sampled_from(CallStatus)),
+        prepared=draw(st.sampled_from((None, _PREPARED))),
+        result=draw(st.none() | text),
+        is_error=draw(st.booleans()),
+        denial_reason=draw(st.none() | st.sampled_from(DenialReason)),
+    )
+
+
+def test_call_record_fields_are_the_ones_moved_to_copies() -> None:
+    # moved_to copies fields by name; a field added to CallRecord must be added there too.
+    assert [f.name for f in attrs.fields(CallRecord)] == [
+        "id", "tool_name", "input_digest", "summary", "effect", "destructive", "iteration", "status",
+        "prepared", "result", "is_error", "denial_reason",
+    ]  # fmt: skip
+
+
+@given(
+    record=_call_records(),
+    status=st.sampled_from(CallStatus),
+    result=st.none() | st.text(max_size=8),
+    is_error=st.none() | st.booleans(),
+    reason=st.none() | st.sampled_from(DenialReason),
+)
+def test_moved_to_is_evolve_with_only_the_given_fields(
+    record: CallRecord, status: CallStatus, result: str | None, is_error: bool | None, reason: DenialReason | None
+) -> None:
+    given_changes: dict[str, Any] = {"status": status}
+    for name, value in (("result", result), ("is_error", is_error), ("denial_reason", reason)):
+        if value is not None:
+            given_changes[name] = value
+    moved = record.moved_to(status, result=result, is_error=is_error, denial_reason=reason)
+    assert moved == attrs.evolve(record, **given_changes)
+    assert moved.prepared is record.prepared
 
 
 # -- §1 row by row ----------------------------------------------------------------------------------

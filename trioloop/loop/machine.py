@@ -112,11 +112,19 @@ def _notice(state: TurnState, text: str) -> TurnState:
     return attrs.evolve(state, notice_log=state.notice_log.append(text))
 
 
-def _moved(call: CallRecord, status: CallStatus, **changes: Any) -> CallRecord:
-    """``call`` in ``status``, or unchanged when the status table has no such edge."""
+def _moved(
+    call: CallRecord,
+    status: CallStatus,
+    *,
+    result: str | None = None,
+    is_error: bool | None = None,
+    denial_reason: DenialReason | None = None,
+) -> CallRecord:
+    """``call`` in ``status`` (other fields change only when given), or unchanged when the status
+    table has no such edge."""
     if status not in CALL_STATUS_EDGES[call.status]:
         return call
-    return attrs.evolve(call, status=status, **changes)
+    return call.moved_to(status, result=result, is_error=is_error, denial_reason=denial_reason)
 
 
 def _replace_call(state: TurnState, call: CallRecord) -> TurnState:

@@ -400,9 +400,7 @@ class _Turn:
             with scope:
                 try:
                     produced = await run(ToolExecutionContext(document=detached_copy(snapshot), cancel_scope=scope))
-                except trio.Cancelled:
-                    raise
-                except Exception as exc:  # contained to this call, reported to the model
+                except Exception as exc:  # contained to this call (Cancelled is not an Exception), reported
                     produced = ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
                 outcome = _checked_outcome(produced)
             if (
@@ -452,7 +450,8 @@ class _Turn:
         """
         self.ending = True
         for scope in self.tool_scopes.values():
-            scope.cancel()
+            if not scope.cancel_called:  # after Stop they all are; cancel() costs even when idempotent
+                scope.cancel()
         if self.tools_running:
             with trio.CancelScope(shield=True, deadline=trio.current_time() + self.request.tool_cancel_grace_s):
                 await self.tools_idle.wait()

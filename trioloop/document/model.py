@@ -7,6 +7,7 @@ default to None. This module only describes shapes; parsing lives in `thf`, chec
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -296,12 +297,19 @@ def detached_copy(model: ThreatModel) -> ThreatModel:
     return copied
 
 
+#: Values that are immutable all the way down: a copy may share them.
+_SCALARS: frozenset[type] = frozenset({str, int, float, bool, type(None)})
+
+
 def _detached(value: Any) -> Any:
     kind = type(value)
-    if value is None or kind is str or kind is int or kind is float or kind is bool:
+    if kind in _SCALARS:
         return value
     if kind is tuple:
-        return tuple([_detached(item) for item in value])
+        items = [_detached(item) for item in value]
+        # A tuple whose items all came back as themselves holds nothing mutable: share it (fewer
+        # objects to build, and to free when the tool is done with its copy).
+        return value if all(map(operator.is_, items, value)) else tuple(items)
     if kind is list:
         return [_detached(item) for item in value]
     if kind is set:
@@ -315,5 +323,6 @@ def _detached(value: Any) -> Any:
         names = _FIELD_NAMES[kind] = tuple(field.name for field in attrs.fields(kind))
     fresh = object.__new__(kind)
     for name in names:
-        object.__setattr__(fresh, name, _detached(getattr(value, name)))
+        item = getattr(value, name)
+        object.__setattr__(fresh, name, item if type(item) in _SCALARS else _detached(item))
     return fresh

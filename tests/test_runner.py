@@ -365,3 +365,80 @@ async def test_outer_cancellation_still_settles(document: ThreatModel) -> None:
                 on_state=states.append,
             )
     assert states[-1].is_settled and states[-1].outcome is Outcome.CANCELLED
+
+
+def _plain_tool(name: str, run: Callable[[Nothing, ToolExecutionContext], Awaitable[ToolOutcome]]) -> Any:
+    return define_executable_tool(
+        name=name,
+        description=f"{name} for tests",
+        effect="read",
+        destructive=False,
+        input_type=Nothing,
+        run=run,
+        summarize=lambda inp: name,
+    )
+
+
+async def test_a_tool_that_never_reads_the_document_costs_no_copy(
+    document: ThreatModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trioloop.loop.runner as runner_module
+
+    copies: list[ThreatModel] = []
+    real = runner_module.detached_copy
+
+    def counting(model: ThreatModel) -> ThreatModel:
+        copies.append(real(model))
+        return copies[-1]
+
+    monkeypatch.setattr(runner_module, "detached_copy", counting)
+
+    async def ignore(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        await trio.lowlevel.checkpoint()
+        return ToolOutcome.success("did not look")
+
+    async def look(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        first = ctx.document
+        await trio.lowlevel.checkpoint()
+        assert ctx.document is first  # one copy per call, however often it reads
+        return ToolOutcome.success(f"looked at {first.metadata.title}")
+
+    registry = create_tool_registry([_plain_tool("ignore", ignore), _plain_tool("look", look)])
+    steps = [
+        ScriptStep(tool_calls=(ScriptedCall(id="i", name="ignore"), ScriptedCall(id="l", name="look"))),
+        ScriptStep(text="ok"),
+    ]
+    final, _ = await drive(steps, Workspace(document=document), registry)
+    assert [c.result for c in final.calls] == ["did not look", f"looked at {document.metadata.title}"]
+    assert len(copies) == 1 and copies[0] == document and copies[0] is not document
+
+
+async def test_a_late_first_read_still_sees_the_document_as_the_call_started(document: ThreatModel) -> None:
+    # The copy is made on the first read, but of the snapshot taken when the call started: a commit
+    # by a concurrent mutation in between does not leak into it.
+    workspace = Workspace(document=document)
+    probe = Probe()
+
+    renamed = trio.Event()
+
+    async def late(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        await renamed.wait()  # until the rename below has committed
+        return ToolOutcome.success(f"saw {ctx.document.metadata.title}")
+
+    def observe(state: TurnState, controls: TurnControls) -> None:
+        approve_all(state, controls)
+        if state.call("m") is not None and state.call("m").status is CallStatus.SUCCEEDED:  # type: ignore[union-attr]
+            assert workspace.document is not document
+            renamed.set()
+
+    registry = create_tool_registry(
+        [sleepy_tool("retitle", probe, 0.0, effect="mutate", rename_to="Renamed"), _plain_tool("late", late)]
+    )
+    steps = [
+        ScriptStep(tool_calls=(ScriptedCall(id="m", name="retitle"), ScriptedCall(id="r", name="late"))),
+        ScriptStep(text="ok"),
+    ]
+    final, _ = await drive(steps, workspace, registry, observe)
+    assert workspace.document.metadata.title == "Renamed" != document.metadata.title
+    assert [c.status for c in final.calls] == [CallStatus.SUCCEEDED, CallStatus.SUCCEEDED]
+    assert final.calls[1].result == f"saw {document.metadata.title}"

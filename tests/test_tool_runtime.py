@@ -8,6 +8,7 @@ import trio.lowlevel
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trioloop.document import ThreatModel
 from trioloop.loop.tool_runtime import (
     PreparedCall,
     PrepareFailure,
@@ -143,6 +144,47 @@ async def test_async_run_sees_its_cancel_scope() -> None:
     with scope:
         await prepared.run(ToolExecutionContext(document=None, cancel_scope=scope))  # type: ignore[arg-type]
     assert seen == [True] and scope.cancelled_caught
+
+
+async def test_a_deferred_context_makes_its_document_once_on_the_first_read() -> None:
+    made: list[ThreatModel] = []
+
+    def make() -> ThreatModel:
+        made.append(ThreatModel())
+        return made[-1]
+
+    scope = trio.CancelScope()
+    ctx = ToolExecutionContext.deferred(make, cancel_scope=scope)
+    assert made == [] and "not yet made" in repr(ctx) and not ctx.cancelled
+    first = ctx.document
+    assert made == [first] and ctx.document is first and ctx.document is first and len(made) == 1
+    assert ctx.cancel_scope is scope and "ready" in repr(ctx)
+    scope.cancel()
+    assert ctx.cancelled
+
+
+def test_a_deferred_document_that_fails_to_build_is_tried_again_on_the_next_read() -> None:
+    calls: list[int] = []
+
+    def make() -> ThreatModel:
+        calls.append(1)
+        if len(calls) == 1:
+            raise MemoryError("first try")
+        return ThreatModel()
+
+    ctx = ToolExecutionContext.deferred(make, cancel_scope=trio.CancelScope())
+    with pytest.raises(MemoryError):
+        _ = ctx.document
+    assert ctx.document == ThreatModel() and len(calls) == 2
+
+
+async def test_a_given_document_is_handed_over_as_is_with_a_fresh_scope() -> None:
+    model = ThreatModel()
+    ctx = ToolExecutionContext(document=model)
+    assert ctx.document is model and not ctx.cancelled
+    assert ToolExecutionContext(document=model).cancel_scope is not ctx.cancel_scope
+    with pytest.raises(AttributeError):
+        ctx.document = ThreatModel()  # type: ignore[misc]
 
 
 def test_read_and_destructive_is_refused() -> None:

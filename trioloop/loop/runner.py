@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal, TypeAlias
 
 import attrs
@@ -394,12 +395,13 @@ class _Turn:
         scope: trio.CancelScope,
     ) -> None:
         try:
-            # The tool gets a detached copy: nothing it does to it can reach the live document or the
-            # undo snapshot that undo restores.
+            # The tool gets a detached copy, made when it first reads ctx.document: nothing it does to
+            # it can reach the live document or the undo snapshot that undo restores.
             outcome: ToolOutcome | None = None
             with scope:
                 try:
-                    produced = await run(ToolExecutionContext(document=detached_copy(snapshot), cancel_scope=scope))
+                    context = ToolExecutionContext.deferred(partial(detached_copy, snapshot), cancel_scope=scope)
+                    produced = await run(context)
                 except Exception as exc:  # contained to this call (Cancelled is not an Exception), reported
                     produced = ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
                 outcome = _checked_outcome(produced)

@@ -63,16 +63,53 @@ class ToolOutcome:
         return type(self.ok) is bool and type(self.result) is str
 
 
-@attrs.frozen(kw_only=True)
+@typing.final
 class ToolExecutionContext:
-    """What a running tool may see: the document snapshot it starts from and its own cancel scope."""
+    """What a running tool may see: the document snapshot it starts from and its own cancel scope.
 
-    document: ThreatModel
-    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    ``ToolExecutionContext(document=..., cancel_scope=...)`` hands over a document as is. The runner
+    uses ``ToolExecutionContext.deferred``: the tool's private copy of the document is made the first
+    time it reads ``document``, so a tool that never looks at the document costs no copy, and Stop
+    does not have to free one while that tool unwinds. Either way ``document`` is the same object on
+    every read.
+    """
+
+    __slots__ = ("_cancel_scope", "_document", "_make_document")
+
+    def __init__(self, *, document: ThreatModel, cancel_scope: trio.CancelScope | None = None) -> None:
+        self._document: ThreatModel = document
+        self._make_document: Callable[[], ThreatModel] | None = None
+        self._cancel_scope = trio.CancelScope() if cancel_scope is None else cancel_scope
+
+    @classmethod
+    def deferred(
+        cls, make_document: Callable[[], ThreatModel], *, cancel_scope: trio.CancelScope
+    ) -> ToolExecutionContext:
+        """A context whose ``document`` is ``make_document()``, called once, on the first read."""
+        context = cls.__new__(cls)
+        context._make_document = make_document
+        context._cancel_scope = cancel_scope
+        return context
+
+    @property
+    def document(self) -> ThreatModel:
+        make = self._make_document
+        if make is not None:
+            self._document = make()
+            self._make_document = None
+        return self._document
+
+    @property
+    def cancel_scope(self) -> trio.CancelScope:
+        return self._cancel_scope
 
     @property
     def cancelled(self) -> bool:
-        return self.cancel_scope.cancel_called
+        return self._cancel_scope.cancel_called
+
+    def __repr__(self) -> str:
+        document = "not yet made" if self._make_document is not None else "ready"
+        return f"ToolExecutionContext(document={document}, cancelled={self.cancelled})"
 
 
 RunFn: TypeAlias = Callable[[ToolExecutionContext], Awaitable[ToolOutcome]]

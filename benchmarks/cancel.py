@@ -5,7 +5,11 @@ all n are inside their sleep and every task is blocked, ``TurnControls.stop()`` 
 runs until the runner publishes the settled state. The floor, measured in the same run and interleaved
 with it, is a bare Trio nursery of n sleeping tasks cancelled through its scope, timed until the nursery
 exits. Each n runs twice: warm (no forced collection) and cold (``gc.collect()`` before every
-measurement of either kind). Target: trioloop's median at most 3x the floor's. Deadline case: a turn with
+measurement of either kind). Target: trioloop's median at most 3x the floor's. The tools come in two
+kinds: ``hang`` never reads ``ctx.document`` (so no copy of it is ever made), ``hold`` reads it before
+waiting, so each holds its own copy and Stop frees n copies as the tools unwind; for ``hold`` a second
+floor is measured too, bare tasks that each make and keep the same copy (the same work, no runner), and
+the ratio to it is the runner's own share. Deadline case: a turn with
 ``turn_deadline_ms=50`` whose stream stalls, once over the loopback ``ScriptedProvider``
 (``stall_after_bytes=200``) and once from an in-process provider that goes silent after its first events
 (the runner alone, no HTTP teardown); the overshoot is the settled time minus (start + 50 ms), beside a
@@ -36,6 +40,7 @@ from benchmarks._common import (
     wire_events,
 )
 from trioloop.document import ThreatModel, load_thf
+from trioloop.document.model import detached_copy
 from trioloop.loop import (
     CallStatus,
     Cancel,
@@ -93,23 +98,36 @@ async def _hang(request: HangInput, ctx: ToolExecutionContext) -> ToolOutcome:
     return ToolOutcome.success("unreachable")
 
 
+async def _hold(request: HangInput, ctx: ToolExecutionContext) -> ToolOutcome:
+    # Reads the document first, as a read tool would: it then holds its own copy while it waits,
+    # and Stop has to free that copy as the tool unwinds.
+    if not ctx.document.elements:
+        raise RuntimeError("the benchmark document has elements")
+    await SLEEPERS.sleep()
+    return ToolOutcome.success("unreachable")
+
+
+#: The tools a Stop case runs: "hang" never reads its document, "hold" reads it before waiting.
+TOOL_KINDS = ("hang", "hold")
+
 REGISTRY = create_tool_registry(
     [
         define_executable_tool(
-            name="hang",
+            name=name,
             description="Wait forever.",
             effect="read",
             destructive=False,
             input_type=HangInput,
-            run=_hang,
+            run=run,
             summarize=lambda request: f"Wait {request.id}",
         )
+        for name, run in (("hang", _hang), ("hold", _hold))
     ]
 )
 
 
-def _answer_with(n: int) -> InProcessProvider:
-    calls = [(f"h{i}", "hang", {"id": f"h{i}"}) for i in range(n)]
+def _answer_with(n: int, tool: str = "hang") -> InProcessProvider:
+    calls = [(f"h{i}", tool, {"id": f"h{i}"}) for i in range(n)]
 
     def answer(request: ChatRequest) -> Sequence[StreamEvent]:
         return wire_events(calls=calls) if iteration_of(request) == 0 else wire_events(text="unreachable")
@@ -179,12 +197,24 @@ async def trioloop_stop(n: int, provider: InProcessProvider, document: ThreatMod
     return clock.at - marks["wall"], clock.cpu_at - marks["cpu"], _reducer_cancel_cost(clock.before)
 
 
-async def bare_cancel(n: int) -> tuple[float, float]:
-    """The floor: n tasks asleep in one nursery, cancelled through its scope, timed until it exits."""
+async def _holding(document: ThreatModel) -> None:
+    copy = detached_copy(document)  # what a "hold" tool keeps while it waits, freed as it unwinds
+    await SLEEPERS.sleep()
+    del copy
+
+
+async def bare_cancel(n: int, holding: ThreatModel | None = None) -> tuple[float, float]:
+    """The floor: n tasks asleep in one nursery, cancelled through its scope, timed until it exits.
+
+    With ``holding``, each task first makes and keeps a detached copy of that document (the same
+    work a "hold" tool does), so the difference to trioloop is the runner alone."""
     SLEEPERS.reset(n)
     async with trio.open_nursery() as nursery:
         for _ in range(n):
-            nursery.start_soon(SLEEPERS.sleep)
+            if holding is None:
+                nursery.start_soon(SLEEPERS.sleep)
+            else:
+                nursery.start_soon(_holding, holding)
         await SLEEPERS.all_in.wait()
         await _quiet()
         cpu = time.process_time()
@@ -193,26 +223,34 @@ async def bare_cancel(n: int) -> tuple[float, float]:
     return trio.current_time() - started, time.process_time() - cpu
 
 
-async def stop_case(n: int, repeat: int, document: ThreatModel, *, cold: bool) -> dict[str, list[tuple[float, ...]]]:
-    """``repeat`` pairs of (trioloop Stop, bare cancel), interleaved so load on the machine hits both alike.
+async def stop_case(
+    n: int, repeat: int, document: ThreatModel, *, cold: bool, tool: str = "hang"
+) -> dict[str, list[tuple[float, ...]]]:
+    """``repeat`` rounds of (trioloop Stop, bare cancel[, bare cancel of tasks holding a copy]),
+    interleaved so load on the machine hits all alike.
 
-    The order inside a pair alternates. ``cold`` runs ``gc.collect()`` before every measurement of either
+    The order inside a round rotates. ``cold`` runs ``gc.collect()`` before every measurement of any
     kind (caches cold, no collection due inside the window); warm runs none (collections fall where they
     fall, as in a live app). Collecting before only one side would skew the ratio either way.
     """
-    provider = _answer_with(n)
+    provider = _answer_with(n, tool)
+    kinds = ("trioloop", "bare") if tool == "hang" else ("trioloop", "bare", "bare_holding")
+
+    async def measure(kind: str) -> tuple[float, ...]:
+        if kind == "trioloop":
+            return await trioloop_stop(n, provider, document)
+        return await bare_cancel(n, document if kind == "bare_holding" else None)
+
     for _ in range(3):  # warm-up
-        await trioloop_stop(n, provider, document)
-        await bare_cancel(n)
-    found: dict[str, list[tuple[float, ...]]] = {"trioloop": [], "bare": []}
+        for kind in kinds:
+            await measure(kind)
+    found: dict[str, list[tuple[float, ...]]] = {kind: [] for kind in kinds}
     for i in range(repeat):
-        for kind in ("trioloop", "bare") if i % 2 == 0 else ("bare", "trioloop"):
+        shift = i % len(kinds)
+        for kind in kinds[shift:] + kinds[:shift]:
             if cold:
                 gc.collect()
-            if kind == "trioloop":
-                found[kind].append(await trioloop_stop(n, provider, document))
-            else:
-                found[kind].append(await bare_cancel(n))
+            found[kind].append(await measure(kind))
     return found
 
 
@@ -267,6 +305,70 @@ async def deadline_case(repeat: int, document: ThreatModel) -> dict[str, list[fl
     return found
 
 
+def _stop_rows(tool: str, cold: bool, repeat: int, document: ThreatModel) -> list[tuple[Any, ...]]:
+    """Run the Stop case for every tool count with ``tool``; emit one JSON record per count, return the rows."""
+    mode = "cold" if cold else "warm"
+    holding = tool == "hold"
+    rows: list[tuple[Any, ...]] = []
+    for n in TOOL_COUNTS:
+        found = trio.run(partial(stop_case, cold=cold, tool=tool), n, repeat, document)
+        ours = summarize([sample[0] for sample in found["trioloop"]])
+        floor = summarize([sample[0] for sample in found["bare"]])
+        ours_cpu = summarize([sample[1] for sample in found["trioloop"]])
+        floor_cpu = summarize([sample[1] for sample in found["bare"]])
+        reducer_cpu = summarize([sample[2] for sample in found["trioloop"]])
+        ratio = ours["median"] / floor["median"]
+        ratio_cpu = ours_cpu["median"] / floor_cpu["median"]
+        extra: dict[str, Any] = {}
+        same_work = ""
+        if holding:
+            floor_holding = summarize([sample[0] for sample in found["bare_holding"]])
+            same_work_ratio = ours["median"] / floor_holding["median"]
+            extra = {
+                "bare_trio_cancel_tasks_holding_a_copy_us": floor_holding,
+                "ratio_to_same_work_floor_median": round(same_work_ratio, 2),
+            }
+            same_work = f"{same_work_ratio:.2f}x"
+        label = "stop_{n}_running_tools_holding_document_{mode}" if holding else "stop_{n}_running_tools_{mode}"
+        emit(
+            case_record(
+                "cancel",
+                label.format(n=n, mode=mode),
+                running_tools=n,
+                tools_read_the_document=holding,
+                caches=mode,
+                stop_to_settled_us=ours,
+                bare_trio_cancel_us=floor,
+                ratio_median=round(ratio, 2),
+                ratio_p99=round(ours["p99"] / floor["p99"], 2),
+                stop_to_settled_cpu_us=ours_cpu,
+                bare_trio_cancel_cpu_us=floor_cpu,
+                ratio_cpu_median=round(ratio_cpu, 2),
+                reducer_cancel_cpu_us=reducer_cpu,
+                target_ratio=3.0,
+                met=ratio <= 3.0,
+                **extra,
+            )
+        )
+        rows.append(
+            (
+                f"stop, {n} running tools{' holding a copy' if holding else ''}, {mode}",
+                ours["median"],
+                ours["p99"],
+                floor["median"],
+                floor["p99"],
+                f"{ratio:.2f}x",
+                ours_cpu["median"],
+                floor_cpu["median"],
+                f"{ratio_cpu:.2f}x",
+                reducer_cpu["median"],
+                "yes" if ratio <= 3 else "NO",
+                same_work,
+            )
+        )
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--repeat", type=int, default=150, help="Stop measurements per tool count and mode")
@@ -275,50 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     document = load_thf(PAYMENT_THF)
 
     rows: list[tuple[Any, ...]] = []
-    for cold in (False, True):
-        mode = "cold" if cold else "warm"
-        for n in TOOL_COUNTS:
-            found = trio.run(partial(stop_case, cold=cold), n, args.repeat, document)
-            ours = summarize([sample[0] for sample in found["trioloop"]])
-            floor = summarize([sample[0] for sample in found["bare"]])
-            ours_cpu = summarize([sample[1] for sample in found["trioloop"]])
-            floor_cpu = summarize([sample[1] for sample in found["bare"]])
-            reducer_cpu = summarize([sample[2] for sample in found["trioloop"]])
-            ratio = ours["median"] / floor["median"]
-            ratio_cpu = ours_cpu["median"] / floor_cpu["median"]
-            emit(
-                case_record(
-                    "cancel",
-                    f"stop_{n}_running_tools_{mode}",
-                    running_tools=n,
-                    caches=mode,
-                    stop_to_settled_us=ours,
-                    bare_trio_cancel_us=floor,
-                    ratio_median=round(ratio, 2),
-                    ratio_p99=round(ours["p99"] / floor["p99"], 2),
-                    stop_to_settled_cpu_us=ours_cpu,
-                    bare_trio_cancel_cpu_us=floor_cpu,
-                    ratio_cpu_median=round(ratio_cpu, 2),
-                    reducer_cancel_cpu_us=reducer_cpu,
-                    target_ratio=3.0,
-                    met=ratio <= 3.0,
-                )
-            )
-            rows.append(
-                (
-                    f"stop, {n} running tools, {mode}",
-                    ours["median"],
-                    ours["p99"],
-                    floor["median"],
-                    floor["p99"],
-                    f"{ratio:.2f}x",
-                    ours_cpu["median"],
-                    floor_cpu["median"],
-                    f"{ratio_cpu:.2f}x",
-                    reducer_cpu["median"],
-                    "yes" if ratio <= 3 else "NO",
-                )
-            )
+    for tool in TOOL_KINDS:
+        for cold in (False, True):
+            rows.extend(_stop_rows(tool, cold, args.repeat, document))
 
     found_deadline = trio.run(deadline_case, args.deadline_repeat, document)
     floor = summarize(found_deadline["bare"])
@@ -336,10 +397,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
         row = (f"deadline 50 ms overshoot, {label} stall", ours["median"], ours["p99"], floor["median"], floor["p99"])
-        rows.append((*row, f"{ratio:.2f}x", "", "", "", "", ""))
+        rows.append((*row, f"{ratio:.2f}x", "", "", "", "", "", ""))
     print()
     headers = ("case (us)", "median", "p99", "floor med", "floor p99", "ratio", "cpu med", "floor cpu", "cpu ratio")
-    print_table((*headers, "reducer cpu", "<= 3x"), rows)
+    print_table((*headers, "reducer cpu", "<= 3x", "vs same-work floor"), rows)
     return 0
 
 

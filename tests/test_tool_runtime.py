@@ -187,6 +187,13 @@ async def test_a_given_document_is_handed_over_as_is_with_a_fresh_scope() -> Non
         ctx.document = ThreatModel()  # type: ignore[misc]
 
 
+def test_a_context_repr_works_outside_trio_and_never_makes_the_document() -> None:
+    made: list[int] = []
+    ctx = ToolExecutionContext.deferred(lambda: made.append(1) or ThreatModel(), cancel_scope=trio.CancelScope())
+    assert repr(ctx) == "ToolExecutionContext(document=not yet made)" and made == []
+    assert repr(ToolExecutionContext(document=ThreatModel())) == "ToolExecutionContext(document=ready)"
+
+
 def test_read_and_destructive_is_refused() -> None:
     with pytest.raises(ValueError, match="both read-only and destructive"):
         make_tool(effect="read", destructive=True)

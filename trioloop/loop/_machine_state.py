@@ -115,8 +115,8 @@ class CallRecord:
         """This record in ``status``; ``result``, ``is_error`` and ``denial_reason`` change only when given.
 
         A direct construction rather than ``attrs.evolve`` (about 2.5x cheaper): settling a turn moves
-        every open call, and that is on the Stop path. ``tests/test_machine_state.py`` checks it
-        against ``attrs.evolve`` for every field, so a field added here cannot be dropped silently.
+        every open call, and that is on the Stop path. ``tests/test_machine.py`` checks it against
+        ``attrs.evolve`` for every field, so a field added to the class cannot be dropped here silently.
         """
         return CallRecord(
             id=self.id,

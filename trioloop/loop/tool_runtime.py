@@ -108,8 +108,9 @@ class ToolExecutionContext:
         return self._cancel_scope.cancel_called
 
     def __repr__(self) -> str:
+        # Nothing here asks Trio (``cancel_called`` needs a running loop): a repr must never raise.
         document = "not yet made" if self._make_document is not None else "ready"
-        return f"ToolExecutionContext(document={document}, cancelled={self.cancelled})"
+        return f"ToolExecutionContext(document={document})"
 
 
 RunFn: TypeAlias = Callable[[ToolExecutionContext], Awaitable[ToolOutcome]]

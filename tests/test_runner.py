@@ -69,6 +69,12 @@ def sleepy_tool(name: str, probe: Probe, seconds: float, *, effect: Any = "read"
         metadata = attrs.evolve(ctx.document.metadata, title=rename_to)
         return ToolOutcome.success("renamed", document=attrs.evolve(ctx.document, metadata=metadata))
 
+    return plain_tool(name, run, effect=effect)
+
+
+def plain_tool(
+    name: str, run: Callable[[Nothing, ToolExecutionContext], Awaitable[ToolOutcome]], *, effect: Any = "read"
+) -> Any:
     return define_executable_tool(
         name=name,
         description=f"{name} for tests",
@@ -367,18 +373,6 @@ async def test_outer_cancellation_still_settles(document: ThreatModel) -> None:
     assert states[-1].is_settled and states[-1].outcome is Outcome.CANCELLED
 
 
-def _plain_tool(name: str, run: Callable[[Nothing, ToolExecutionContext], Awaitable[ToolOutcome]]) -> Any:
-    return define_executable_tool(
-        name=name,
-        description=f"{name} for tests",
-        effect="read",
-        destructive=False,
-        input_type=Nothing,
-        run=run,
-        summarize=lambda inp: name,
-    )
-
-
 async def test_a_tool_that_never_reads_the_document_costs_no_copy(
     document: ThreatModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -403,7 +397,7 @@ async def test_a_tool_that_never_reads_the_document_costs_no_copy(
         assert ctx.document is first  # one copy per call, however often it reads
         return ToolOutcome.success(f"looked at {first.metadata.title}")
 
-    registry = create_tool_registry([_plain_tool("ignore", ignore), _plain_tool("look", look)])
+    registry = create_tool_registry([plain_tool("ignore", ignore), plain_tool("look", look)])
     steps = [
         ScriptStep(tool_calls=(ScriptedCall(id="i", name="ignore"), ScriptedCall(id="l", name="look"))),
         ScriptStep(text="ok"),
@@ -432,7 +426,7 @@ async def test_a_late_first_read_still_sees_the_document_as_the_call_started(doc
             renamed.set()
 
     registry = create_tool_registry(
-        [sleepy_tool("retitle", probe, 0.0, effect="mutate", rename_to="Renamed"), _plain_tool("late", late)]
+        [sleepy_tool("retitle", probe, 0.0, effect="mutate", rename_to="Renamed"), plain_tool("late", late)]
     )
     steps = [
         ScriptStep(tool_calls=(ScriptedCall(id="m", name="retitle"), ScriptedCall(id="r", name="late"))),

@@ -123,11 +123,16 @@ class TurnControls:
             return False
         self._stop_requested = True
         # Tools' own scopes first, so a running tool sees ``ctx.cancelled`` on its own scope.
-        for scope in tuple(self._tool_scopes):
-            scope.cancel()
+        self._cancel_tools()
         if self._scope is not None:
             self._scope.cancel()
         return True
+
+    def _cancel_tools(self) -> None:
+        """Cancel the scope of every tool still running (a tool's scope leaves the set as it ends)."""
+        for scope in tuple(self._tool_scopes):
+            if not scope.cancel_called:  # cancel() costs even when it has nothing left to do
+                scope.cancel()
 
     @property
     def turn_cancelled(self) -> bool:
@@ -217,7 +222,6 @@ class _Turn:
         self.request_open = False
         self.saw_first_event = False
         self.started: set[str] = set()
-        self.tool_scopes: dict[str, trio.CancelScope] = {}
         self.tools_running = 0
         self.tools_idle = trio.Event()
         self.tools_idle.set()
@@ -366,7 +370,6 @@ class _Turn:
             # The tool's own scope carries the turn deadline, so at the deadline (as on Stop) the
             # tool sees its own scope cancelled, not just a Cancelled from further out.
             scope = trio.CancelScope(deadline=self.deadline)
-            self.tool_scopes[call.id] = scope
             self.controls._tool_scopes.add(scope)
             if self.controls.turn_cancelled:
                 scope.cancel()  # Stop arrived while this call was being started
@@ -451,9 +454,7 @@ class _Turn:
         after the grace is abandoned: ``ending`` is set, so its value can never be committed.
         """
         self.ending = True
-        for scope in self.tool_scopes.values():
-            if not scope.cancel_called:  # after Stop they all are; cancel() costs even when idempotent
-                scope.cancel()
+        self.controls._cancel_tools()
         if self.tools_running:
             with trio.CancelScope(shield=True, deadline=trio.current_time() + self.request.tool_cancel_grace_s):
                 await self.tools_idle.wait()

@@ -142,15 +142,23 @@ def _has_pending(state: TurnState) -> bool:
     return any(c.status is CallStatus.PENDING for c in state.calls if c.iteration == state.iteration)
 
 
-def _close_draft(state: TurnState) -> TurnState:
-    """Freeze the streaming assistant message into the turn's messages (once; never an empty one)."""
+def _closing_draft(state: TurnState) -> tuple[Draft, tuple[Message, ...]] | None:
+    """The closed draft and the messages with its message added, or None when no draft is open."""
     draft = state.draft
     if draft is None or not draft.open:
-        return state
+        return None
     closed = draft.closed()
     message = closed.message
-    messages = state.closed_messages if message is None else (*state.closed_messages, message)
-    return attrs.evolve(state, draft=closed, closed_messages=messages)
+    return closed, state.closed_messages if message is None else (*state.closed_messages, message)
+
+
+def _close_draft(state: TurnState) -> TurnState:
+    """Freeze the streaming assistant message into the turn's messages (once; never an empty one)."""
+    closing = _closing_draft(state)
+    if closing is None:
+        return state
+    draft, messages = closing
+    return attrs.evolve(state, draft=draft, closed_messages=messages)
 
 
 def _answer_calls(state: TurnState) -> TurnState:
@@ -188,11 +196,9 @@ def _settle(
     calls = tuple(_not_run(c, reason) for c in state.calls)
     changes: dict[str, Any] = {"phase": Phase.SETTLED, "outcome": outcome, "error": error, "calls": calls}
     messages = state.closed_messages
-    draft = state.draft
-    if draft is not None and draft.open:
-        changes["draft"] = draft = draft.closed()
-        if draft.message is not None:
-            messages = (*messages, draft.message)
+    closing = _closing_draft(state)
+    if closing is not None:
+        changes["draft"], messages = closing
     pending = calls[state.answered :]
     if pending:
         messages = (*messages, _answer_message(pending))

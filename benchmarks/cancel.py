@@ -39,8 +39,6 @@ from benchmarks._common import (
     summarize,
     wire_events,
 )
-from trioloop.document import ThreatModel, load_thf
-from trioloop.document.model import detached_copy
 from trioloop.loop import (
     CallStatus,
     Cancel,
@@ -59,6 +57,8 @@ from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import ChatProvider
 from trioloop.providers.scripted import ScriptedProvider, ScriptStep
+from trioloop.threatmodel import ThreatModel, load_thf
+from trioloop.threatmodel.model import detached_copy
 
 TOOL_COUNTS = (1, 12, 100)
 DEADLINE_MS = 50

@@ -34,7 +34,6 @@ from benchmarks._common import (
     summarize,
     wire_events,
 )
-from trioloop.document import ThreatModel, load_thf
 from trioloop.loop import (
     CallStatus,
     Outcome,
@@ -50,6 +49,7 @@ from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import ChatProvider
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.threatmodel import ThreatModel, load_thf
 
 K = 8
 NOTE_TEXT = (

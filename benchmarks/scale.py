@@ -42,11 +42,11 @@ from benchmarks._common import (
     summarize,
     wire_events,
 )
-from trioloop.document import ThreatModel, load_thf
 from trioloop.loop import Outcome
 from trioloop.loop.session import Session
 from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
+from trioloop.threatmodel import ThreatModel, load_thf
 
 SIZES = (10, 100, 1000)
 TARGET_KIB_PER_IDLE_SESSION = 100

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QApplication
 
-from trioloop._demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
-from trioloop.document import load_thf
 from trioloop.loop.session import Session
 from trioloop.providers.scripted import ScriptedProvider
+from trioloop.threatmodel import load_thf
+from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop.ui.qt import ReviewPanel, run_trio_guest
 
 DOCUMENT = Path(__file__).with_name("payment.thf")

@@ -13,7 +13,7 @@ from typing import Any, get_args
 
 from hypothesis import strategies as st
 
-from trioloop.document import (
+from trioloop.threatmodel import (
     AddDataFlow,
     AddElement,
     AddThreat,
@@ -53,8 +53,8 @@ from trioloop.document import (
     UpdateTrustBoundary,
     Viewport,
 )
-from trioloop.document.action_inputs import MitigationStatusName, SeverityName, StrideCategory
-from trioloop.document.model import MITIGATION_STATUSES, SEVERITIES, STRIDE_CATEGORIES
+from trioloop.threatmodel.action_inputs import MitigationStatusName, SeverityName, StrideCategory
+from trioloop.threatmodel.model import MITIGATION_STATUSES, SEVERITIES, STRIDE_CATEGORIES
 
 __all__ = ["graph_actions", "ids", "json_values", "models_with_actions", "texts", "threat_models"]
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from strategies_document import models_with_actions
 
-from trioloop.document import (
+from trioloop.threatmodel import (
     ActionFailure,
     AddDataFlow,
     AddElement,
@@ -47,7 +47,7 @@ from trioloop.document import (
     load_thf,
     validate_threat_model,
 )
-from trioloop.document.actions import next_id
+from trioloop.threatmodel.actions import next_id
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
 

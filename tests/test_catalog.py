@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.document.catalog import (
+from trioloop.threatmodel.catalog import (
     CATALOG,
     CatalogEntry,
     CatalogVariant,

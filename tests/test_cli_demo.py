@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trioloop.cli import main
-from trioloop.document import load_thf
+from trioloop.threatmodel import load_thf
 
 PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
 

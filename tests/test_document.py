@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies_document import threat_models
 
-import trioloop.document as document
-from trioloop.document import (
+import trioloop.threatmodel as document
+from trioloop.threatmodel import (
     CircularGroupNesting,
     DataFlow,
     DuplicateId,
@@ -32,9 +32,9 @@ from trioloop.document import (
     load_thf,
     validate_threat_model,
 )
-from trioloop.document._safe_yaml import MAX_DEPTH, MAX_DOCUMENT_BYTES
-from trioloop.document.action_inputs import MitigationStatusName, SeverityName, StrideCategory
-from trioloop.document.model import MITIGATION_STATUSES, SECTION_NAMES, SEVERITIES, STRIDE_CATEGORIES, detached_copy
+from trioloop.threatmodel._safe_yaml import MAX_DEPTH, MAX_DOCUMENT_BYTES
+from trioloop.threatmodel.action_inputs import MitigationStatusName, SeverityName, StrideCategory
+from trioloop.threatmodel.model import MITIGATION_STATUSES, SECTION_NAMES, SEVERITIES, STRIDE_CATEGORIES, detached_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "payment.thf"
@@ -114,7 +114,7 @@ def base_with(old: str, new: str) -> str:
 
 
 def test_public_surface_is_complete_and_sorted() -> None:
-    assert document.__all__ == sorted(document.__all__)
+    assert document.__all__ == sorted(document.__all__, key=lambda n: (not n.isupper(), n))
     for name in document.__all__:
         assert hasattr(document, name), name
     for name in ("ThreatModel", "load_thf", "dump_thf", "validate_threat_model", "ThfError", "apply_action"):
@@ -339,7 +339,7 @@ def test_semantic_fixtures_give_the_same_error_in_memory() -> None:
         if expected not in (DuplicateId, InvalidReference, CircularGroupNesting):
             continue
         data = yaml.safe_load((INVALID / f"{name}.thf").read_text())
-        from trioloop.document.thf import model_from_data
+        from trioloop.threatmodel.thf import model_from_data
 
         model = model_from_data(data)
         error = validate_threat_model(model)

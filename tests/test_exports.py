@@ -86,7 +86,7 @@ def test_design_names_are_exported() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["trioloop", "trioloop.protocol", "trioloop.document", "trioloop.loop", "trioloop.tools", "trioloop.providers"],
+    ["trioloop", "trioloop.protocol", "trioloop.threatmodel", "trioloop.loop", "trioloop.tools", "trioloop.providers"],
 )
 def test_all_is_sorted_and_resolves(module: str) -> None:
     mod = importlib.import_module(module)

@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from strategies_document import models_with_actions
 
-from trioloop.document import ThreatModel, load_thf, validate_threat_model
 from trioloop.loop.tool_runtime import (
     PreparedCall,
     PrepareFailure,
@@ -15,7 +14,8 @@ from trioloop.loop.tool_runtime import (
     ToolOutcome,
     unstructure_input,
 )
-from trioloop.tools.graph_actions import GRAPH_ACTION_TOOLS
+from trioloop.threatmodel import ThreatModel, load_thf, validate_threat_model
+from trioloop.threatmodel.graph_tools import GRAPH_ACTION_TOOLS
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
 NAMES = (
@@ -238,7 +238,7 @@ def _without_nones(value: Any) -> Any:
 
 
 def test_action_inputs_are_frozen() -> None:
-    from trioloop.document import DeleteElement
+    from trioloop.threatmodel import DeleteElement
 
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         DeleteElement(id="x").id = "y"  # type: ignore[misc]

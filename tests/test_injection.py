@@ -20,7 +20,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from trioloop.document.model import Element, Metadata, ThreatModel
 from trioloop.loop import (
     CALL_STATUS_EDGES,
     Advance,
@@ -67,6 +66,7 @@ from trioloop.protocol import (
     ToolResultBlock,
     assert_tool_pairing,
 )
+from trioloop.threatmodel.model import Element, Metadata, ThreatModel
 from trioloop.tools.untrusted_text import END_MARKER, START_MARKER, fence, sanitize_scalar
 
 SCALE = max(1, int(os.environ.get("TRIOLOOP_TORTURE_SCALE", "1")))

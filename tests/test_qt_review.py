@@ -30,8 +30,6 @@ from PySide6.QtGui import QTextCursor
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QAbstractButton, QApplication, QLabel
 
-from trioloop._demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
-from trioloop.document import ThreatModel, load_thf
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.loop.machine import CallRecord, CallStatus, DenialReason, Outcome, Phase, TurnState
 from trioloop.loop.session import Session
@@ -44,6 +42,8 @@ from trioloop.loop.tool_runtime import (
     tool_field,
 )
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.threatmodel import ThreatModel, load_thf
+from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop.ui.qt import CallCard, NoticeKind, ReviewPanel, TrioGuestHost, run_trio_guest, turn_notice
 
 ROOT = Path(__file__).resolve().parent.parent

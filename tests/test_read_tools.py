@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies_document import threat_models
 
-from trioloop.document.catalog import CATALOG
-from trioloop.document.model import (
+from trioloop.loop.tool_runtime import PreparedCall, PrepareFailure, ToolExecutionContext, ToolOutcome
+from trioloop.threatmodel.catalog import CATALOG
+from trioloop.threatmodel.model import (
     SECTION_NAMES,
     DataFlow,
     Diagram,
@@ -26,9 +27,8 @@ from trioloop.document.model import (
     ThreatModel,
     TrustBoundary,
 )
-from trioloop.loop.tool_runtime import PreparedCall, PrepareFailure, ToolExecutionContext, ToolOutcome
+from trioloop.threatmodel.read_tools import FILTER_ORDER, FILTERS_BY_KIND, READ_TOOLS
 from trioloop.tools.read_result import READ_RESULT_KEYS, READ_RESULT_MAX_BYTES, ReadFailureCode
-from trioloop.tools.read_tools import FILTER_ORDER, FILTERS_BY_KIND, READ_TOOLS
 from trioloop.tools.untrusted_text import END_MARKER, START_MARKER
 
 TOOLS = {tool.name: tool for tool in READ_TOOLS}
@@ -791,8 +791,8 @@ def test_hostile_and_oversized_documents_still_give_bounded_results(data: st.Dat
 READ_MODULES = [
     "trioloop/tools/untrusted_text.py",
     "trioloop/tools/read_result.py",
-    "trioloop/tools/read_tools.py",
-    "trioloop/document/catalog.py",
+    "trioloop/threatmodel/read_tools.py",
+    "trioloop/threatmodel/catalog.py",
 ]
 ALLOWED_IMPORTS = {
     "__future__",
@@ -803,9 +803,9 @@ ALLOWED_IMPORTS = {
     "typing",
     "unicodedata",
     "attrs",
-    "trioloop.document.action_inputs",
-    "trioloop.document.catalog",
-    "trioloop.document.model",
+    "trioloop.threatmodel.action_inputs",
+    "trioloop.threatmodel.catalog",
+    "trioloop.threatmodel.model",
     "trioloop.loop.canonical",
     "trioloop.loop.tool_runtime",
     "trioloop.tools.read_result",
@@ -815,7 +815,7 @@ FORBIDDEN_IMPORTS = {
     "os", "sys", "io", "pathlib", "socket", "ssl", "http", "urllib", "httpx", "requests", "subprocess", "shutil",
     "tempfile", "glob", "importlib", "ctypes", "threading", "multiprocessing", "asyncio", "signal", "time",
     "datetime", "random", "secrets", "pickle", "shelve", "sqlite3", "logging", "yaml", "trioloop.loop.session",
-    "trioloop.loop.transaction", "trioloop.loop.runner", "trioloop.providers", "trioloop.document.thf",
+    "trioloop.loop.transaction", "trioloop.loop.runner", "trioloop.providers", "trioloop.threatmodel.thf",
 }  # fmt: skip
 FORBIDDEN_NAMES = {"open", "exec", "eval", "compile", "__import__", "input", "breakpoint", "globals", "getenv"}
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,6 @@ import pytest
 import trio
 import trio.testing
 
-from trioloop.document import ThreatModel, load_thf
 from trioloop.loop.limits import TurnLimits
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
@@ -25,7 +24,7 @@ from trioloop.loop.tool_runtime import (
 from trioloop.loop.transaction import turn_undo_availability, undo_turn
 from trioloop.protocol import assert_tool_pairing, flatten_text
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
-from trioloop.tools import create_ai_tool_registry
+from trioloop.threatmodel import ThreatModel, create_ai_tool_registry, load_thf
 
 PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
 

@@ -9,12 +9,12 @@ import pytest
 import trio
 import trio.testing
 
-from trioloop.document import ThreatModel, load_thf
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.session import Session, SessionBusy, TranscriptError
 from trioloop.loop.transaction import UndoAvailability
 from trioloop.protocol import Message, ToolCallBlock, assert_tool_pairing
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.threatmodel import ThreatModel, load_thf
 
 PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
 

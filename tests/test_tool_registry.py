@@ -3,15 +3,9 @@ import pytest
 
 import trioloop.tools
 from trioloop.loop.tool_runtime import ToolRegistry
-from trioloop.tools import (
-    END_MARKER,
-    GRAPH_ACTION_TOOLS,
-    READ_TOOLS,
-    START_MARKER,
-    create_ai_tool_registry,
-    fence,
-)
-from trioloop.tools import registry as registry_module
+from trioloop.threatmodel import GRAPH_ACTION_TOOLS, READ_TOOLS, create_ai_tool_registry
+from trioloop.threatmodel import registry as registry_module
+from trioloop.tools import END_MARKER, START_MARKER, fence
 
 GRAPH_ORDER = [
     "add_element",
@@ -63,10 +57,7 @@ def test_package_exports() -> None:
     assert trioloop.tools.__all__ == sorted(trioloop.tools.__all__)
     assert set(trioloop.tools.__all__) == {
         "END_MARKER",
-        "GRAPH_ACTION_TOOLS",
-        "READ_TOOLS",
         "START_MARKER",
-        "create_ai_tool_registry",
         "fence",
     }
     assert START_MARKER == "<<<UNTRUSTED_DOCUMENT_DATA>>>" and END_MARKER == "<<<END_UNTRUSTED_DOCUMENT_DATA>>>"

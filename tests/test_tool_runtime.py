@@ -8,7 +8,6 @@ import trio.lowlevel
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trioloop.document import ThreatModel
 from trioloop.loop.tool_runtime import (
     PreparedCall,
     PrepareFailure,
@@ -18,6 +17,7 @@ from trioloop.loop.tool_runtime import (
     define_executable_tool,
     tool_field,
 )
+from trioloop.threatmodel import ThreatModel
 
 
 @attrs.frozen(kw_only=True)

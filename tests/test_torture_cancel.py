@@ -27,7 +27,6 @@ import trio
 import trio.testing
 from torture_support import RunLog, WireReplayProvider, approver, evenly, payment, probe_tools, record, response, scaled
 
-from trioloop.document import ThreatModel
 from trioloop.loop.limits import TurnLimits
 from trioloop.loop.machine import CallStatus, Outcome, TurnState
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
@@ -38,6 +37,7 @@ from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.base import WireFormat
 from trioloop.providers.openai import OPENAI_WIRE
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.threatmodel import ThreatModel
 
 WIRES: dict[str, WireFormat] = {"anthropic": ANTHROPIC_WIRE, "openai": OPENAI_WIRE}
 DEADLINE_S = 60.0

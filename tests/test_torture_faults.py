@@ -53,7 +53,7 @@ from trioloop.providers.openai import OPENAI_WIRE
 from trioloop.providers.retry import RetryPolicy
 from trioloop.providers.sse import INVALID_UTF8_MESSAGE, LINE_TOO_LONG_MESSAGE
 from trioloop.providers.transport import HttpChatProvider
-from trioloop.tools import create_ai_tool_registry
+from trioloop.threatmodel import create_ai_tool_registry
 
 T = TypeVar("T")
 

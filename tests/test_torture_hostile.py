@@ -26,23 +26,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torture_support import WireReplayProvider, payment, record, response, scaled
 
-from trioloop.document import (
+from trioloop.loop.authorization import Violation
+from trioloop.loop.machine import CallStatus, Submit, TurnState, reduce_turn
+from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.loop.tool_runtime import PreparedCall, PrepareFailure, ToolExecutionContext
+from trioloop.protocol.events import MessageStart, ToolCallComplete
+from trioloop.threatmodel import (
     CircularGroupNesting,
     DuplicateId,
     InvalidReference,
     ThfError,
     ThreatModel,
     UnsafeYaml,
+    create_ai_tool_registry,
     load_thf,
     validate_threat_model,
 )
-from trioloop.document._safe_yaml import MAX_DEPTH, MAX_DOCUMENT_BYTES, MAX_EXPANDED_NODES
-from trioloop.loop.authorization import Violation
-from trioloop.loop.machine import CallStatus, Submit, TurnState, reduce_turn
-from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
-from trioloop.loop.tool_runtime import PreparedCall, PrepareFailure, ToolExecutionContext
-from trioloop.protocol.events import MessageStart, ToolCallComplete
-from trioloop.tools import END_MARKER, START_MARKER, create_ai_tool_registry
+from trioloop.threatmodel._safe_yaml import MAX_DEPTH, MAX_DOCUMENT_BYTES, MAX_EXPANDED_NODES
+from trioloop.tools import END_MARKER, START_MARKER
 from trioloop.tools.untrusted_text import is_stripped_code_point
 
 REGISTRY = create_ai_tool_registry()

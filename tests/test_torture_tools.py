@@ -18,7 +18,6 @@ import trio
 import trio.testing
 from torture_support import PAYMENT, payment, record
 
-from trioloop.document import Element, Threat, ThreatModel, dump_thf, load_thf
 from trioloop.loop.limits import TurnLimits
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.runner import TOOL_CANCEL_GRACE_S, TurnControls, TurnRequest, Workspace, run_turn
@@ -33,6 +32,7 @@ from trioloop.loop.tool_runtime import (
 from trioloop.loop.transaction import undo_turn
 from trioloop.protocol import assert_tool_pairing
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.threatmodel import Element, Threat, ThreatModel, dump_thf, load_thf
 
 FAILED_RUNNING = "The tool failed while running ({})."
 NOT_AN_OUTCOME = "The tool returned something that is not a tool outcome."

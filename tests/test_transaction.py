@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.document.model import DataFlow, Element, Metadata, ThreatModel
 from trioloop.loop import (
     Committed,
     Refusal,
@@ -23,6 +22,7 @@ from trioloop.loop import (
     turn_undo_availability,
     undo_turn,
 )
+from trioloop.threatmodel.model import DataFlow, Element, Metadata, ThreatModel
 
 
 @attrs.frozen(kw_only=True)

@@ -18,7 +18,6 @@ from typing import Any, Final
 import attrs
 import trio
 
-from trioloop.document import Threat, ThreatModel, load_thf
 from trioloop.loop.canonical import input_digest
 from trioloop.loop.machine import CallStatus, Phase, TurnState
 from trioloop.loop.runner import TurnControls
@@ -35,6 +34,7 @@ from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.base import WireFormat, WireResponse
 from trioloop.providers.sse import SseDecoder
+from trioloop.threatmodel import Threat, ThreatModel, load_thf
 
 __all__ = [
     "FIXTURES",

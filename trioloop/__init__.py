@@ -3,14 +3,6 @@
 The public names are gathered here; see README.md for the tour and DESIGN notes in each package.
 """
 
-from trioloop.document import (
-    ThfError,
-    ThreatModel,
-    apply_action,
-    dump_thf,
-    load_thf,
-    validate_threat_model,
-)
 from trioloop.loop import (
     DEFAULT_TURN_LIMITS,
     Advance,
@@ -73,7 +65,15 @@ from trioloop.protocol import (
 from trioloop.providers.anthropic import AnthropicProvider
 from trioloop.providers.openai import OpenAIProvider
 from trioloop.providers.scripted import ScriptedProvider
-from trioloop.tools.registry import create_ai_tool_registry
+from trioloop.threatmodel import (
+    ThfError,
+    ThreatModel,
+    apply_action,
+    dump_thf,
+    load_thf,
+    validate_threat_model,
+)
+from trioloop.threatmodel.registry import create_ai_tool_registry
 
 __all__ = [
     "DEFAULT_TURN_LIMITS",

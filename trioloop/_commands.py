@@ -11,13 +11,13 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
-from trioloop._demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop._demo_view import ApproveMode, TurnView, document_diff, outcome_line
-from trioloop.document import ThfError, ThreatModel, dump_thf, load_thf
 from trioloop.loop.machine import TurnState
 from trioloop.loop.session import Session
 from trioloop.providers.base import ChatProvider
 from trioloop.providers.scripted import ScriptedProvider
+from trioloop.threatmodel import ThfError, ThreatModel, dump_thf, load_thf
+from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 
 __all__ = ["DEFAULT_DEMO_FILE", "run_chat", "run_demo"]
 

@@ -15,9 +15,9 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from trioloop.document import ThreatModel, dump_thf
 from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.session import Session
+from trioloop.threatmodel import ThreatModel, dump_thf
 from trioloop.tools.untrusted_text import START_MARKER
 
 __all__ = ["ApproveMode", "TurnView", "document_diff", "outcome_line"]

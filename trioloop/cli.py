@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
-from trioloop.document.errors import ThfError
-from trioloop.document.model import SECTION_NAMES
-from trioloop.document.thf import load_thf
+from trioloop.threatmodel.errors import ThfError
+from trioloop.threatmodel.model import SECTION_NAMES
+from trioloop.threatmodel.thf import load_thf
 
 __all__ = ["main"]
 

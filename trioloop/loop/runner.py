@@ -19,7 +19,6 @@ from typing import Any, Literal, TypeAlias
 import attrs
 import trio
 
-from trioloop.document.model import ThreatModel, detached_copy
 from trioloop.loop._machine_text import NOT_TEXT_RESULT
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits, budget_exhaustion
 from trioloop.loop.machine import (
@@ -44,6 +43,7 @@ from trioloop.protocol.events import StreamError, StreamEvent, is_terminal
 from trioloop.protocol.messages import Message
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import ChatProvider, is_retriable
+from trioloop.threatmodel.model import ThreatModel, detached_copy
 
 __all__ = ["TOOL_CANCEL_GRACE_S", "TurnControls", "TurnRequest", "Workspace", "run_turn"]
 

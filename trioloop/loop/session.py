@@ -17,7 +17,6 @@ from typing import Any
 
 import trio
 
-from trioloop.document.model import ThreatModel
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.loop.machine import TurnState, UndoTurn, reduce_turn
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
@@ -26,6 +25,7 @@ from trioloop.loop.transaction import UndoAvailability, UndoHistory, turn_undo_a
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
 from trioloop.providers.base import ChatProvider
+from trioloop.threatmodel.model import ThreatModel
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Session", "SessionBusy", "TranscriptError"]
 
@@ -64,7 +64,7 @@ class Session:
         max_output_tokens: int = 4096,
     ) -> None:
         if registry is None:
-            from trioloop.tools.registry import create_ai_tool_registry
+            from trioloop.threatmodel.registry import create_ai_tool_registry
 
             registry = create_ai_tool_registry()
         self._workspace = Workspace(document=document, undo=UndoHistory())

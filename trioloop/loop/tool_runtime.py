@@ -21,7 +21,7 @@ from trioloop.loop.canonical import input_digest
 from trioloop.protocol.tools import ToolDefinition
 
 if TYPE_CHECKING:
-    from trioloop.document.model import ThreatModel
+    from trioloop.threatmodel.model import ThreatModel
 
 __all__ = [
     "Effect",

@@ -13,9 +13,9 @@ from typing import Final, final
 
 import attrs
 
-from trioloop.document.model import ThreatModel
-from trioloop.document.validation import validate_threat_model
 from trioloop.loop.tool_runtime import RegisteredTool, ToolOutcome
+from trioloop.threatmodel.model import ThreatModel
+from trioloop.threatmodel.validation import validate_threat_model
 
 __all__ = [
     "DEFAULT_UNDO_ENTRIES",

@@ -7,8 +7,8 @@ resolves names only by exact match.
 from __future__ import annotations
 
 from trioloop.loop.tool_runtime import ToolRegistry, create_tool_registry
-from trioloop.tools.graph_actions import GRAPH_ACTION_TOOLS
-from trioloop.tools.read_tools import READ_TOOLS
+from trioloop.threatmodel.graph_tools import GRAPH_ACTION_TOOLS
+from trioloop.threatmodel.read_tools import READ_TOOLS
 
 __all__ = ["GRAPH_ACTION_TOOLS", "READ_TOOLS", "create_ai_tool_registry"]
 

@@ -13,9 +13,16 @@ from typing import Any, Final, Literal, TypeAlias
 
 import attrs
 
-from trioloop.document.action_inputs import SeverityName, StrideCategory
-from trioloop.document.catalog import CatalogEntry, CategoryName, ProviderName, search_catalog
-from trioloop.document.model import (
+from trioloop.loop.tool_runtime import (
+    RegisteredTool,
+    ToolExecutionContext,
+    ToolOutcome,
+    define_executable_tool,
+    tool_field,
+)
+from trioloop.threatmodel.action_inputs import SeverityName, StrideCategory
+from trioloop.threatmodel.catalog import CatalogEntry, CategoryName, ProviderName, search_catalog
+from trioloop.threatmodel.model import (
     MITIGATION_STATUSES,
     SECTION_NAMES,
     SEVERITIES,
@@ -29,13 +36,6 @@ from trioloop.document.model import (
     Threat,
     ThreatModel,
     TrustBoundary,
-)
-from trioloop.loop.tool_runtime import (
-    RegisteredTool,
-    ToolExecutionContext,
-    ToolOutcome,
-    define_executable_tool,
-    tool_field,
 )
 from trioloop.tools.read_result import (
     DEFAULT_PAGE_LIMIT,

@@ -1,10 +1,12 @@
-"""The `.thf` threat-model document: model classes, YAML load/dump, validation and the graph edits.
+"""The threat model: the first domain built on trioloop's document-agnostic core.
 
-Constants (SECTION_NAMES, STRIDE_CATEGORIES, SEVERITIES, MITIGATION_STATUSES) live in
-`trioloop.document.model`.
+The `.thf` document (attrs model, YAML load/dump, validation), its twelve graph edits and four bounded
+read tools, the component catalog and the demo script. It uses only trioloop's public core API
+(`trioloop.loop`, `trioloop.tools`); nothing in the core imports it. Constants (SECTION_NAMES,
+STRIDE_CATEGORIES, SEVERITIES, MITIGATION_STATUSES) live in `trioloop.threatmodel.model`.
 """
 
-from trioloop.document.action_inputs import (
+from trioloop.threatmodel.action_inputs import (
     AddDataFlow,
     AddElement,
     AddThreat,
@@ -30,8 +32,8 @@ from trioloop.document.action_inputs import (
     UpdateThreat,
     UpdateTrustBoundary,
 )
-from trioloop.document.actions import ActionFailure, AppliedAction, apply_action, apply_action_with_report
-from trioloop.document.errors import (
+from trioloop.threatmodel.actions import ActionFailure, AppliedAction, apply_action, apply_action_with_report
+from trioloop.threatmodel.errors import (
     CircularGroupNesting,
     DuplicateId,
     InvalidReference,
@@ -40,7 +42,8 @@ from trioloop.document.errors import (
     UnsafeYaml,
     UnsupportedVersion,
 )
-from trioloop.document.model import (
+from trioloop.threatmodel.graph_tools import GRAPH_ACTION_TOOLS
+from trioloop.threatmodel.model import (
     DataFlow,
     Diagram,
     Element,
@@ -56,10 +59,14 @@ from trioloop.document.model import (
     TrustBoundary,
     Viewport,
 )
-from trioloop.document.thf import dump_thf, load_thf
-from trioloop.document.validation import validate_threat_model
+from trioloop.threatmodel.read_tools import READ_TOOLS
+from trioloop.threatmodel.registry import create_ai_tool_registry
+from trioloop.threatmodel.thf import dump_thf, load_thf
+from trioloop.threatmodel.validation import validate_threat_model
 
 __all__ = [
+    "GRAPH_ACTION_TOOLS",
+    "READ_TOOLS",
     "ActionFailure",
     "AddDataFlow",
     "AddElement",
@@ -109,6 +116,7 @@ __all__ = [
     "Viewport",
     "apply_action",
     "apply_action_with_report",
+    "create_ai_tool_registry",
     "dump_thf",
     "load_thf",
     "validate_threat_model",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from trioloop.document.errors import (
+from trioloop.threatmodel.errors import (
     CircularGroupNesting,
     DuplicateId,
     InvalidReference,
@@ -19,14 +19,14 @@ from trioloop.document.errors import (
     UnsupportedVersion,
     quote,
 )
-from trioloop.document.model import SECTION_NAMES, SUPPORTED_VERSION, Group, ThreatModel
+from trioloop.threatmodel.model import SECTION_NAMES, SUPPORTED_VERSION, Group, ThreatModel
 
 __all__ = ["check_semantics", "validate_threat_model"]
 
 
 def validate_threat_model(model: ThreatModel) -> ThfError | None:
     """The first rule `model` breaks, or None when it is valid. Never raises."""
-    from trioloop.document.thf import model_from_data, model_to_data  # thf imports this module
+    from trioloop.threatmodel.thf import model_from_data, model_to_data  # thf imports this module
 
     try:
         if not isinstance(model, ThreatModel):

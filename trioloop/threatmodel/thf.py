@@ -16,9 +16,9 @@ from typing import Any, Final, Literal, TypeAlias
 
 import attrs
 
-from trioloop.document._safe_yaml import MAX_DOCUMENT_BYTES, dump_yaml, parse_yaml, plain_data, type_label
-from trioloop.document.errors import InvalidShape, UnsafeYaml, UnsupportedVersion, quote
-from trioloop.document.model import (
+from trioloop.threatmodel._safe_yaml import MAX_DOCUMENT_BYTES, dump_yaml, parse_yaml, plain_data, type_label
+from trioloop.threatmodel.errors import InvalidShape, UnsafeYaml, UnsupportedVersion, quote
+from trioloop.threatmodel.model import (
     SECTION_NAMES,
     SUPPORTED_VERSION,
     DataFlow,
@@ -36,7 +36,7 @@ from trioloop.document.model import (
     TrustBoundary,
     Viewport,
 )
-from trioloop.document.validation import check_semantics
+from trioloop.threatmodel.validation import check_semantics
 
 __all__ = ["REQUIRED_SECTIONS", "dump_thf", "load_thf", "model_from_data", "model_to_data"]
 

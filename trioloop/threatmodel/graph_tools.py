@@ -1,4 +1,4 @@
-"""The twelve graph edit tools: thin wrappers that apply one `trioloop.document` action.
+"""The twelve graph edit tools: thin wrappers that apply one `trioloop.threatmodel` action.
 
 Every tool is `mutate`; the four deletes are also destructive, so they always need their own grant.
 A run applies its action to the document snapshot in `ctx.document` and returns the whole next
@@ -13,7 +13,8 @@ from typing import Any, Final, TypeVar
 
 import attrs
 
-from trioloop.document.action_inputs import (
+from trioloop.loop.tool_runtime import RegisteredTool, ToolExecutionContext, ToolOutcome, define_executable_tool
+from trioloop.threatmodel.action_inputs import (
     AddDataFlow,
     AddElement,
     AddThreat,
@@ -27,9 +28,8 @@ from trioloop.document.action_inputs import (
     UpdateThreat,
     UpdateTrustBoundary,
 )
-from trioloop.document.actions import ActionFailure, apply_action_with_report
-from trioloop.document.errors import quote
-from trioloop.loop.tool_runtime import RegisteredTool, ToolExecutionContext, ToolOutcome, define_executable_tool
+from trioloop.threatmodel.actions import ActionFailure, apply_action_with_report
+from trioloop.threatmodel.errors import quote
 
 __all__ = ["GRAPH_ACTION_TOOLS"]
 

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import yaml
 
-from trioloop.document.errors import InvalidShape, UnsafeYaml, quote
+from trioloop.threatmodel.errors import InvalidShape, UnsafeYaml, quote
 
 __all__ = [
     "MAX_DEPTH",

@@ -15,7 +15,7 @@ from typing import Any, Final, TypeVar
 
 import attrs
 
-from trioloop.document.action_inputs import (
+from trioloop.threatmodel.action_inputs import (
     AddDataFlow,
     AddElement,
     AddThreat,
@@ -33,8 +33,8 @@ from trioloop.document.action_inputs import (
     UpdateThreat,
     UpdateTrustBoundary,
 )
-from trioloop.document.errors import quote
-from trioloop.document.model import (
+from trioloop.threatmodel.errors import quote
+from trioloop.threatmodel.model import (
     DataFlow,
     Element,
     Mitigation,

@@ -14,7 +14,7 @@ from rich.text import Text
 from trioloop._demo_view import ApproveMode, TurnView, document_diff, outcome_line
 from trioloop.loop.machine import TurnState
 from trioloop.loop.session import Session
-from trioloop.providers.base import ChatProvider
+from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.scripted import ScriptedProvider
 from trioloop.threatmodel import ThfError, ThreatModel, dump_thf, load_thf
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT

@@ -41,8 +41,9 @@ from trioloop.loop.tool_runtime import RegisteredTool, ToolExecutionContext, Too
 from trioloop.loop.transaction import Committed, Refused, UndoHistory, commit_tool_outcome
 from trioloop.protocol.events import StreamError, StreamEvent, is_terminal
 from trioloop.protocol.messages import Message
+from trioloop.protocol.provider import ChatProvider
 from trioloop.protocol.tools import ChatRequest
-from trioloop.providers.base import ChatProvider, is_retriable
+from trioloop.providers.base import is_retriable
 from trioloop.threatmodel.model import ThreatModel, detached_copy
 
 __all__ = ["TOOL_CANCEL_GRACE_S", "TurnControls", "TurnRequest", "Workspace", "run_turn"]

@@ -23,8 +23,8 @@ from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
 from trioloop.loop.tool_runtime import ToolRegistry
 from trioloop.loop.transaction import UndoAvailability, UndoHistory, turn_undo_availability, undo_turn
 from trioloop.protocol.messages import Message, assert_tool_pairing
+from trioloop.protocol.provider import ChatProvider
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
-from trioloop.providers.base import ChatProvider
 from trioloop.threatmodel.model import ThreatModel
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Session", "SessionBusy", "TranscriptError"]

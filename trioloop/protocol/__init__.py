@@ -28,6 +28,7 @@ from trioloop.protocol.messages import (
     assert_tool_pairing,
     flatten_text,
 )
+from trioloop.protocol.provider import ChatProvider
 from trioloop.protocol.serialization import (
     SerializationError,
     event_from_json,
@@ -41,6 +42,7 @@ from trioloop.protocol.tools import ChatRequest, ToolDefinition
 
 __all__ = [
     "Aborted",
+    "ChatProvider",
     "ChatRequest",
     "ContentBlock",
     "JsonValue",

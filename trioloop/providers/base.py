@@ -19,6 +19,7 @@ import trio
 from trioloop.protocol.errors import ProtocolError, ProtocolErrorCode
 from trioloop.protocol.events import StopReason, StreamError, StreamEvent, ToolCallComplete, is_terminal
 from trioloop.protocol.messages import JsonValue, ToolCallBlock
+from trioloop.protocol.provider import ChatProvider
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.sse import SseDecoder, SseFrame
 
@@ -41,24 +42,6 @@ __all__ = [
     "notice",
     "split_text",
 ]
-
-
-class ChatProvider(Protocol):
-    """Streams one model response for ``request`` into ``send``.
-
-    Sends zero or more events and then exactly one terminal event (``MessageStop``, a terminal
-    ``StreamError`` or ``Aborted``). Expected failures never raise. ``send`` is never closed. When
-    ``cancel_scope`` is given the work runs inside it, and its cancellation ends the stream with
-    ``Aborted``; an outer cancellation propagates as ``Cancelled`` with no terminal event.
-    """
-
-    async def stream(
-        self,
-        request: ChatRequest,
-        send: trio.abc.SendChannel[StreamEvent],
-        *,
-        cancel_scope: trio.CancelScope | None = None,
-    ) -> None: ...
 
 
 @final

@@ -57,7 +57,7 @@ from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import ChatProvider
 from trioloop.providers.scripted import ScriptedProvider, ScriptStep
-from trioloop.threatmodel import ThreatModel, load_thf
+from trioloop.threatmodel import THREAT_MODEL, ThreatModel, load_thf
 from trioloop.threatmodel.model import detached_copy
 
 TOOL_COUNTS = (1, 12, 100)
@@ -188,7 +188,11 @@ async def trioloop_stop(n: int, provider: InProcessProvider, document: ThreatMod
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stopper)
         final = await run_turn(
-            _request(LIMITS), Workspace(document=document), provider, controls=controls, on_state=clock
+            _request(LIMITS),
+            Workspace(document=document, kind=THREAT_MODEL),
+            provider,
+            controls=controls,
+            on_state=clock,
         )
     if final.outcome is not Outcome.CANCELLED or len(final.calls) != n or clock.at is None or clock.before is None:
         raise RuntimeError(f"unexpected turn: {final.outcome} with {len(final.calls)} calls")
@@ -274,7 +278,7 @@ async def _overshoot(provider: ChatProvider, document: ThreatModel) -> float:
     clock = _SettleClock()
     start = trio.current_time()
     request = _request(TurnLimits(turn_deadline_ms=DEADLINE_MS))
-    final = await run_turn(request, Workspace(document=document), provider, on_state=clock)
+    final = await run_turn(request, Workspace(document=document, kind=THREAT_MODEL), provider, on_state=clock)
     if final.outcome is not Outcome.BOUNDED or clock.at is None:
         raise RuntimeError(f"unexpected turn: {final.outcome}")
     return clock.at - (start + DEADLINE_MS / 1000)

@@ -44,12 +44,11 @@ from trioloop.loop import (
     define_executable_tool,
     tool_field,
 )
-from trioloop.loop.session import Session
 from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import ChatProvider
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
-from trioloop.threatmodel import ThreatModel, load_thf
+from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 
 K = 8
 NOTE_TEXT = (
@@ -107,9 +106,11 @@ def answer_in_process(request: ChatRequest) -> Sequence[StreamEvent]:
 async def _trioloop_turns(provider: ChatProvider, document: ThreatModel, turns: int) -> list[Sample]:
     samples = []
     for _ in range(turns):
-        session = Session(document=document, provider=provider, model="scripted-1", registry=REGISTRY, limits=LIMITS)
-        wall, cpu = time.perf_counter(), time.process_time()
-        state = await session.send(PROMPT)
+        async with threat_model_session(
+            document=document, provider=provider, model="scripted-1", tools=REGISTRY, limits=LIMITS
+        ) as session:
+            wall, cpu = time.perf_counter(), time.process_time()
+            state = await session.send(PROMPT)
         samples.append(((time.perf_counter() - wall) / K, (time.process_time() - cpu) / K))
         if state.outcome is not Outcome.COMPLETED or [c.status for c in state.calls] != [CallStatus.SUCCEEDED] * K:
             raise RuntimeError(f"unexpected turn: {state.outcome} with {len(state.calls)} calls")

@@ -46,7 +46,7 @@ from trioloop.loop import Outcome
 from trioloop.loop.session import Session
 from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
-from trioloop.threatmodel import ThreatModel, load_thf
+from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 
 SIZES = (10, 100, 1000)
 TARGET_KIB_PER_IDLE_SESSION = 100
@@ -74,7 +74,7 @@ def rss_bytes() -> int:
 
 
 def new_sessions(n: int, document: ThreatModel, provider: InProcessProvider) -> list[Session]:
-    return [Session(document=document, provider=provider, model="scripted-1") for _ in range(n)]
+    return [threat_model_session(document=document, provider=provider, model="scripted-1") for _ in range(n)]
 
 
 async def run_round(sessions: list[Session]) -> tuple[float, float, list[float]]:
@@ -83,7 +83,8 @@ async def run_round(sessions: list[Session]) -> tuple[float, float, list[float]]
 
     async def one(session: Session) -> None:
         started = time.perf_counter()
-        state = await session.send("Is the payment service covered?")
+        async with session:
+            state = await session.send("Is the payment service covered?")
         latencies.append(time.perf_counter() - started)
         if state.outcome is not Outcome.COMPLETED or len(state.calls) != 2:
             raise RuntimeError(f"unexpected turn: {state.outcome} with {len(state.calls)} calls")

@@ -6,6 +6,7 @@ import trio
 
 from trioloop import CallStatus, Phase, ScriptedProvider, Session, load_thf
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
+from trioloop.threatmodel import ThreatModel, threat_model_session
 
 THREAT = {"title": "Replayed webhook", "category": "Spoofing", "severity": "high", "element": "psp"}
 SCRIPT = [
@@ -14,7 +15,7 @@ SCRIPT = [
 ]
 
 
-async def review(session: Session) -> None:
+async def review(session: Session[ThreatModel]) -> None:
     async for state in session.states():  # the latest state only: a slow UI never stalls the turn
         if state.phase is Phase.AWAITING_APPROVAL:
             for call in state.current_calls:
@@ -25,8 +26,10 @@ async def review(session: Session) -> None:
 
 async def main(document_path: Path) -> None:
     document = load_thf(document_path)
-    async with ScriptedProvider(SCRIPT) as provider:  # or AnthropicProvider() / OpenAIProvider()
-        session = Session(document=document, provider=provider, model="scripted-1")
+    async with (
+        ScriptedProvider(SCRIPT) as provider,  # or AnthropicProvider() / OpenAIProvider()
+        threat_model_session(document=document, provider=provider, model="scripted-1") as session,
+    ):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(review, session)
             state = await session.send("Add a threat for webhook replay.")

@@ -13,9 +13,8 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QApplication
 
-from trioloop.loop.session import Session
 from trioloop.providers.scripted import ScriptedProvider
-from trioloop.threatmodel import load_thf
+from trioloop.threatmodel import load_thf, threat_model_session
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop.ui.qt import ReviewPanel, run_trio_guest
 
@@ -23,8 +22,12 @@ DOCUMENT = Path(__file__).with_name("payment.thf")
 
 
 async def review() -> None:
-    async with ScriptedProvider(DEMO_SCRIPT) as provider:
-        session = Session(document=load_thf(DOCUMENT), provider=provider, model="scripted-1", limits=DEMO_LIMITS)
+    async with (
+        ScriptedProvider(DEMO_SCRIPT) as provider,
+        threat_model_session(
+            document=load_thf(DOCUMENT), provider=provider, model="scripted-1", limits=DEMO_LIMITS
+        ) as session,
+    ):
         panel = ReviewPanel(session)
         panel.prompt_input.setText(DEMO_PROMPT)
         panel.resize(760, 820)

@@ -66,6 +66,7 @@ from trioloop.protocol import (
     ToolResultBlock,
     assert_tool_pairing,
 )
+from trioloop.threatmodel import THREAT_MODEL
 from trioloop.threatmodel.model import Element, Metadata, ThreatModel
 from trioloop.tools.untrusted_text import END_MARKER, START_MARKER, fence, sanitize_scalar
 
@@ -365,7 +366,9 @@ def test_a_read_tool_returning_a_document_changes_nothing() -> None:
     live = ThreatModel(metadata=Metadata(title="Shop"))
     history = UndoHistory()
     hacked = attrs.evolve(live, metadata=Metadata(title="Hacked"))
-    result = commit_tool_outcome(live, live, ToolOutcome.success("ok", document=hacked), READ, history, turn_id="turn")
+    result = commit_tool_outcome(
+        live, live, ToolOutcome.success("ok", document=hacked), READ, history, turn_id="turn", kind=THREAT_MODEL
+    )
     assert isinstance(result, Refused) and result.refusal is Refusal.READ_TOOL_MUTATED
     assert "read-only" in result.result
     assert history.entries == () and live.metadata.title == "Shop"

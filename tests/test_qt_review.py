@@ -32,7 +32,6 @@ from PySide6.QtWidgets import QAbstractButton, QApplication, QLabel
 
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.loop.machine import CallRecord, CallStatus, DenialReason, Outcome, Phase, TurnState
-from trioloop.loop.session import Session
 from trioloop.loop.tool_runtime import (
     ToolExecutionContext,
     ToolOutcome,
@@ -42,7 +41,7 @@ from trioloop.loop.tool_runtime import (
     tool_field,
 )
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
-from trioloop.threatmodel import ThreatModel, load_thf
+from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop.ui.qt import CallCard, NoticeKind, ReviewPanel, TrioGuestHost, run_trio_guest, turn_notice
 
@@ -251,10 +250,12 @@ def review_panel(
     running = Running(app=app, host=TrioGuestHost(app), original=document)
 
     async def main() -> None:
-        async with ScriptedProvider(steps) as provider:
-            session = Session(
-                document=document, provider=provider, model="scripted-1", registry=registry, limits=limits
-            )
+        async with (
+            ScriptedProvider(steps) as provider,
+            threat_model_session(
+                document=document, provider=provider, model="scripted-1", tools=registry, limits=limits
+            ) as session,
+        ):
             panel = ReviewPanel(session)
             panel.resize(760, 820)
             panel.show()

@@ -24,7 +24,7 @@ from trioloop.loop.tool_runtime import (
 from trioloop.loop.transaction import turn_undo_availability, undo_turn
 from trioloop.protocol import assert_tool_pairing, flatten_text
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
-from trioloop.threatmodel import ThreatModel, create_ai_tool_registry, load_thf
+from trioloop.threatmodel import THREAT_MODEL, ThreatModel, create_ai_tool_registry, load_thf
 
 PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
 
@@ -121,7 +121,7 @@ def approve_all(state: TurnState, controls: TurnControls) -> None:
 
 
 async def test_two_iteration_turn_over_loopback_commits_and_sends_results(document: ThreatModel) -> None:
-    workspace = Workspace(document=document)
+    workspace = Workspace(document=document, kind=THREAT_MODEL)
     steps = [
         ScriptStep(
             text="Adding a threat.",
@@ -164,7 +164,7 @@ async def test_two_iteration_turn_over_loopback_commits_and_sends_results(docume
 
 
 async def test_read_only_turn_never_pauses(document: ThreatModel) -> None:
-    workspace = Workspace(document=document)
+    workspace = Workspace(document=document, kind=THREAT_MODEL)
     phases: list[Phase] = []
     steps = [
         ScriptStep(tool_calls=(ScriptedCall(id="r1", name="get_document_summary", input={}),)),
@@ -183,7 +183,7 @@ async def test_reads_run_concurrently(document: ThreatModel) -> None:
         ScriptStep(tool_calls=(ScriptedCall(id="a", name="slow_a"), ScriptedCall(id="b", name="slow_b"))),
         ScriptStep(text="ok"),
     ]
-    final, _ = await drive(steps, Workspace(document=document), registry)
+    final, _ = await drive(steps, Workspace(document=document, kind=THREAT_MODEL), registry)
     assert final.outcome is Outcome.COMPLETED
     assert probe.max_running == 2
 
@@ -200,7 +200,7 @@ async def test_mutations_run_one_at_a_time_so_both_commit(document: ThreatModel)
         ScriptStep(tool_calls=(ScriptedCall(id="a", name="retitle_a"), ScriptedCall(id="b", name="retitle_b"))),
         ScriptStep(text="ok"),
     ]
-    workspace = Workspace(document=document)
+    workspace = Workspace(document=document, kind=THREAT_MODEL)
     final, _ = await drive(steps, workspace, registry, approve_all)
     assert probe.max_running == 1 and probe.started == ["retitle_a", "retitle_b"]
     assert [c.status for c in final.calls] == [CallStatus.SUCCEEDED, CallStatus.SUCCEEDED]
@@ -215,14 +215,16 @@ async def test_stop_during_stream_keeps_partial_text(document: ThreatModel) -> N
         if len(state.streaming_text) >= 50:
             controls.stop()
 
-    final, _ = await drive(steps, Workspace(document=document), create_ai_tool_registry(), stop_midway)
+    final, _ = await drive(
+        steps, Workspace(document=document, kind=THREAT_MODEL), create_ai_tool_registry(), stop_midway
+    )
     assert final.outcome is Outcome.CANCELLED
     kept = [flatten_text(m) for m in final.messages if m.role == "assistant"]
     assert kept and 50 <= len(kept[-1]) < 400 and set(kept[-1]) == {"x"}
 
 
 async def test_stop_during_approval_denies_pending_calls(document: ThreatModel) -> None:
-    workspace = Workspace(document=document)
+    workspace = Workspace(document=document, kind=THREAT_MODEL)
     steps = [ScriptStep(tool_calls=(ScriptedCall(id="d", name="delete_element", input={"id": "psp"}),))]
 
     def stop_on_review(state: TurnState, controls: TurnControls) -> None:
@@ -238,7 +240,7 @@ async def test_stop_during_approval_denies_pending_calls(document: ThreatModel) 
 async def test_stop_during_running_tool_discards_its_value(document: ThreatModel) -> None:
     probe = Probe()
     registry = create_tool_registry([sleepy_tool("retitle", probe, 0.2, effect="mutate", rename_to="hacked")])
-    workspace = Workspace(document=document)
+    workspace = Workspace(document=document, kind=THREAT_MODEL)
 
     def approve_then_stop(state: TurnState, controls: TurnControls) -> None:
         approve_all(state, controls)
@@ -269,7 +271,7 @@ async def test_tool_that_ignores_cancel_and_returns_a_document_is_not_committed(
     tool = define_executable_tool(
         name="stubborn", description="", effect="mutate", destructive=False, input_type=In, run=stubborn, summarize=str
     )
-    workspace = Workspace(document=document)
+    workspace = Workspace(document=document, kind=THREAT_MODEL)
 
     def approve_then_stop(state: TurnState, controls: TurnControls) -> None:
         approve_all(state, controls)
@@ -285,7 +287,9 @@ async def test_tool_that_ignores_cancel_and_returns_a_document_is_not_committed(
 async def test_deadline_cuts_a_stalled_stream(document: ThreatModel, autojump_clock: trio.testing.MockClock) -> None:
     steps = [ScriptStep(text="hello there", stall_after_bytes=200)]
     start = trio.current_time()
-    final, _ = await drive(steps, Workspace(document=document), create_ai_tool_registry(), turn_deadline_ms=5_000)
+    final, _ = await drive(
+        steps, Workspace(document=document, kind=THREAT_MODEL), create_ai_tool_registry(), turn_deadline_ms=5_000
+    )
     assert final.outcome is Outcome.BOUNDED
     assert trio.current_time() - start == pytest.approx(5.0, abs=0.01)
     assert final.notices
@@ -296,7 +300,7 @@ async def test_deadline_cuts_a_sleeping_tool(document: ThreatModel, autojump_clo
     registry = create_tool_registry([sleepy_tool("nap", probe, 3600)])
     steps = [ScriptStep(tool_calls=(ScriptedCall(id="n", name="nap"),))]
     start = trio.current_time()
-    final, _ = await drive(steps, Workspace(document=document), registry, turn_deadline_ms=2_000)
+    final, _ = await drive(steps, Workspace(document=document, kind=THREAT_MODEL), registry, turn_deadline_ms=2_000)
     assert final.outcome is Outcome.BOUNDED
     assert trio.current_time() - start == pytest.approx(2.0, abs=0.01)
     assert probe.saw_cancel == [True] and final.calls[0].status is CallStatus.DENIED
@@ -308,7 +312,9 @@ async def test_transient_failures_before_first_event_are_retried_within_budget(
     # Each 503 exhausts the transport's own 3 attempts; the turn then retries the request itself.
     busy = [ScriptStep(status=503)] * 3
     final, provider = await drive(
-        [*busy, ScriptStep(text="recovered")], Workspace(document=document), create_ai_tool_registry()
+        [*busy, ScriptStep(text="recovered")],
+        Workspace(document=document, kind=THREAT_MODEL),
+        create_ai_tool_registry(),
     )
     assert final.outcome is Outcome.COMPLETED and "recovered" in str(final.messages[-1])
     assert len(provider.requests) == 4  # three transport attempts, then one turn-level retry
@@ -318,7 +324,7 @@ async def test_transient_failures_before_first_event_are_retried_within_budget(
 async def test_retry_budget_is_held(document: ThreatModel, autojump_clock: trio.testing.MockClock) -> None:
     final, _ = await drive(
         [ScriptStep(status=429, retry_after=1)] * 40,
-        Workspace(document=document),
+        Workspace(document=document, kind=THREAT_MODEL),
         create_ai_tool_registry(),
         max_retries_per_turn=2,
     )
@@ -329,14 +335,14 @@ async def test_retry_budget_is_held(document: ThreatModel, autojump_clock: trio.
 
 async def test_failure_after_first_text_is_not_retried(document: ThreatModel) -> None:
     steps = [ScriptStep(text="partial answer", disconnect_after_bytes=400), ScriptStep(text="should not be used")]
-    final, provider = await drive(steps, Workspace(document=document), create_ai_tool_registry())
+    final, provider = await drive(steps, Workspace(document=document, kind=THREAT_MODEL), create_ai_tool_registry())
     assert final.outcome is Outcome.FAILED
     assert len(provider.requests) == 1
     assert final.budget.retries_used == 0
 
 
 async def test_bounded_turn_keeps_commits_and_one_undo_reverts_them(document: ThreatModel) -> None:
-    workspace = Workspace(document=document)
+    workspace = Workspace(document=document, kind=THREAT_MODEL)
 
     def add(cid: str, title: str) -> ScriptStep:
         threat = {"title": title, "category": "Tampering", "severity": "low", "element": "psp"}
@@ -365,7 +371,7 @@ async def test_outer_cancellation_still_settles(document: ThreatModel) -> None:
         with trio.move_on_after(0.2):
             await run_turn(
                 request("go", create_ai_tool_registry()),
-                Workspace(document=document),
+                Workspace(document=document, kind=THREAT_MODEL),
                 provider,
                 on_state=states.append,
             )
@@ -375,16 +381,14 @@ async def test_outer_cancellation_still_settles(document: ThreatModel) -> None:
 async def test_a_tool_that_never_reads_the_document_costs_no_copy(
     document: ThreatModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trioloop.loop.runner as runner_module
-
     copies: list[ThreatModel] = []
-    real = runner_module.detached_copy
+    real = THREAT_MODEL.private_copy
 
     def counting(model: ThreatModel) -> ThreatModel:
         copies.append(real(model))
         return copies[-1]
 
-    monkeypatch.setattr(runner_module, "detached_copy", counting)
+    monkeypatch.setattr(THREAT_MODEL, "private_copy", counting)
 
     async def ignore(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
         await trio.lowlevel.checkpoint()
@@ -401,7 +405,7 @@ async def test_a_tool_that_never_reads_the_document_costs_no_copy(
         ScriptStep(tool_calls=(ScriptedCall(id="i", name="ignore"), ScriptedCall(id="l", name="look"))),
         ScriptStep(text="ok"),
     ]
-    final, _ = await drive(steps, Workspace(document=document), registry)
+    final, _ = await drive(steps, Workspace(document=document, kind=THREAT_MODEL), registry)
     assert [c.result for c in final.calls] == ["did not look", f"looked at {document.metadata.title}"]
     assert len(copies) == 1 and copies[0] == document and copies[0] is not document
 
@@ -409,7 +413,7 @@ async def test_a_tool_that_never_reads_the_document_costs_no_copy(
 async def test_a_late_first_read_still_sees_the_document_as_the_call_started(document: ThreatModel) -> None:
     # The copy is made on the first read, but of the snapshot taken when the call started: a commit
     # by a concurrent mutation in between does not leak into it.
-    workspace = Workspace(document=document)
+    workspace = Workspace(document=document, kind=THREAT_MODEL)
     probe = Probe()
 
     renamed = trio.Event()

@@ -14,7 +14,7 @@ from trioloop.loop.session import Session, SessionBusy, TranscriptError
 from trioloop.loop.transaction import UndoAvailability
 from trioloop.protocol import Message, ToolCallBlock, assert_tool_pairing
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
-from trioloop.threatmodel import ThreatModel, load_thf
+from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 
 PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
 
@@ -31,7 +31,7 @@ def add_threat(cid: str, title: str) -> ScriptStep:
     )
 
 
-async def reviewer(session: Session, decide: str = "approve") -> None:
+async def reviewer(session: Session[ThreatModel], decide: str = "approve") -> None:
     """A UI-like task: watches states and answers each pending call through the session."""
     async for state in session.states():
         if state.phase is Phase.AWAITING_APPROVAL:
@@ -40,7 +40,7 @@ async def reviewer(session: Session, decide: str = "approve") -> None:
                     getattr(session, decide)(call.id)
 
 
-async def send_with_reviewer(session: Session, text: str, decide: str = "approve") -> TurnState:
+async def send_with_reviewer(session: Session[ThreatModel], text: str, decide: str = "approve") -> TurnState:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(reviewer, session, decide)
         state = await session.send(text)
@@ -50,8 +50,10 @@ async def send_with_reviewer(session: Session, text: str, decide: str = "approve
 
 async def test_turns_build_one_pairable_conversation(document: ThreatModel) -> None:
     steps = [add_threat("a", "First"), ScriptStep(text="Added."), ScriptStep(text="Second answer.")]
-    async with ScriptedProvider(steps) as provider:
-        session = Session(document=document, provider=provider, model="scripted-1")
+    async with (
+        ScriptedProvider(steps) as provider,
+        threat_model_session(document=document, provider=provider, model="scripted-1") as session,
+    ):
         first = await send_with_reviewer(session, "add a threat")
         assert first.outcome is Outcome.COMPLETED
         second = await session.send("thanks")
@@ -66,8 +68,10 @@ async def test_turns_build_one_pairable_conversation(document: ThreatModel) -> N
 
 
 async def test_second_send_while_busy_is_refused(document: ThreatModel) -> None:
-    async with ScriptedProvider([ScriptStep(text="slow", stall_after_bytes=50)]) as provider:
-        session = Session(document=document, provider=provider, model="scripted-1")
+    async with (
+        ScriptedProvider([ScriptStep(text="slow", stall_after_bytes=50)]) as provider,
+        threat_model_session(document=document, provider=provider, model="scripted-1") as session,
+    ):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(session.send, "first")
             await trio.testing.wait_all_tasks_blocked()
@@ -80,8 +84,10 @@ async def test_second_send_while_busy_is_refused(document: ThreatModel) -> None:
 
 
 async def test_denial_from_the_ui_task(document: ThreatModel) -> None:
-    async with ScriptedProvider([add_threat("a", "Nope"), ScriptStep(text="Understood.")]) as provider:
-        session = Session(document=document, provider=provider, model="scripted-1")
+    async with (
+        ScriptedProvider([add_threat("a", "Nope"), ScriptStep(text="Understood.")]) as provider,
+        threat_model_session(document=document, provider=provider, model="scripted-1") as session,
+    ):
         state = await send_with_reviewer(session, "add", decide="deny")
     assert state.calls[0].status is CallStatus.DENIED
     assert session.document is document
@@ -91,27 +97,31 @@ async def test_denial_from_the_ui_task(document: ThreatModel) -> None:
 async def test_slow_observer_sees_latest_state_not_a_backlog(document: ThreatModel) -> None:
     seen: list[TurnState] = []
 
-    async def slow_observer(session: Session) -> None:
+    async def slow_observer(session: Session[ThreatModel]) -> None:
         async for state in session.states():
             seen.append(state)
             await trio.sleep(0.05)  # far slower than the stream
 
     steps = [ScriptStep(text="y" * 2000, chunk_size=5)]
-    async with ScriptedProvider(steps) as provider:
-        session = Session(document=document, provider=provider, model="scripted-1")
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(slow_observer, session)
-            final = await session.send("go")
-            await trio.sleep(0.1)
-            nursery.cancel_scope.cancel()
+    async with (
+        ScriptedProvider(steps) as provider,
+        threat_model_session(document=document, provider=provider, model="scripted-1") as session,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(slow_observer, session)
+        final = await session.send("go")
+        await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
     assert final.outcome is Outcome.COMPLETED
     assert seen[-1] is final  # the observer caught up to the newest state
     assert len(seen) < 100  # it skipped states instead of queueing ~400 of them
 
 
 async def test_undo_last_turn_restores_and_is_single_use(document: ThreatModel) -> None:
-    async with ScriptedProvider([add_threat("a", "T"), ScriptStep(text="ok")]) as provider:
-        session = Session(document=document, provider=provider, model="scripted-1")
+    async with (
+        ScriptedProvider([add_threat("a", "T"), ScriptStep(text="ok")]) as provider,
+        threat_model_session(document=document, provider=provider, model="scripted-1") as session,
+    ):
         await send_with_reviewer(session, "add")
         assert session.undo_availability().undoable
         assert session.undo_last_turn()
@@ -123,8 +133,10 @@ async def test_undo_last_turn_restores_and_is_single_use(document: ThreatModel) 
 
 async def test_undo_is_unavailable_once_a_later_turn_committed(document: ThreatModel) -> None:
     steps = [add_threat("a", "One"), ScriptStep(text="ok"), add_threat("b", "Two"), ScriptStep(text="ok")]
-    async with ScriptedProvider(steps) as provider:
-        session = Session(document=document, provider=provider, model="scripted-1")
+    async with (
+        ScriptedProvider(steps) as provider,
+        threat_model_session(document=document, provider=provider, model="scripted-1") as session,
+    ):
         await send_with_reviewer(session, "first")
         await send_with_reviewer(session, "second")
         assert session.undo_last_turn()  # the second turn
@@ -132,8 +144,10 @@ async def test_undo_is_unavailable_once_a_later_turn_committed(document: ThreatM
 
 
 async def test_transcript_round_trip(document: ThreatModel, tmp_path: Path) -> None:
-    async with ScriptedProvider([add_threat("a", "T"), ScriptStep(text="ok")]) as provider:
-        session = Session(document=document, provider=provider, model="scripted-1")
+    async with (
+        ScriptedProvider([add_threat("a", "T"), ScriptStep(text="ok")]) as provider,
+        threat_model_session(document=document, provider=provider, model="scripted-1") as session,
+    ):
         await send_with_reviewer(session, "add")
     path = tmp_path / "t.json"
     session.save_transcript(path)
@@ -167,8 +181,8 @@ def test_bad_transcripts_are_refused(tmp_path: Path, content: str) -> None:
 
 def test_history_passed_in_is_kept_and_must_be_pairable(document: ThreatModel) -> None:
     history = (Message.user("hi"), Message.assistant("hello"))
-    session = Session(document=document, provider=None, model="m", history=history)  # type: ignore[arg-type]
+    session = threat_model_session(document=document, provider=None, model="m", history=history)  # type: ignore[arg-type]
     assert session.history == history
     open_call = (*history, Message(role="assistant", content=(ToolCallBlock(id="1", name="t"),)))
     with pytest.raises(TranscriptError):
-        Session(document=document, provider=None, model="m", history=open_call)  # type: ignore[arg-type]
+        threat_model_session(document=document, provider=None, model="m", history=open_call)  # type: ignore[arg-type]

@@ -37,7 +37,7 @@ from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.base import WireFormat
 from trioloop.providers.openai import OPENAI_WIRE
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
-from trioloop.threatmodel import ThreatModel
+from trioloop.threatmodel import THREAT_MODEL, ThreatModel
 
 WIRES: dict[str, WireFormat] = {"anthropic": ANTHROPIC_WIRE, "openai": OPENAI_WIRE}
 DEADLINE_S = 60.0
@@ -132,7 +132,7 @@ def run_once(
     cutter = Cutter(cut_at)
     log = RunLog()
     pre = payment()
-    workspace = Workspace(document=pre)
+    workspace = Workspace(document=pre, kind=THREAT_MODEL)
 
     async def main() -> tuple[TurnState, tuple[str, ...]]:
         controls = TurnControls()

@@ -28,7 +28,6 @@ from trioloop.loop.authorization import Violation
 from trioloop.loop.limits import TurnLimits
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
-from trioloop.loop.session import Session
 from trioloop.loop.tool_runtime import ToolRegistry
 from trioloop.protocol import (
     ChatRequest,
@@ -53,7 +52,7 @@ from trioloop.providers.openai import OPENAI_WIRE
 from trioloop.providers.retry import RetryPolicy
 from trioloop.providers.sse import INVALID_UTF8_MESSAGE, LINE_TOO_LONG_MESSAGE
 from trioloop.providers.transport import HttpChatProvider
-from trioloop.threatmodel import create_ai_tool_registry
+from trioloop.threatmodel import THREAT_MODEL, create_ai_tool_registry, threat_model_session
 
 T = TypeVar("T")
 
@@ -402,7 +401,7 @@ async def turn(
     """One turn over a real provider against ``responses``; returns the final state and request count."""
     router = Router()
     route = router.add(*responses)
-    workspace = Workspace(document=payment())
+    workspace = Workspace(document=payment(), kind=THREAT_MODEL)
     controls = TurnControls()
     states: list[TurnState] = []
 
@@ -564,8 +563,12 @@ async def test_a_provider_repeating_a_call_id(wire: str, autojump_clock: trio.te
         ok(wire, "Again.", (call("c1", "add_threat", threat=threat),)),
         ok(wire, "Done."),
     )
-    async with open_loopback_server(router) as server:
-        session = Session(document=payment(), provider=chat(wire, server.url, route, None), model=MODEL[wire])
+    async with (
+        open_loopback_server(router) as server,
+        threat_model_session(
+            document=payment(), provider=chat(wire, server.url, route, None), model=MODEL[wire]
+        ) as session,
+    ):
         await session.send("first")
         second = await session.send("second")
     assert second.outcome is Outcome.COMPLETED and second.calls == ()

@@ -32,6 +32,7 @@ from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
 from trioloop.loop.tool_runtime import PreparedCall, PrepareFailure, ToolExecutionContext
 from trioloop.protocol.events import MessageStart, ToolCallComplete
 from trioloop.threatmodel import (
+    THREAT_MODEL,
     CircularGroupNesting,
     DuplicateId,
     InvalidReference,
@@ -524,7 +525,7 @@ def test_a_turn_of_hostile_calls_leaves_the_document_alone() -> None:
     def check(calls: list[tuple[str, str, Any]]) -> None:
         nonlocal tried
         pre = payment()
-        workspace = Workspace(document=pre)
+        workspace = Workspace(document=pre, kind=THREAT_MODEL)
 
         async def main() -> tuple[TurnState, list[Any]]:
             controls = TurnControls()

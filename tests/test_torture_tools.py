@@ -21,7 +21,6 @@ from torture_support import PAYMENT, payment, record
 from trioloop.loop.limits import TurnLimits
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.runner import TOOL_CANCEL_GRACE_S, TurnControls, TurnRequest, Workspace, run_turn
-from trioloop.loop.session import Session
 from trioloop.loop.tool_runtime import (
     RegisteredTool,
     ToolExecutionContext,
@@ -32,10 +31,13 @@ from trioloop.loop.tool_runtime import (
 from trioloop.loop.transaction import undo_turn
 from trioloop.protocol import assert_tool_pairing
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
-from trioloop.threatmodel import Element, Threat, ThreatModel, dump_thf, load_thf
+from trioloop.threatmodel import THREAT_MODEL, Element, Threat, ThreatModel, dump_thf, load_thf, threat_model_session
 
 FAILED_RUNNING = "The tool failed while running ({})."
 NOT_AN_OUTCOME = "The tool returned something that is not a tool outcome."
+NOT_A_DOCUMENT = (
+    "The tool returned a document that is not a threat model (got {}, expected ThreatModel); nothing changed."
+)
 INVALID = "The change was not applied because the document would be invalid: "
 NOT_TEXT = "The tool returned a result that is not text, so the call failed and its result was discarded."
 READ_MUTATED = "A read-only tool returned a document change; it was refused and nothing changed."
@@ -115,7 +117,7 @@ async def one_turn(
         ScriptStep(tool_calls=(ScriptedCall(id="bad", name=bad.name, input={}), ScriptedCall(id="ok", name="sibling"))),
         ScriptStep(text="Understood."),
     ]
-    workspace = Workspace(document=document or payment())
+    workspace = Workspace(document=document or payment(), kind=THREAT_MODEL)
     controls = TurnControls()
     request = TurnRequest(
         text="go",
@@ -125,12 +127,21 @@ async def one_turn(
         limits=TurnLimits(turn_deadline_ms=DEADLINE_MS),
     )
     start = trio.current_time()
-    async with ScriptedProvider(steps) as provider:
+    # The tool nursery outlives the turn, as a Session's does: a tool that will not stop is abandoned by
+    # the turn (which returns at once) and cancelled again and awaited when this nursery closes.
+    async with ScriptedProvider(steps) as provider, trio.open_nursery() as tool_nursery:
         final = await run_turn(
-            request, workspace, provider, controls=controls, on_state=lambda s: on_state(s, controls)
+            request,
+            workspace,
+            provider,
+            tool_nursery=tool_nursery,
+            controls=controls,
+            on_state=lambda s: on_state(s, controls),
         )
+        elapsed = trio.current_time() - start
+        tool_nursery.cancel_scope.cancel()
     assert final.is_settled and assert_tool_pairing(final.messages) == ()
-    return TurnResult(final, provider.requests, workspace, trio.current_time() - start)
+    return TurnResult(final, provider.requests, workspace, elapsed)
 
 
 def garbage_cases() -> dict[str, tuple[Run, str]]:
@@ -164,11 +175,11 @@ def garbage_cases() -> dict[str, tuple[Run, str]]:
         "returns the document": (returning(lambda d: d), NOT_AN_OUTCOME),
         "document is a dict": (
             returning(lambda d: ToolOutcome.success("x", document=cast(Any, {"version": "1.0"}))),
-            NOT_AN_OUTCOME,
+            NOT_A_DOCUMENT.format("dict"),
         ),
         "document is an Element": (
             returning(lambda d: ToolOutcome.success("x", document=cast(Any, element))),
-            NOT_AN_OUTCOME,
+            NOT_A_DOCUMENT.format("Element"),
         ),
         "elements hold junk": (
             returning(lambda d: ToolOutcome.success("x", document=attrs.evolve(d, elements=cast(Any, ("junk",))))),
@@ -322,14 +333,16 @@ async def test_the_next_turn_is_told_the_hung_call_was_interrupted(autojump_cloc
         raise AssertionError("unreachable")
 
     steps = [ScriptStep(tool_calls=(ScriptedCall(id="bad", name="bad"),)), ScriptStep(text="Sorry.")]
-    async with ScriptedProvider(steps) as provider:
-        session = Session(
+    async with (
+        ScriptedProvider(steps) as provider,
+        threat_model_session(
             document=payment(),
             provider=provider,
             model="scripted-1",
-            registry=create_tool_registry([tool("bad", run)]),
+            tools=create_tool_registry([tool("bad", run)]),
             limits=TurnLimits(turn_deadline_ms=DEADLINE_MS),
-        )
+        ) as session,
+    ):
 
         async def review() -> None:
             async for state in session.states():
@@ -391,6 +404,72 @@ async def test_a_tool_that_keeps_working_after_cancel_is_abandoned(autojump_cloc
         note=f"returned {late:.0f} s after the deadline",
     )
     assert late == pytest.approx(GRACE_S)  # abandoned exactly when the grace ran out, not when it chose
+
+
+async def test_an_abandoned_tool_is_cancelled_again_and_awaited_when_the_session_closes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events: list[tuple[str, float]] = []
+
+    async def run(inp: Free, ctx: ToolExecutionContext) -> ToolOutcome:
+        try:  # swallows the turn's cancellation, then works on, shielded, for ten minutes
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            events.append(("first cancel", trio.current_time()))
+        with trio.CancelScope(shield=True):
+            await trio.sleep(600)
+        try:
+            await trio.sleep_forever()  # the session's close cancels it again here
+        finally:
+            events.append(("ended", trio.current_time()))
+        raise AssertionError("unreachable")
+
+    steps = [ScriptStep(tool_calls=(ScriptedCall(id="bad", name="bad"),)), ScriptStep(text="ok")]
+    start = trio.current_time()
+    async with ScriptedProvider(steps) as provider:
+        session = threat_model_session(
+            document=payment(),
+            provider=provider,
+            model="scripted-1",
+            tools=create_tool_registry([tool("bad", run)]),
+            limits=TurnLimits(turn_deadline_ms=DEADLINE_MS),
+        )
+        async with session:
+
+            async def review() -> None:
+                async for state in session.states():
+                    if state.phase is Phase.AWAITING_APPROVAL:
+                        session.approve("bad")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(review)
+                final = await session.send("go")
+                nursery.cancel_scope.cancel()
+            returned = trio.current_time() - start
+            assert events == [("first cancel", DEADLINE_MS / 1000)]  # abandoned, still running
+        closed = trio.current_time() - start
+    assert final.outcome is Outcome.BOUNDED and session.document is payment()
+    assert returned == pytest.approx(DEADLINE_MS / 1000 + GRACE_S)
+    # The session's close waited for the tool: its shielded work, then the second cancellation.
+    assert [name for name, _ in events] == ["first cancel", "ended"]
+    assert closed == pytest.approx(DEADLINE_MS / 1000 + 600) and events[1][1] == pytest.approx(closed)
+    record("tool fault: abandoned tool cancelled again and awaited at session close", tried=1, held=1)
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, ValueError])
+async def test_only_an_exception_is_contained_to_its_call(exc: type[BaseException]) -> None:
+    async def run(inp: Free, ctx: ToolExecutionContext) -> ToolOutcome:
+        await trio.lowlevel.checkpoint()
+        raise exc("boom")
+
+    if exc is ValueError:
+        result = await one_turn(tool("bad", run))
+        bad = result.final.call("bad")
+        assert bad is not None and bad.status is CallStatus.FAILED and "ValueError" in (bad.result or "")
+        return
+    with pytest.raises(BaseExceptionGroup) as caught:  # Trio's nurseries carry it out, as Trio intends
+        await one_turn(tool("bad", run))
+    assert caught.group_contains(KeyboardInterrupt)
 
 
 # --- tools that mutate what they were handed -------------------------------------------------------
@@ -479,7 +558,7 @@ async def test_undo_restores_the_pre_turn_document_even_after_an_in_place_change
         ScriptStep(text="ok"),
     ]
     bad = mutator("bad", _extra_metadata)
-    workspace = Workspace(document=pre)
+    workspace = Workspace(document=pre, kind=THREAT_MODEL)
     controls = TurnControls()
     request = TurnRequest(
         text="go", turn_id="turn-1", model="scripted-1", registry=create_tool_registry([tool("adder", add), bad])

@@ -22,6 +22,7 @@ from trioloop.loop import (
     turn_undo_availability,
     undo_turn,
 )
+from trioloop.threatmodel import THREAT_MODEL
 from trioloop.threatmodel.model import DataFlow, Element, Metadata, ThreatModel
 
 
@@ -62,7 +63,13 @@ def commit(
     turn_id: str = "t1",
 ) -> Committed | Unchanged | Refused:
     return commit_tool_outcome(
-        live, live if snapshot is None else snapshot, outcome, tool, history or UndoHistory(), turn_id=turn_id
+        live,
+        live if snapshot is None else snapshot,
+        outcome,
+        tool,
+        history or UndoHistory(),
+        turn_id=turn_id,
+        kind=THREAT_MODEL,
     )
 
 

@@ -18,6 +18,7 @@ from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.scripted import ScriptedProvider
 from trioloop.threatmodel import ThfError, ThreatModel, dump_thf, load_thf
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
+from trioloop.threatmodel.session import threat_model_session
 
 __all__ = ["DEFAULT_DEMO_FILE", "run_chat", "run_demo"]
 
@@ -46,7 +47,7 @@ def _load(path: Path) -> ThreatModel | None:
         return None
 
 
-async def _one_turn(session: Session, view: TurnView, text: str) -> TurnState:
+async def _one_turn(session: Session[ThreatModel], view: TurnView, text: str) -> TurnState:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(view.watch)
         state = await session.send(text)
@@ -55,7 +56,7 @@ async def _one_turn(session: Session, view: TurnView, text: str) -> TurnState:
     return state
 
 
-def _report(console: Console, session: Session, state: TurnState, before: ThreatModel) -> None:
+def _report(console: Console, session: Session[ThreatModel], state: TurnState, before: ThreatModel) -> None:
     console.print()
     console.print(Text(outcome_line(state), style="bold"))
     diff = document_diff(before, session.document)
@@ -73,8 +74,10 @@ async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, pro
     document = _load(path)
     if document is None:
         return 1
-    async with ScriptedProvider(DEMO_SCRIPT, wire="anthropic") as provider:
-        session = Session(document=document, provider=provider, model="scripted-1", limits=DEMO_LIMITS)
+    async with (
+        ScriptedProvider(DEMO_SCRIPT, wire="anthropic") as provider,
+        threat_model_session(document=document, provider=provider, model="scripted-1", limits=DEMO_LIMITS) as session,
+    ):
         console.print(Text(f"you> {DEMO_PROMPT}", style="bold"))
         view = TurnView(console, session, mode, prompt)
         state = await _one_turn(session, view, DEMO_PROMPT)
@@ -124,7 +127,19 @@ async def _chat(path: Path, provider_name: str, model: str, mode: ApproveMode, p
     document = _load(path)
     if document is None:
         return 1
-    session = Session(document=document, provider=_real_provider(provider_name, key), model=model)
+    async with threat_model_session(document=document, provider=_real_provider(provider_name, key), model=model) as s:
+        status = await _chat_turns(console, s, path, document, mode, prompt)
+    return status
+
+
+async def _chat_turns(
+    console: Console,
+    session: Session[ThreatModel],
+    path: Path,
+    document: ThreatModel,
+    mode: ApproveMode,
+    prompt: Callable[[str], str],
+) -> int:
     console.print(Text("Type a request; an empty line or Ctrl-D ends the chat.", style="dim"))
     while True:
         try:

@@ -62,7 +62,9 @@ def outcome_line(state: TurnState) -> str:
 class TurnView:
     """Prints one session's turns and answers approval requests according to ``mode``."""
 
-    def __init__(self, console: Console, session: Session, mode: ApproveMode, prompt: Prompt = input) -> None:
+    def __init__(
+        self, console: Console, session: Session[ThreatModel], mode: ApproveMode, prompt: Prompt = input
+    ) -> None:
         self.console = console
         self.session = session
         self.mode = mode

@@ -79,7 +79,7 @@ class Submit:
     turn_id: str = attrs.field(validator=_text)
     text: str = attrs.field(validator=_text)
     base_messages: tuple[Message, ...] = attrs.field(default=(), converter=_messages)
-    tool_set: ToolRegistry = attrs.field(validator=attrs.validators.instance_of(ToolRegistry))
+    tool_set: ToolRegistry[Any] = attrs.field(validator=attrs.validators.instance_of(ToolRegistry))
     limits: TurnLimits = attrs.field(default=DEFAULT_TURN_LIMITS, validator=attrs.validators.instance_of(TurnLimits))
     now_ms: int = attrs.field(validator=_now)
 
@@ -121,7 +121,7 @@ class CallSettled:
     """A started call finished (after its outcome went through `commit_tool_outcome`)."""
 
     call_id: str = attrs.field(validator=_text)
-    outcome: ToolOutcome = attrs.field(validator=attrs.validators.instance_of(ToolOutcome))
+    outcome: ToolOutcome[Any] = attrs.field(validator=attrs.validators.instance_of(ToolOutcome))
     now_ms: int = attrs.field(validator=_now)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Generic, TypeVar, final
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
 import attrs
 
@@ -95,7 +95,7 @@ class CallRecord:
     destructive: bool
     iteration: int
     status: CallStatus
-    prepared: PreparedCall | None = None
+    prepared: PreparedCall[Any] | None = None
     result: str | None = None
     is_error: bool = False
     denial_reason: DenialReason | None = None
@@ -267,7 +267,7 @@ class TurnState:
     phase: Phase = Phase.IDLE
     outcome: Outcome | None = None
     iteration: int = 0
-    tool_set: ToolRegistry = attrs.field(factory=create_tool_registry)
+    tool_set: ToolRegistry[Any] = attrs.field(factory=create_tool_registry)
     limits: TurnLimits = DEFAULT_TURN_LIMITS
     budget: TurnBudget = attrs.field(factory=TurnBudget)
     base_messages: tuple[Message, ...] = ()

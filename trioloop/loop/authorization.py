@@ -9,7 +9,7 @@ from a model or a document have a path to a grant. `authorize_start` is the one 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
@@ -104,7 +104,7 @@ def grant_for_batch(state: TurnState, call_ids: tuple[str, ...]) -> tuple[Grant,
     return tuple(grants)
 
 
-def auto_grant_read_only(tool: RegisteredTool, call: CallRecord, iteration: int) -> Grant:
+def auto_grant_read_only(tool: RegisteredTool[Any], call: CallRecord, iteration: int) -> Grant:
     """The read-only policy's grant; raises ValueError for a mutating or destructive tool."""
     if tool.effect != "read":
         raise ValueError(f'auto_grant_read_only refuses the mutating tool "{tool.name}".')

@@ -1,8 +1,12 @@
 """The Trio shell around the pure turn machine.
 
 ``run_turn`` owns one cancel scope (the turn deadline; Stop cancels it) and one nursery per turn. The
-provider request and every tool run are child tasks; everything they learn reaches the reducer through
-one inbox consumed by one task, so state has a single writer and a single order. The runner performs
+provider request is a child task of the turn; every tool run is a child task of the *tool nursery* the
+caller owns (the `Session` passes its own), so a tool that ignores cancellation can be abandoned after a
+bounded grace without leaving the structured-concurrency tree: it still has a parent, which cancels and
+awaits it when it closes. Everything the tasks learn reaches the reducer through one inbox consumed by
+one task, so state has a single writer and a single order. The runner knows no document type: the
+`DocumentKind` in the `Workspace` validates, copies and compares documents. The runner performs
 only the effects the state asks for and decides nothing about authorization: it starts what the reducer
 moved to ``running`` and nothing else.
 """
@@ -10,16 +14,16 @@ moved to ``running`` and nothing else.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Literal, TypeAlias
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 import attrs
 import trio
 
 from trioloop.loop._machine_text import NOT_TEXT_RESULT
+from trioloop.loop.document import DocumentKind
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits, budget_exhaustion
 from trioloop.loop.machine import (
     Advance,
@@ -44,7 +48,6 @@ from trioloop.protocol.messages import Message
 from trioloop.protocol.provider import ChatProvider
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import is_retriable
-from trioloop.threatmodel.model import ThreatModel, detached_copy
 
 __all__ = ["TOOL_CANCEL_GRACE_S", "TurnControls", "TurnRequest", "Workspace", "run_turn"]
 
@@ -59,12 +62,16 @@ _RETRY_CAP_S = 10.0
 StateObserver: TypeAlias = Callable[[TurnState], None]
 
 
-@attrs.define
-class Workspace:
-    """The live document and its undo history: the only mutable things a turn writes (via commits)."""
+D = TypeVar("D")
 
-    document: ThreatModel
-    undo: UndoHistory = attrs.field(factory=UndoHistory)
+
+@attrs.define(kw_only=True)
+class Workspace(Generic[D]):
+    """The live document, how to treat it, and its undo history: the only mutable things a turn writes."""
+
+    document: D
+    kind: DocumentKind[D]
+    undo: UndoHistory[D] = attrs.field(factory=UndoHistory)
 
 
 @attrs.frozen
@@ -179,7 +186,7 @@ class _SendToInbox(trio.abc.SendChannel[StreamEvent]):
 
 
 @attrs.frozen(kw_only=True)
-class TurnRequest:
+class TurnRequest(Generic[D]):
     """Everything one turn needs besides the live workspace."""
 
     text: str
@@ -187,34 +194,44 @@ class TurnRequest:
     model: str
     system: str = ""
     base_messages: tuple[Message, ...] = ()
-    registry: ToolRegistry = attrs.field(factory=lambda: ToolRegistry(()))
+    registry: ToolRegistry[D] = attrs.field(factory=lambda: ToolRegistry(()))
     limits: TurnLimits = DEFAULT_TURN_LIMITS
     max_output_tokens: int = 4096
     tool_cancel_grace_s: float = TOOL_CANCEL_GRACE_S
 
 
-def _checked_outcome(produced: object) -> ToolOutcome:
-    """What a tool returned, or a failure naming the fault: only a well-formed outcome may be committed."""
-    if not isinstance(produced, ToolOutcome) or not (
-        produced.document is None or isinstance(produced.document, ThreatModel)
-    ):
+def _checked_outcome(produced: object, snapshot: D, kind: DocumentKind[D]) -> ToolOutcome[D]:
+    """What a tool returned, or a failure naming the fault: only a well-formed outcome may be committed.
+
+    A proposed document must be of the live document's own type; anything else is named, not committed.
+    """
+    if not isinstance(produced, ToolOutcome):
         return ToolOutcome.failure(NOT_AN_OUTCOME)
     if not produced.is_text:
         return ToolOutcome.failure(NOT_TEXT_RESULT)
-    return produced
+    proposed = produced.document
+    if proposed is not None and not isinstance(proposed, type(snapshot)):
+        return ToolOutcome.failure(
+            f"The tool returned a document that is not a {kind.name} "
+            f"(got {type(proposed).__name__}, expected {type(snapshot).__name__}); nothing changed."
+        )
+    checked: ToolOutcome[D] = produced
+    return checked
 
 
-class _Turn:
+class _Turn(Generic[D]):
     def __init__(
         self,
-        request: TurnRequest,
-        workspace: Workspace,
+        request: TurnRequest[D],
+        workspace: Workspace[D],
         provider: ChatProvider,
         controls: TurnControls,
         on_state: StateObserver | None,
+        tool_nursery: trio.Nursery,
     ) -> None:
         self.request = request
         self.workspace = workspace
+        self.tool_nursery = tool_nursery
         self.provider = provider
         self.controls = controls
         self.on_state = on_state
@@ -377,38 +394,39 @@ class _Turn:
             if self.tools_running == 0:
                 self.tools_idle = trio.Event()  # set again when the last running tool ends
             self.tools_running += 1
-            # A system task, not a child of the turn: a tool that swallows Cancelled and keeps going
-            # can then be abandoned after a bounded grace (``await_tools``) instead of holding the turn.
-            trio.lowlevel.spawn_system_task(
-                self.tool_task,
-                call.id,
-                tool,
-                started.prepared.run,
-                snapshot,
-                scope,
-                name=f"trioloop tool {tool.name}",
-                context=contextvars.copy_context(),
+            # A child of the tool nursery, not of the turn: a tool that swallows Cancelled and keeps
+            # going is abandoned after a bounded grace (``await_tools``) instead of holding the turn,
+            # and the nursery's owner cancels and awaits it when it closes.
+            self.tool_nursery.start_soon(
+                self.tool_task, call.id, tool, started.prepared.run, snapshot, scope, name=f"trioloop tool {tool.name}"
             )
 
     async def tool_task(
         self,
         call_id: str,
-        tool: RegisteredTool,
-        run: Callable[[ToolExecutionContext], Any],
-        snapshot: ThreatModel,
+        tool: RegisteredTool[D],
+        run: Callable[[ToolExecutionContext[D]], Any],
+        snapshot: D,
         scope: trio.CancelScope,
     ) -> None:
         try:
-            # The tool gets a detached copy, made when it first reads ctx.document: nothing it does to
-            # it can reach the live document or the undo snapshot that undo restores.
-            outcome: ToolOutcome | None = None
+            # The tool gets a private copy, made when it first reads ctx.document (or the snapshot
+            # itself when the kind is immutable): nothing it does to it can reach the live document or
+            # the undo snapshot that undo restores.
+            kind = self.workspace.kind
+            outcome: ToolOutcome[D] | None = None
             with scope:
                 try:
-                    context = ToolExecutionContext.deferred(partial(detached_copy, snapshot), cancel_scope=scope)
+                    if kind.immutable:
+                        context = ToolExecutionContext(document=snapshot, cancel_scope=scope)
+                    else:
+                        context = ToolExecutionContext.deferred(
+                            partial(kind.private_copy, snapshot), cancel_scope=scope
+                        )
                     produced = await run(context)
                 except Exception as exc:  # contained to this call (Cancelled is not an Exception), reported
                     produced = ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
-                outcome = _checked_outcome(produced)
+                outcome = _checked_outcome(produced, snapshot, kind)
             if (
                 scope.cancel_called
                 or self.ending
@@ -418,9 +436,9 @@ class _Turn:
             ):
                 return  # cancelled or no longer wanted: whatever it returned is discarded, never committed
             self.commit_and_report(call_id, tool, snapshot, outcome)
-        except Exception as exc:  # a system task must never crash the run: report it as this call's failure
+        except Exception as exc:  # a tool task must never crash its nursery: report it as this call's failure
             if not self.ending:
-                failure = ToolOutcome.failure(f"The tool could not be settled ({type(exc).__name__}).")
+                failure: ToolOutcome[D] = ToolOutcome.failure(f"The tool could not be settled ({type(exc).__name__}).")
                 with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
                     self.controls._send.send_nowait(CallSettled(call_id=call_id, outcome=failure, now_ms=_now_ms()))
         finally:
@@ -429,13 +447,18 @@ class _Turn:
             if self.tools_running == 0:
                 self.tools_idle.set()
 
-    def commit_and_report(
-        self, call_id: str, tool: RegisteredTool, snapshot: ThreatModel, outcome: ToolOutcome
-    ) -> None:
+    def commit_and_report(self, call_id: str, tool: RegisteredTool[D], snapshot: D, outcome: ToolOutcome[D]) -> None:
         """Commit and report with no checkpoint in between, so no cancellation can split them."""
         committed = commit_tool_outcome(
-            self.workspace.document, snapshot, outcome, tool, self.workspace.undo, turn_id=self.request.turn_id
+            self.workspace.document,
+            snapshot,
+            outcome,
+            tool,
+            self.workspace.undo,
+            turn_id=self.request.turn_id,
+            kind=self.workspace.kind,
         )
+        settled: ToolOutcome[D]
         if isinstance(committed, Committed):
             self.workspace.document = committed.document
             self.workspace.undo = committed.history
@@ -472,17 +495,40 @@ class _Turn:
 
 
 async def run_turn(
-    request: TurnRequest,
-    workspace: Workspace,
+    request: TurnRequest[D],
+    workspace: Workspace[D],
     provider: ChatProvider,
     *,
+    tool_nursery: trio.Nursery | None = None,
     controls: TurnControls | None = None,
     on_state: StateObserver | None = None,
 ) -> TurnState:
     """Drive one turn to a settled state. Expected outcomes (stop, deadline, provider or tool failure)
-    are states, never exceptions; only a cancellation from outside the turn propagates."""
+    are states, never exceptions; only a cancellation from outside the turn propagates.
+
+    Tool runs are child tasks of ``tool_nursery``. Pass a nursery that outlives the turn (the `Session`
+    passes its own): a tool that ignores cancellation is then abandoned after the grace, its value
+    discarded, and the nursery cancels and awaits it when it closes. Without one, the turn opens its own,
+    and returning waits until every tool task has really ended.
+    """
+    if tool_nursery is not None:
+        return await _drive(request, workspace, provider, tool_nursery, controls, on_state)
+    async with trio.open_nursery() as own:
+        state = await _drive(request, workspace, provider, own, controls, on_state)
+        own.cancel_scope.cancel()  # the turn is settled: anything still running is not wanted
+    return state
+
+
+async def _drive(
+    request: TurnRequest[D],
+    workspace: Workspace[D],
+    provider: ChatProvider,
+    tool_nursery: trio.Nursery,
+    controls: TurnControls | None,
+    on_state: StateObserver | None,
+) -> TurnState:
     controls = controls or TurnControls()
-    turn = _Turn(request, workspace, provider, controls, on_state)
+    turn = _Turn(request, workspace, provider, controls, on_state, tool_nursery)
     now_ms = _now_ms()
     turn.apply(
         Submit(

@@ -10,7 +10,7 @@ import math
 import types
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 import attrs
 import cattrs
@@ -19,9 +19,6 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 
 from trioloop.loop.canonical import input_digest
 from trioloop.protocol.tools import ToolDefinition
-
-if TYPE_CHECKING:
-    from trioloop.threatmodel.model import ThreatModel
 
 __all__ = [
     "Effect",
@@ -39,22 +36,24 @@ __all__ = [
 
 Effect: TypeAlias = Literal["read", "mutate"]
 T = TypeVar("T")
+#: The document type a tool works on (any type: see `trioloop.loop.document.DocumentKind`).
+D = TypeVar("D")
 
 
 @attrs.frozen(kw_only=True)
-class ToolOutcome:
+class ToolOutcome(Generic[D]):
     """What a tool run produced: ok with a result text and maybe a whole next document, or an error."""
 
     ok: bool
     result: str
-    document: ThreatModel | None = None
+    document: D | None = None
 
     @classmethod
-    def success(cls, result: str, document: ThreatModel | None = None) -> ToolOutcome:
+    def success(cls, result: str, document: D | None = None) -> ToolOutcome[D]:
         return cls(ok=True, result=result, document=document)
 
     @classmethod
-    def failure(cls, result: str) -> ToolOutcome:
+    def failure(cls, result: str) -> ToolOutcome[D]:
         return cls(ok=False, result=result, document=None)
 
     @property
@@ -64,7 +63,7 @@ class ToolOutcome:
 
 
 @typing.final
-class ToolExecutionContext:
+class ToolExecutionContext(Generic[D]):
     """What a running tool may see: the document snapshot it starts from and its own cancel scope.
 
     ``ToolExecutionContext(document=..., cancel_scope=...)`` hands over a document as is. The runner
@@ -76,15 +75,15 @@ class ToolExecutionContext:
 
     __slots__ = ("_cancel_scope", "_document", "_make_document")
 
-    def __init__(self, *, document: ThreatModel, cancel_scope: trio.CancelScope | None = None) -> None:
-        self._document: ThreatModel = document
-        self._make_document: Callable[[], ThreatModel] | None = None
+    _document: D
+
+    def __init__(self, *, document: D, cancel_scope: trio.CancelScope | None = None) -> None:
+        self._document = document
+        self._make_document: Callable[[], D] | None = None
         self._cancel_scope = trio.CancelScope() if cancel_scope is None else cancel_scope
 
     @classmethod
-    def deferred(
-        cls, make_document: Callable[[], ThreatModel], *, cancel_scope: trio.CancelScope
-    ) -> ToolExecutionContext:
+    def deferred(cls, make_document: Callable[[], D], *, cancel_scope: trio.CancelScope) -> ToolExecutionContext[D]:
         """A context whose ``document`` is ``make_document()``, called once, on the first read."""
         context = cls.__new__(cls)
         context._make_document = make_document
@@ -92,7 +91,7 @@ class ToolExecutionContext:
         return context
 
     @property
-    def document(self) -> ThreatModel:
+    def document(self) -> D:
         make = self._make_document
         if make is not None:
             self._document = make()
@@ -113,16 +112,16 @@ class ToolExecutionContext:
         return f"ToolExecutionContext(document={document})"
 
 
-RunFn: TypeAlias = Callable[[ToolExecutionContext], Awaitable[ToolOutcome]]
+RunFn: TypeAlias = Callable[[ToolExecutionContext[D]], Awaitable[ToolOutcome[D]]]
 
 
 @attrs.frozen(kw_only=True)
-class PreparedCall:
+class PreparedCall(Generic[D]):
     """A validated call: plain-text summary for the reviewer, the digest a grant binds to, and ``run``."""
 
     summary: str
     input_digest: str
-    run: RunFn = attrs.field(eq=False, repr=False)
+    run: RunFn[D] = attrs.field(eq=False, repr=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -136,17 +135,17 @@ class PrepareFailure:
         return "; ".join(self.issues)
 
 
-PrepareFn: TypeAlias = Callable[[Any], "PreparedCall | PrepareFailure"]
+PrepareFn: TypeAlias = Callable[[Any], "PreparedCall[D] | PrepareFailure"]
 
 
 @attrs.frozen(kw_only=True)
-class RegisteredTool:
+class RegisteredTool(Generic[D]):
     name: str
     description: str
     effect: Effect
     destructive: bool
     json_schema: Mapping[str, Any] = attrs.field(eq=False, repr=False)
-    _prepare: PrepareFn = attrs.field(eq=False, repr=False, alias="prepare_fn")
+    _prepare: PrepareFn[D] = attrs.field(eq=False, repr=False, alias="prepare_fn")
 
     def __attrs_post_init__(self) -> None:
         if self.effect not in ("read", "mutate"):
@@ -154,7 +153,7 @@ class RegisteredTool:
         if self.effect == "read" and self.destructive:
             raise ValueError(f'Tool "{self.name}" cannot be both read-only and destructive.')
 
-    def prepare(self, raw: Any) -> PreparedCall | PrepareFailure:
+    def prepare(self, raw: Any) -> PreparedCall[D] | PrepareFailure:
         """Validate raw model input; never raises for any input."""
         try:
             return self._prepare(raw)
@@ -505,22 +504,22 @@ def define_executable_tool(
     effect: Effect,
     destructive: bool,
     input_type: type[T],
-    run: Callable[[T, ToolExecutionContext], ToolOutcome | Awaitable[ToolOutcome]],
+    run: Callable[[T, ToolExecutionContext[D]], ToolOutcome[D] | Awaitable[ToolOutcome[D]]],
     summarize: Callable[[T], str],
-) -> RegisteredTool:
+) -> RegisteredTool[D]:
     """Build a tool whose schema and validation both come from ``input_type`` (an attrs class)."""
     if not attrs.has(input_type):
         raise TypeError("input_type must be an attrs class")
     schema = json_schema_for(input_type)
 
-    def prepare(raw: Any) -> PreparedCall | PrepareFailure:
+    def prepare(raw: Any) -> PreparedCall[D] | PrepareFailure:
         structured: Any = structure_input(raw, input_type)
         if isinstance(structured, PrepareFailure):
             return structured
         validated: T = structured
         digest = input_digest(unstructure_input(validated))
 
-        async def run_call(ctx: ToolExecutionContext) -> ToolOutcome:
+        async def run_call(ctx: ToolExecutionContext[D]) -> ToolOutcome[D]:
             produced = run(validated, ctx)
             if inspect.isawaitable(produced):
                 produced = await produced
@@ -541,21 +540,21 @@ def define_executable_tool(
 
 
 @attrs.frozen
-class ToolRegistry:
+class ToolRegistry(Generic[D]):
     """A frozen, ordered set of tools resolved by exact name (no trimming, folding or normalizing)."""
 
-    tools: tuple[RegisteredTool, ...]
-    _by_name: Mapping[str, RegisteredTool] = attrs.field(init=False, repr=False, eq=False)
+    tools: tuple[RegisteredTool[D], ...]
+    _by_name: Mapping[str, RegisteredTool[D]] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        by_name: dict[str, RegisteredTool] = {}
+        by_name: dict[str, RegisteredTool[D]] = {}
         for tool in self.tools:
             if tool.name in by_name:
                 raise ValueError(f'Duplicate tool name "{tool.name}" in registry.')
             by_name[tool.name] = tool
         object.__setattr__(self, "_by_name", types.MappingProxyType(by_name))
 
-    def get(self, name: str) -> RegisteredTool | None:
+    def get(self, name: str) -> RegisteredTool[D] | None:
         if type(name) is not str:
             return None
         return self._by_name.get(name)
@@ -563,7 +562,7 @@ class ToolRegistry:
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and type(name) is str and name in self._by_name
 
-    def __iter__(self) -> Iterator[RegisteredTool]:
+    def __iter__(self) -> Iterator[RegisteredTool[D]]:
         return iter(self.tools)
 
     def __len__(self) -> int:
@@ -577,5 +576,6 @@ class ToolRegistry:
         return tuple(t.definition for t in self.tools)
 
 
-def create_tool_registry(tools: Iterable[RegisteredTool] = ()) -> ToolRegistry:
+def create_tool_registry(tools: Iterable[RegisteredTool[D]] = ()) -> ToolRegistry[D]:
+    """A frozen registry of ``tools`` in the order given (what the model sees); duplicate names are refused."""
     return ToolRegistry(tuple(tools))

@@ -3,19 +3,19 @@
 A tool proposes a whole next document; `commit_tool_outcome` either swaps it in or refuses, and on
 a turn's first commit records the pre-turn document in `UndoHistory` so the turn can be undone as
 one step. Everything here is a pure function over immutable values: the caller holds the live
-document and history and replaces them with what it gets back.
+document and history and replaces them with what it gets back. Documents are of any type ``D``; the
+`DocumentKind` validates them and compares them.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Final, final
+from typing import Final, Generic, TypeVar, final
 
 import attrs
 
+from trioloop.loop.document import DocumentKind
 from trioloop.loop.tool_runtime import RegisteredTool, ToolOutcome
-from trioloop.threatmodel.model import ThreatModel
-from trioloop.threatmodel.validation import validate_threat_model
 
 __all__ = [
     "DEFAULT_UNDO_ENTRIES",
@@ -32,15 +32,16 @@ __all__ = [
 ]
 
 DEFAULT_UNDO_ENTRIES: Final = 20
+D = TypeVar("D")
 
 
 @final
 @attrs.frozen(kw_only=True)
-class UndoEntry:
+class UndoEntry(Generic[D]):
     """The document as it was before ``turn_id`` changed it."""
 
     turn_id: str
-    document: ThreatModel
+    document: D
 
 
 @final
@@ -59,28 +60,28 @@ def _positive(instance: object, attribute: attrs.Attribute[int], value: object) 
 
 @final
 @attrs.frozen(kw_only=True)
-class UndoHistory:
+class UndoHistory(Generic[D]):
     """An immutable, capped undo stack (newest last); the oldest entry is dropped beyond the cap.
 
     ``retired`` remembers (up to the cap) which turns left the stack and whether by undo or by
     trimming, so availability can say "already undone" rather than "nothing to undo".
     """
 
-    entries: tuple[UndoEntry, ...] = ()
+    entries: tuple[UndoEntry[D], ...] = ()
     max_entries: int = attrs.field(default=DEFAULT_UNDO_ENTRIES, validator=_positive)
     retired: tuple[_Retired, ...] = ()
 
     @property
-    def top(self) -> UndoEntry | None:
+    def top(self) -> UndoEntry[D] | None:
         return self.entries[-1] if self.entries else None
 
-    def push(self, entry: UndoEntry) -> UndoHistory:
+    def push(self, entry: UndoEntry[D]) -> UndoHistory[D]:
         entries = (*self.entries, entry)
         cut = len(entries) - self.max_entries
         trimmed = tuple(_Retired(turn_id=e.turn_id, undone=False) for e in entries[:cut]) if cut > 0 else ()
         return attrs.evolve(self, entries=entries[max(cut, 0) :], retired=self._remember(trimmed))
 
-    def pop(self) -> UndoHistory:
+    def pop(self) -> UndoHistory[D]:
         """The history without its top entry (unchanged when empty)."""
         top = self.top
         if top is None:
@@ -107,11 +108,11 @@ class Refusal(enum.StrEnum):
 
 @final
 @attrs.frozen(kw_only=True)
-class Committed:
+class Committed(Generic[D]):
     """The proposed document is now live; ``history`` holds the turn's pre-turn snapshot."""
 
-    document: ThreatModel
-    history: UndoHistory
+    document: D
+    history: UndoHistory[D]
     result: str
 
 
@@ -140,19 +141,20 @@ _CHANGED_TEXT: Final = (
 
 
 def commit_tool_outcome(
-    live_document: ThreatModel,
-    call_snapshot: ThreatModel,
-    outcome: ToolOutcome,
-    tool: RegisteredTool,
-    history: UndoHistory,
+    live_document: D,
+    call_snapshot: D,
+    outcome: ToolOutcome[D],
+    tool: RegisteredTool[D],
+    history: UndoHistory[D],
     *,
     turn_id: str,
-) -> Committed | Unchanged | Refused:
+    kind: DocumentKind[D],
+) -> Committed[D] | Unchanged | Refused:
     """Commit a tool's proposed document, or say why not. First refusal wins:
 
     the tool failed (``tool_error``, its own text) -> a read tool proposed a document
     (``read_tool_mutated``) -> the live document is not the very object the call started from
-    (``document_changed``) -> the proposal fails `validate_threat_model` (``invalid_document``, with
+    (``document_changed``) -> the proposal fails ``kind.validate`` (``invalid_document``, with
     the validator's message for the model). Identity, not equality, decides "changed": an equal copy
     put in place by someone else is still a write the call did not see, and identity can never
     mistake two different edits for one. On the turn's first commit the pre-turn document is pushed.
@@ -166,11 +168,14 @@ def commit_tool_outcome(
         return Refused(refusal=Refusal.READ_TOOL_MUTATED, result=_READ_MUTATED_TEXT)
     if live_document is not call_snapshot:
         return Refused(refusal=Refusal.DOCUMENT_CHANGED, result=_CHANGED_TEXT)
-    problem = validate_threat_model(proposed)
+    try:
+        problem = kind.validate(proposed)
+    except Exception as exc:  # a validator bug refuses the change; it never commits an unchecked document
+        problem = f"the {kind.name} could not be validated ({type(exc).__name__})"
     if problem is not None:
         return Refused(
             refusal=Refusal.INVALID_DOCUMENT,
-            result=f"The change was not applied because the document would be invalid: {problem.message}",
+            result=f"The change was not applied because the document would be invalid: {problem}",
         )
     top = history.top
     if top is None or top.turn_id != turn_id:
@@ -194,16 +199,18 @@ class UndoAvailability(enum.StrEnum):
         return self is UndoAvailability.UNDOABLE
 
 
-def turn_undo_availability(history: UndoHistory, turn_id: str, snapshot: ThreatModel | None = None) -> UndoAvailability:
+def turn_undo_availability(
+    history: UndoHistory[D], turn_id: str, snapshot: D | None = None, *, kind: DocumentKind[D] | None = None
+) -> UndoAvailability:
     """Whether undoing ``turn_id`` now would restore exactly its pre-turn document.
 
     Only the top of the stack can be undone, and it is compared by value (turn id, and the pre-turn
-    ``snapshot`` when the caller kept it) -- never by a remembered depth, which a trimmed history
-    would alias to a newer entry. A turn that never committed has nothing to undo.
+    ``snapshot`` when the caller kept it, through ``kind.same`` when given) -- never by a remembered
+    depth, which a trimmed history would alias to a newer entry. A turn that never committed has nothing to undo.
     """
     top = history.top
     if top is not None and top.turn_id == turn_id:
-        if snapshot is None or top.document == snapshot:
+        if snapshot is None or (kind.same(top.document, snapshot) if kind is not None else top.document == snapshot):
             return UndoAvailability.UNDOABLE
         return UndoAvailability.SUPERSEDED
     if any(entry.turn_id == turn_id for entry in history.entries):
@@ -216,14 +223,19 @@ def turn_undo_availability(history: UndoHistory, turn_id: str, snapshot: ThreatM
 
 
 def undo_turn(
-    history: UndoHistory, live_document: ThreatModel, turn_id: str, snapshot: ThreatModel | None = None
-) -> tuple[ThreatModel, UndoHistory] | None:
+    history: UndoHistory[D],
+    live_document: D,
+    turn_id: str,
+    snapshot: D | None = None,
+    *,
+    kind: DocumentKind[D] | None = None,
+) -> tuple[D, UndoHistory[D]] | None:
     """The pre-turn document and the history without the turn's entry, or None when not undoable.
 
     ``live_document`` is the document the undo replaces whole; it is not consulted, because the
     turn's entry being on top already means nothing was recorded after the turn's changes.
     """
-    if not turn_undo_availability(history, turn_id, snapshot).undoable:
+    if not turn_undo_availability(history, turn_id, snapshot, kind=kind).undoable:
         return None
     top = history.top
     if top is None:  # undoable implies a top entry; kept total all the same

@@ -43,6 +43,7 @@ from trioloop.threatmodel.errors import (
     UnsupportedVersion,
 )
 from trioloop.threatmodel.graph_tools import GRAPH_ACTION_TOOLS
+from trioloop.threatmodel.kind import THREAT_MODEL, ThreatModelKind
 from trioloop.threatmodel.model import (
     DataFlow,
     Diagram,
@@ -61,12 +62,15 @@ from trioloop.threatmodel.model import (
 )
 from trioloop.threatmodel.read_tools import READ_TOOLS
 from trioloop.threatmodel.registry import create_ai_tool_registry
+from trioloop.threatmodel.session import THREAT_MODEL_SYSTEM_PROMPT, threat_model_session
 from trioloop.threatmodel.thf import dump_thf, load_thf
 from trioloop.threatmodel.validation import validate_threat_model
 
 __all__ = [
     "GRAPH_ACTION_TOOLS",
     "READ_TOOLS",
+    "THREAT_MODEL",
+    "THREAT_MODEL_SYSTEM_PROMPT",
     "ActionFailure",
     "AddDataFlow",
     "AddElement",
@@ -104,6 +108,7 @@ __all__ = [
     "ThfError",
     "Threat",
     "ThreatModel",
+    "ThreatModelKind",
     "ThreatUpdates",
     "TrustBoundary",
     "TrustBoundaryUpdates",
@@ -119,5 +124,6 @@ __all__ = [
     "create_ai_tool_registry",
     "dump_thf",
     "load_thf",
+    "threat_model_session",
     "validate_threat_model",
 ]

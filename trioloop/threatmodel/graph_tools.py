@@ -30,6 +30,7 @@ from trioloop.threatmodel.action_inputs import (
 )
 from trioloop.threatmodel.actions import ActionFailure, apply_action_with_report
 from trioloop.threatmodel.errors import quote
+from trioloop.threatmodel.model import ThreatModel
 
 __all__ = ["GRAPH_ACTION_TOOLS"]
 
@@ -41,7 +42,7 @@ _IDS: Final = (
 )
 
 
-def _run(input: Any, ctx: ToolExecutionContext) -> ToolOutcome:
+def _run(input: Any, ctx: ToolExecutionContext[ThreatModel]) -> ToolOutcome[ThreatModel]:
     result = apply_action_with_report(ctx.document, input)
     if isinstance(result, ActionFailure):
         return ToolOutcome.failure(result.message)
@@ -71,7 +72,7 @@ def _tool(
     summarize: Callable[[A], str],
     *,
     destructive: bool = False,
-) -> RegisteredTool:
+) -> RegisteredTool[ThreatModel]:
     return define_executable_tool(
         name=name,
         description=f"{description} {_IDS}",
@@ -100,7 +101,7 @@ def _threat_summary(action: AddThreat) -> str:
     return f"Add threat {quote(threat.title)} ({threat.category}, {threat.severity}){on}"
 
 
-GRAPH_ACTION_TOOLS: Final[tuple[RegisteredTool, ...]] = (
+GRAPH_ACTION_TOOLS: Final[tuple[RegisteredTool[ThreatModel], ...]] = (
     _tool(
         "add_element",
         "Add a component (process, data store, external entity, ...) to the threat model. Omit element.id "

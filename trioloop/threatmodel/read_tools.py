@@ -406,7 +406,7 @@ def _summary(document: ThreatModel) -> dict[str, Any]:
     return payload
 
 
-def _run_summary(_: DocumentSummaryInput, ctx: ToolExecutionContext) -> ToolOutcome:
+def _run_summary(_: DocumentSummaryInput, ctx: ToolExecutionContext[ThreatModel]) -> ToolOutcome[ThreatModel]:
     return read_success(GET_DOCUMENT_SUMMARY, _summary(ctx.document))
 
 
@@ -414,7 +414,7 @@ def _run_summary(_: DocumentSummaryInput, ctx: ToolExecutionContext) -> ToolOutc
 # get_entity and search_entities
 
 
-def _run_get_entity(request: GetEntityInput, ctx: ToolExecutionContext) -> ToolOutcome:
+def _run_get_entity(request: GetEntityInput, ctx: ToolExecutionContext[ThreatModel]) -> ToolOutcome[ThreatModel]:
     document = ctx.document
     entity = document.find(request.kind, request.id)
     if entity is None:
@@ -430,7 +430,9 @@ def _set_filters(request: SearchEntitiesInput) -> list[tuple[str, Any]]:
     return [(name, getattr(request, name)) for name in FILTER_ORDER if getattr(request, name) is not None]
 
 
-def _run_search_entities(request: SearchEntitiesInput, ctx: ToolExecutionContext) -> ToolOutcome:
+def _run_search_entities(
+    request: SearchEntitiesInput, ctx: ToolExecutionContext[ThreatModel]
+) -> ToolOutcome[ThreatModel]:
     kind = request.kind
     applicable = FILTERS_BY_KIND[kind]
     filters = _set_filters(request)
@@ -458,7 +460,7 @@ def _run_search_entities(request: SearchEntitiesInput, ctx: ToolExecutionContext
 # search_component_catalog
 
 
-def _run_search_catalog(request: SearchCatalogInput, _: ToolExecutionContext) -> ToolOutcome:
+def _run_search_catalog(request: SearchCatalogInput, _: ToolExecutionContext[ThreatModel]) -> ToolOutcome[ThreatModel]:
     entries = search_catalog(
         request.query or "",
         category=request.category,
@@ -497,7 +499,7 @@ GET_ENTITY: Final = "get_entity"
 SEARCH_ENTITIES: Final = "search_entities"
 SEARCH_COMPONENT_CATALOG: Final = "search_component_catalog"
 
-READ_TOOLS: Final[tuple[RegisteredTool, ...]] = (
+READ_TOOLS: Final[tuple[RegisteredTool[ThreatModel], ...]] = (
     define_executable_tool(
         name=GET_DOCUMENT_SUMMARY,
         description=(

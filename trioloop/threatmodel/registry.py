@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from trioloop.loop.tool_runtime import ToolRegistry, create_tool_registry
 from trioloop.threatmodel.graph_tools import GRAPH_ACTION_TOOLS
+from trioloop.threatmodel.model import ThreatModel
 from trioloop.threatmodel.read_tools import READ_TOOLS
 
 __all__ = ["GRAPH_ACTION_TOOLS", "READ_TOOLS", "create_ai_tool_registry"]
 
 
-def create_ai_tool_registry() -> ToolRegistry:
+def create_ai_tool_registry() -> ToolRegistry[ThreatModel]:
     """A fresh registry of every shipped tool: read tools first, then graph action tools."""
     return create_tool_registry((*READ_TOOLS, *GRAPH_ACTION_TOOLS))

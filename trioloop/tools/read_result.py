@@ -211,7 +211,7 @@ def payload_bytes(payload: Mapping[str, Any]) -> int:
     return len(canonical_json(dict(payload)).encode("utf-8"))
 
 
-def read_success(tool: str, payload: Mapping[str, Any]) -> ToolOutcome:
+def read_success(tool: str, payload: Mapping[str, Any]) -> ToolOutcome[Any]:
     """Fence a payload (adding `"tool"`) as an ok outcome; it never carries a document."""
     full = {**payload, "tool": tool}
     size = payload_bytes(full)
@@ -269,7 +269,7 @@ def paginate(
     return {**envelope, "page": page, "results": [dict(item) for item in results]}
 
 
-def _failure(code: ReadFailureCode, message: str) -> ToolOutcome:
+def _failure(code: ReadFailureCode, message: str) -> ToolOutcome[Any]:
     return ToolOutcome.failure(f"{code.value}: {message}")
 
 
@@ -277,7 +277,7 @@ def _entries(count: int) -> str:
     return "1 entry" if count == 1 else f"{count} entries"
 
 
-def unknown_id(kind: str, entity_id: str, section_size: int) -> ToolOutcome:
+def unknown_id(kind: str, entity_id: str, section_size: int) -> ToolOutcome[Any]:
     """No entity of `kind` has `entity_id`; says how many exist and how to list them."""
     echo = quote_untrusted(entity_id, ECHO_MAX_CODE_POINTS)
     if section_size == 0:
@@ -290,7 +290,7 @@ def unknown_id(kind: str, entity_id: str, section_size: int) -> ToolOutcome:
     return _failure(ReadFailureCode.UNKNOWN_ID, f'No "{kind}" entity has the id {echo}. {hint}')
 
 
-def invalid_filter(filter_name: str, kind: str, applicable: Sequence[str]) -> ToolOutcome:
+def invalid_filter(filter_name: str, kind: str, applicable: Sequence[str]) -> ToolOutcome[Any]:
     """A filter was set that `kind` does not support; names the filters it does."""
     return _failure(
         ReadFailureCode.INVALID_FILTER,
@@ -299,7 +299,7 @@ def invalid_filter(filter_name: str, kind: str, applicable: Sequence[str]) -> To
     )
 
 
-def offset_out_of_range(kind: str, offset: int, total: int) -> ToolOutcome:
+def offset_out_of_range(kind: str, offset: int, total: int) -> ToolOutcome[Any]:
     """`offset` is at or past the number of matches (only raised when there is at least one match)."""
     valid = "The only valid offset is 0" if total == 1 else f"Use an offset from 0 to {total - 1}"
     return _failure(
@@ -309,7 +309,7 @@ def offset_out_of_range(kind: str, offset: int, total: int) -> ToolOutcome:
     )
 
 
-def entity_too_large(kind: str, entity_id: str, size: int) -> ToolOutcome:
+def entity_too_large(kind: str, entity_id: str, size: int) -> ToolOutcome[Any]:
     """The full projection of one entity would exceed the byte cap even after per-field caps."""
     echo = quote_untrusted(entity_id, ECHO_MAX_CODE_POINTS)
     return _failure(

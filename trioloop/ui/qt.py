@@ -11,8 +11,11 @@ Needs the ``trioloop[qt]`` extra (PySide6). Typical use::
     app = QApplication([])
 
     async def main() -> None:
-        async with ScriptedProvider(steps) as provider:
-            panel = ReviewPanel(Session(document=doc, provider=provider, model="scripted-1"))
+        async with (
+            ScriptedProvider(steps) as provider,
+            Session(document=doc, kind=kind, provider=provider, model="scripted-1", tools=tools) as session,
+        ):
+            panel = ReviewPanel(session)
             panel.show()
             await panel.serve()  # returns when the panel's window is closed
 
@@ -25,7 +28,7 @@ import contextlib
 import enum
 import math
 from collections.abc import Callable, Iterator
-from typing import Final, final
+from typing import Any, Final, final
 
 import trio
 from PySide6.QtCore import Signal
@@ -146,7 +149,7 @@ class ReviewPanel(QWidget):
 
     state_changed = Signal(object)
 
-    def __init__(self, session: Session, parent: QWidget | None = None) -> None:
+    def __init__(self, session: Session[Any], parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("reviewPanel")
         self._session = session
@@ -235,7 +238,7 @@ class ReviewPanel(QWidget):
     # -- what an app or a test reads -------------------------------------------------------------
 
     @property
-    def session(self) -> Session:
+    def session(self) -> Session[Any]:
         return self._session
 
     @property

@@ -1,0 +1,125 @@
+"""The document interface: what the loop needs from a document type ``D``, and nothing more.
+
+The core never looks inside a document. It asks a `DocumentKind` four things: is this proposed next document
+valid (``validate``), give a tool a private copy it may do anything to (``private_copy``, skipped when the kind
+declares its documents ``immutable``), are these two documents the same (``same``, for undo availability), and
+what changed between two (``diff``, for previews and the CLI). A domain implements it once; `define_document_kind`
+builds one from plain functions for the common cases (a string, a frozen attrs value).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar, final
+
+import attrs
+
+__all__ = ["DocumentKind", "SimpleDocumentKind", "define_document_kind", "text_diff"]
+
+D = TypeVar("D")
+
+
+class DocumentKind(Protocol[D]):
+    """What the loop needs from documents of type ``D``. Every method is pure and must not raise."""
+
+    @property
+    def name(self) -> str:
+        """A short noun for messages and cards ("threat model", "note")."""
+        ...
+
+    @property
+    def immutable(self) -> bool:
+        """True when a ``D`` can never change in place: tools then share the snapshot, and no copy is made."""
+        ...
+
+    def validate(self, document: D) -> str | None:
+        """None when ``document`` may become the live document, else a message the model can act on."""
+        ...
+
+    def private_copy(self, document: D) -> D:
+        """An equal document sharing no mutable object with ``document`` (only called when not immutable)."""
+        ...
+
+    def same(self, a: D, b: D) -> bool:
+        """Whether two documents are the same content (undo availability compares with it)."""
+        ...
+
+    def diff(self, before: D, after: D) -> str:
+        """A plain-text unified diff from ``before`` to ``after``; empty when they are the same."""
+        ...
+
+
+def text_diff(before: str, after: str, *, before_name: str = "before", after_name: str = "after") -> str:
+    """A unified line diff of two texts (empty when equal)."""
+    if before == after:
+        return ""
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), before_name, after_name
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def _no_problem(document: Any) -> str | None:
+    return None
+
+
+def _equal(a: Any, b: Any) -> bool:
+    return bool(a == b)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SimpleDocumentKind(Generic[D]):
+    """A `DocumentKind` made of plain functions (see `define_document_kind`)."""
+
+    name: str
+    validator: Callable[[D], str | None] = attrs.field(default=_no_problem, repr=False)
+    copier: Callable[[D], D] | None = attrs.field(default=None, repr=False)
+    render: Callable[[D], str] = attrs.field(default=str, repr=False)
+    comparer: Callable[[D, D], bool] = attrs.field(default=_equal, repr=False)
+
+    @property
+    def immutable(self) -> bool:
+        return self.copier is None
+
+    def validate(self, document: D) -> str | None:
+        return self.validator(document)
+
+    def private_copy(self, document: D) -> D:
+        return document if self.copier is None else self.copier(document)
+
+    def same(self, a: D, b: D) -> bool:
+        return a is b or self.comparer(a, b)
+
+    def diff(self, before: D, after: D) -> str:
+        return text_diff(self.render(before), self.render(after))
+
+
+def define_document_kind(
+    name: str,
+    *,
+    validate: Callable[[D], str | None] | None = None,
+    copy_with: Callable[[D], D] | None = None,
+    mutable: bool = False,
+    render: Callable[[D], str] = str,
+    same: Callable[[D, D], bool] | None = None,
+) -> SimpleDocumentKind[D]:
+    """A document kind from functions.
+
+    ``validate`` returns None or a message for the model (default: every document is valid). Documents are
+    immutable by default (a ``str``, a tuple, a frozen attrs class of immutable fields): tools share them. For a
+    mutable type pass ``mutable=True`` (each tool gets ``copy.deepcopy``) or your own ``copy_with``. ``render``
+    gives the text ``diff`` compares (default ``str``); ``same`` defaults to ``==``.
+    """
+    copier: Callable[[D], D] | None = copy_with
+    if copier is None and mutable:
+        copier = copy.deepcopy
+    return SimpleDocumentKind(
+        name=name,
+        validator=validate if validate is not None else _no_problem,
+        copier=copier,
+        render=render,
+        comparer=same if same is not None else _equal,
+    )

@@ -1,0 +1,45 @@
+"""The threat model as a document kind: how the generic core validates, copies, compares and diffs it."""
+
+from __future__ import annotations
+
+from typing import final
+
+from trioloop.loop.document import text_diff
+from trioloop.threatmodel.model import ThreatModel, detached_copy
+from trioloop.threatmodel.thf import dump_thf
+from trioloop.threatmodel.validation import validate_threat_model
+
+__all__ = ["THREAT_MODEL", "ThreatModelKind"]
+
+
+@final
+class ThreatModelKind:
+    """`DocumentKind[ThreatModel]`: `validate_threat_model`, `detached_copy`, value equality, a `.thf` diff."""
+
+    name = "threat model"
+
+    @property
+    def immutable(self) -> bool:
+        return False
+
+    def validate(self, document: ThreatModel) -> str | None:
+        problem = validate_threat_model(document)
+        return None if problem is None else problem.message
+
+    def private_copy(self, document: ThreatModel) -> ThreatModel:
+        return detached_copy(document)
+
+    def same(self, a: ThreatModel, b: ThreatModel) -> bool:
+        return a is b or a == b
+
+    def diff(self, before: ThreatModel, after: ThreatModel) -> str:
+        if self.same(before, after):
+            return ""
+        return text_diff(dump_thf(before), dump_thf(after), before_name="before.thf", after_name="after.thf")
+
+    def __repr__(self) -> str:
+        return "THREAT_MODEL"
+
+
+#: The one instance apps pass as ``Session(kind=...)`` for `.thf` documents.
+THREAT_MODEL = ThreatModelKind()

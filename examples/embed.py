@@ -4,9 +4,8 @@ from pathlib import Path
 
 import trio
 
-from trioloop import CallStatus, Phase, ScriptedProvider, Session, load_thf
+from trioloop import CallStatus, Phase, ScriptedProvider, Session, ThreatModel, load_thf, threat_model_session
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
-from trioloop.threatmodel import ThreatModel, threat_model_session
 
 THREAT = {"title": "Replayed webhook", "category": "Spoofing", "severity": "high", "element": "psp"}
 SCRIPT = [

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import trioloop
+import trioloop.lowlevel
 
 DESIGN_NAMES = [
     "ThreatModel",
@@ -80,13 +81,157 @@ DESIGN_NAMES = [
 
 
 def test_design_names_are_exported() -> None:
-    missing = [name for name in DESIGN_NAMES if name not in trioloop.__all__ or not hasattr(trioloop, name)]
+    # Each DESIGN.md name is public: at the top level (what an app uses) or in trioloop.lowlevel (the machine).
+    missing = [name for name in DESIGN_NAMES if not hasattr(trioloop, name) and not hasattr(trioloop.lowlevel, name)]
     assert missing == []
+
+
+#: What an app uses. Pinned: a name added or dropped here is a public API change, made on purpose.
+TOP_LEVEL = [
+    "DEFAULT_TURN_LIMITS",
+    "THREAT_MODEL",
+    "Aborted",
+    "AnthropicProvider",
+    "CallRecord",
+    "CallStatus",
+    "ChatProvider",
+    "ChatRequest",
+    "DocumentKind",
+    "Effect",
+    "Message",
+    "MessageStart",
+    "MessageStop",
+    "OpenAIProvider",
+    "Outcome",
+    "Phase",
+    "PrepareFailure",
+    "PreparedCall",
+    "ProtocolError",
+    "ProtocolErrorCode",
+    "RegisteredTool",
+    "ScriptedProvider",
+    "Session",
+    "SessionBusy",
+    "SessionClosed",
+    "SimpleDocumentKind",
+    "StreamError",
+    "StreamEvent",
+    "TextBlock",
+    "TextDelta",
+    "ThfError",
+    "ThreatModel",
+    "ToolCallBlock",
+    "ToolCallComplete",
+    "ToolCallInputDelta",
+    "ToolCallStart",
+    "ToolDefinition",
+    "ToolError",
+    "ToolExecutionContext",
+    "ToolOutcome",
+    "ToolRegistry",
+    "ToolResultBlock",
+    "Toolset",
+    "TranscriptError",
+    "TurnControls",
+    "TurnLimits",
+    "TurnRequest",
+    "TurnState",
+    "UndoAvailability",
+    "UndoHistory",
+    "Usage",
+    "Workspace",
+    "__version__",
+    "apply_action",
+    "assert_tool_pairing",
+    "create_ai_tool_registry",
+    "create_tool_registry",
+    "define_document_kind",
+    "define_executable_tool",
+    "dump_thf",
+    "function_tool",
+    "load_thf",
+    "redact_provider_detail",
+    "run_turn",
+    "text_diff",
+    "threat_model_session",
+    "tool_field",
+    "validate_threat_model",
+]
+
+#: The reducer, its commands, grants, tables and the pure commit/undo functions.
+LOW_LEVEL = [
+    "CALL_STATUS_EDGES",
+    "PHASE_TRANSITIONS",
+    "Advance",
+    "ApproveBatch",
+    "ApproveCall",
+    "Bound",
+    "CallSettled",
+    "Cancel",
+    "Committed",
+    "Denial",
+    "DenialReason",
+    "DenyCall",
+    "Grant",
+    "InputKind",
+    "Refusal",
+    "Refused",
+    "Retry",
+    "StartCall",
+    "Submit",
+    "TurnBudget",
+    "TurnCommand",
+    "TurnInput",
+    "Unchanged",
+    "UndoEntry",
+    "UndoTurn",
+    "Violation",
+    "ViolationRecord",
+    "authorize_start",
+    "auto_grant_read_only",
+    "bound_notice",
+    "budget_exhaustion",
+    "canonical_json",
+    "commit_tool_outcome",
+    "grant_for_batch",
+    "grant_for_call",
+    "input_digest",
+    "reduce_turn",
+    "tool_call_cap",
+    "turn_undo_availability",
+    "undo_turn",
+]
+
+
+def test_the_two_public_lists_are_pinned() -> None:
+    assert trioloop.__all__ == TOP_LEVEL
+    assert trioloop.lowlevel.__all__ == LOW_LEVEL
+    assert not set(TOP_LEVEL) & set(LOW_LEVEL)  # each name has one home
+
+
+def test_the_machine_is_not_at_the_top_level() -> None:
+    for name in ("reduce_turn", "Submit", "ApproveCall", "grant_for_call", "PHASE_TRANSITIONS", "commit_tool_outcome"):
+        assert name in trioloop.lowlevel.__all__ and name not in trioloop.__all__
+
+
+def test_version_matches_the_project_metadata() -> None:
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    assert trioloop.__version__ == project["version"]
 
 
 @pytest.mark.parametrize(
     "module",
-    ["trioloop", "trioloop.protocol", "trioloop.threatmodel", "trioloop.loop", "trioloop.tools", "trioloop.providers"],
+    [
+        "trioloop",
+        "trioloop.lowlevel",
+        "trioloop.protocol",
+        "trioloop.threatmodel",
+        "trioloop.loop",
+        "trioloop.tools",
+        "trioloop.providers",
+    ],
 )
 def test_all_is_sorted_and_resolves(module: str) -> None:
     mod = importlib.import_module(module)

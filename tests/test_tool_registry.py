@@ -58,7 +58,11 @@ def test_package_exports() -> None:
     assert set(trioloop.tools.__all__) == {
         "END_MARKER",
         "START_MARKER",
+        "ToolError",
         "fence",
+        "function_tool",
+        "parse_docstring",
+        "sanitize_scalar",
     }
     assert START_MARKER == "<<<UNTRUSTED_DOCUMENT_DATA>>>" and END_MARKER == "<<<END_UNTRUSTED_DOCUMENT_DATA>>>"
     assert callable(fence)

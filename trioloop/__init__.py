@@ -1,49 +1,42 @@
 """trioloop: a bounded, cancellable, reviewable AI tool loop for Trio.
 
-The public names are gathered here; see README.md for the tour and DESIGN notes in each package.
+What an app uses is gathered here: the `Session` over any document type (with its `DocumentKind`), tools
+from typed functions (`function_tool`) or attrs input classes (`define_executable_tool`), the providers,
+the limits, the state an observer reads, and the provider-neutral messages and stream events. The threat
+model, the first shipped domain, is re-exported for convenience (`trioloop.threatmodel` holds all of it).
+The reducer, its commands, grants and tables live in `trioloop.lowlevel`, for those who drive the machine
+themselves.
+
+Layers (a lower one never imports a higher one): `protocol` (vocabulary, `ChatProvider`) -> `providers`
+(wire formats, HTTP) and `loop` (document interface, limits, authorization, tool runtime, reducer,
+transaction, runner, session; generic over the document) -> `tools` (domain-free tool helpers) -> domains
+(`threatmodel`) -> faces (`cli`, `ui`). A test walks the imports and enforces it.
 """
 
-from trioloop.loop import (
-    DEFAULT_TURN_LIMITS,
-    Advance,
-    ApproveBatch,
-    ApproveCall,
-    CallSettled,
-    CallStatus,
-    Cancel,
-    DenyCall,
-    Grant,
-    Outcome,
-    Phase,
+from importlib.metadata import PackageNotFoundError, version
+
+from trioloop.loop.document import DocumentKind, SimpleDocumentKind, define_document_kind, text_diff
+from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnState
+from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.loop.session import Session, SessionBusy, SessionClosed, Toolset, TranscriptError
+from trioloop.loop.tool_runtime import (
+    Effect,
     PreparedCall,
+    PrepareFailure,
     RegisteredTool,
-    Retry,
-    StartCall,
-    Submit,
     ToolExecutionContext,
     ToolOutcome,
-    TurnLimits,
-    TurnState,
-    UndoHistory,
-    UndoTurn,
-    Violation,
-    authorize_start,
-    auto_grant_read_only,
-    budget_exhaustion,
-    canonical_json,
-    commit_tool_outcome,
+    ToolRegistry,
     create_tool_registry,
     define_executable_tool,
-    grant_for_batch,
-    grant_for_call,
-    input_digest,
-    reduce_turn,
-    turn_undo_availability,
+    tool_field,
 )
-from trioloop.loop.runner import run_turn
-from trioloop.loop.session import Session
+from trioloop.loop.transaction import UndoAvailability, UndoHistory
 from trioloop.protocol import (
     Aborted,
+    ChatProvider,
+    ChatRequest,
     Message,
     MessageStart,
     MessageStop,
@@ -57,6 +50,7 @@ from trioloop.protocol import (
     ToolCallComplete,
     ToolCallInputDelta,
     ToolCallStart,
+    ToolDefinition,
     ToolResultBlock,
     Usage,
     assert_tool_pairing,
@@ -66,44 +60,52 @@ from trioloop.providers.anthropic import AnthropicProvider
 from trioloop.providers.openai import OpenAIProvider
 from trioloop.providers.scripted import ScriptedProvider
 from trioloop.threatmodel import (
+    THREAT_MODEL,
     ThfError,
     ThreatModel,
     apply_action,
+    create_ai_tool_registry,
     dump_thf,
     load_thf,
+    threat_model_session,
     validate_threat_model,
 )
-from trioloop.threatmodel.registry import create_ai_tool_registry
+from trioloop.tools.functions import ToolError, function_tool
+
+try:
+    __version__ = version("trioloop")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "DEFAULT_TURN_LIMITS",
+    "THREAT_MODEL",
     "Aborted",
-    "Advance",
     "AnthropicProvider",
-    "ApproveBatch",
-    "ApproveCall",
-    "CallSettled",
+    "CallRecord",
     "CallStatus",
-    "Cancel",
-    "DenyCall",
-    "Grant",
+    "ChatProvider",
+    "ChatRequest",
+    "DocumentKind",
+    "Effect",
     "Message",
     "MessageStart",
     "MessageStop",
     "OpenAIProvider",
     "Outcome",
     "Phase",
+    "PrepareFailure",
     "PreparedCall",
     "ProtocolError",
     "ProtocolErrorCode",
     "RegisteredTool",
-    "Retry",
     "ScriptedProvider",
     "Session",
-    "StartCall",
+    "SessionBusy",
+    "SessionClosed",
+    "SimpleDocumentKind",
     "StreamError",
     "StreamEvent",
-    "Submit",
     "TextBlock",
     "TextDelta",
     "ThfError",
@@ -112,33 +114,36 @@ __all__ = [
     "ToolCallComplete",
     "ToolCallInputDelta",
     "ToolCallStart",
+    "ToolDefinition",
+    "ToolError",
     "ToolExecutionContext",
     "ToolOutcome",
+    "ToolRegistry",
     "ToolResultBlock",
+    "Toolset",
+    "TranscriptError",
+    "TurnControls",
     "TurnLimits",
+    "TurnRequest",
     "TurnState",
+    "UndoAvailability",
     "UndoHistory",
-    "UndoTurn",
     "Usage",
-    "Violation",
+    "Workspace",
+    "__version__",
     "apply_action",
     "assert_tool_pairing",
-    "authorize_start",
-    "auto_grant_read_only",
-    "budget_exhaustion",
-    "canonical_json",
-    "commit_tool_outcome",
     "create_ai_tool_registry",
     "create_tool_registry",
+    "define_document_kind",
     "define_executable_tool",
     "dump_thf",
-    "grant_for_batch",
-    "grant_for_call",
-    "input_digest",
+    "function_tool",
     "load_thf",
     "redact_provider_detail",
-    "reduce_turn",
     "run_turn",
-    "turn_undo_availability",
+    "text_diff",
+    "threat_model_session",
+    "tool_field",
     "validate_threat_model",
 ]

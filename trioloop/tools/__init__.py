@@ -1,5 +1,8 @@
-"""Helpers for writing tools of any domain: untrusted-text sanitizing and fencing, bounded read results."""
+"""Helpers for writing tools of any domain: tools from typed functions, untrusted-text sanitizing and
+fencing, bounded read results. Nothing here knows a document type.
+"""
 
-from trioloop.tools.untrusted_text import END_MARKER, START_MARKER, fence
+from trioloop.tools.functions import ToolError, function_tool, parse_docstring
+from trioloop.tools.untrusted_text import END_MARKER, START_MARKER, fence, sanitize_scalar
 
-__all__ = ["END_MARKER", "START_MARKER", "fence"]
+__all__ = ["END_MARKER", "START_MARKER", "ToolError", "fence", "function_tool", "parse_docstring", "sanitize_scalar"]

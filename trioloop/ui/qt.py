@@ -31,6 +31,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final, final
 
 import trio
+
+try:
+    import PySide6  # noqa: F401 -- only to turn a missing extra into a message that says what to install
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by tests/test_layers.py
+    raise ImportError('trioloop.ui.qt needs the Qt extra: pip install "trioloop[qt]"') from exc
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QCloseEvent, QTextCursor
 from PySide6.QtWidgets import (

@@ -1,0 +1,92 @@
+"""The machine itself, for those who drive it without a `Session`: the pure reducer, its commands, grants,
+the transition tables, the budget check, the commit/undo functions and canonical digests.
+
+An app normally needs none of this: `trioloop.Session` (or `trioloop.run_turn`) feeds the reducer and runs
+what it allows. Everything here is pure and document-free except `commit_tool_outcome` and `undo_turn`,
+which are generic over the document type.
+"""
+
+from trioloop.loop.authorization import (
+    Denial,
+    Grant,
+    Violation,
+    authorize_start,
+    auto_grant_read_only,
+    grant_for_batch,
+    grant_for_call,
+)
+from trioloop.loop.canonical import canonical_json, input_digest
+from trioloop.loop.limits import Bound, TurnBudget, bound_notice, budget_exhaustion, tool_call_cap
+from trioloop.loop.machine import (
+    CALL_STATUS_EDGES,
+    PHASE_TRANSITIONS,
+    Advance,
+    ApproveBatch,
+    ApproveCall,
+    CallSettled,
+    Cancel,
+    DenialReason,
+    DenyCall,
+    InputKind,
+    Retry,
+    StartCall,
+    Submit,
+    TurnCommand,
+    TurnInput,
+    UndoTurn,
+    ViolationRecord,
+    reduce_turn,
+)
+from trioloop.loop.transaction import (
+    Committed,
+    Refusal,
+    Refused,
+    Unchanged,
+    UndoEntry,
+    commit_tool_outcome,
+    turn_undo_availability,
+    undo_turn,
+)
+
+__all__ = [
+    "CALL_STATUS_EDGES",
+    "PHASE_TRANSITIONS",
+    "Advance",
+    "ApproveBatch",
+    "ApproveCall",
+    "Bound",
+    "CallSettled",
+    "Cancel",
+    "Committed",
+    "Denial",
+    "DenialReason",
+    "DenyCall",
+    "Grant",
+    "InputKind",
+    "Refusal",
+    "Refused",
+    "Retry",
+    "StartCall",
+    "Submit",
+    "TurnBudget",
+    "TurnCommand",
+    "TurnInput",
+    "Unchanged",
+    "UndoEntry",
+    "UndoTurn",
+    "Violation",
+    "ViolationRecord",
+    "authorize_start",
+    "auto_grant_read_only",
+    "bound_notice",
+    "budget_exhaustion",
+    "canonical_json",
+    "commit_tool_outcome",
+    "grant_for_batch",
+    "grant_for_call",
+    "input_digest",
+    "reduce_turn",
+    "tool_call_cap",
+    "turn_undo_availability",
+    "undo_turn",
+]

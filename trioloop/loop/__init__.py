@@ -1,4 +1,10 @@
-"""The turn loop: limits, authorization, the pure turn reducer, tool runtime and document transactions."""
+"""The generic core: the document interface, limits, authorization, the pure turn reducer, tool runtime,
+document transactions, the Trio runner and the Session.
+
+Nothing here knows a document type: a `DocumentKind` validates, copies, compares and diffs documents for
+the core, and tools, outcomes, undo history and sessions are generic over the document type ``D``. It
+imports nothing from a domain (`trioloop.threatmodel`) or a face (`trioloop.cli`, `trioloop.ui`).
+"""
 
 from trioloop.loop.authorization import (
     Denial,
@@ -10,6 +16,7 @@ from trioloop.loop.authorization import (
     grant_for_call,
 )
 from trioloop.loop.canonical import canonical_json, input_digest
+from trioloop.loop.document import DocumentKind, SimpleDocumentKind, define_document_kind, text_diff
 from trioloop.loop.limits import (
     DEFAULT_TURN_LIMITS,
     Bound,
@@ -85,6 +92,7 @@ __all__ = [
     "Denial",
     "DenialReason",
     "DenyCall",
+    "DocumentKind",
     "Effect",
     "Grant",
     "InputKind",
@@ -96,6 +104,7 @@ __all__ = [
     "Refused",
     "RegisteredTool",
     "Retry",
+    "SimpleDocumentKind",
     "StartCall",
     "Submit",
     "ToolExecutionContext",
@@ -120,11 +129,13 @@ __all__ = [
     "canonical_json",
     "commit_tool_outcome",
     "create_tool_registry",
+    "define_document_kind",
     "define_executable_tool",
     "grant_for_batch",
     "grant_for_call",
     "input_digest",
     "reduce_turn",
+    "text_diff",
     "tool_call_cap",
     "tool_field",
     "turn_undo_availability",

@@ -144,8 +144,18 @@ class Session(Generic[D]):
         """Start ``toolset`` in the session's nursery and offer its tools from the next turn on."""
         if self._controls is not None:
             raise SessionBusy("Tools cannot change while a turn is running.")
-        tools = tuple(await self.nursery.start(toolset.run))
-        self.registry = create_tool_registry((*self.registry.tools, *tools))
+        scope = trio.CancelScope()
+
+        async def hosted(task_status: trio.TaskStatus[Sequence[RegisteredTool[D]]] = trio.TASK_STATUS_IGNORED) -> None:
+            with scope:
+                await toolset.run(task_status=task_status)
+
+        tools = tuple(await self.nursery.start(hosted))
+        try:
+            self.registry = create_tool_registry((*self.registry.tools, *tools))
+        except ValueError:
+            scope.cancel()  # refused (a duplicate name): its connection closes now, not at session close
+            raise
         return tools
 
     # -- what the app reads ----------------------------------------------------------------------

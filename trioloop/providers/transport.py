@@ -116,6 +116,15 @@ def _loopback_host(host: str) -> bool:
         return False
 
 
+def _endpoint_url(base_url: str, endpoint: str) -> str:
+    """``endpoint`` appended to the base URL's path; a query (Azure's ``?api-version=``) stays at the end."""
+    try:
+        url = httpx.URL(base_url)
+        return str(url.copy_with(path=url.path.rstrip("/") + endpoint))
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return base_url.rstrip("/") + endpoint  # refused when the request is made, with a typed error
+
+
 def parse_retry_after(value: str | None) -> float | None:
     """Seconds from a ``retry-after`` header in delay-seconds form, clamped to 10 minutes.
 
@@ -165,7 +174,7 @@ class HttpTransport:
             raise ValueError("max_response_bytes must be a positive int")
         self._wire = wire
         self._key = None if api_key is None else ApiKey(api_key)
-        self._url = (base_url or wire.default_base_url).rstrip("/") + wire.endpoint
+        self._url = _endpoint_url(base_url or wire.default_base_url, wire.endpoint)
         self._client = client
         self._read_timeout = float(read_timeout)
         self._max_bytes = max_response_bytes

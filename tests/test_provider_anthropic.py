@@ -27,7 +27,12 @@ from trioloop.protocol import (
     Usage,
     is_terminal,
 )
-from trioloop.providers.anthropic import ANTHROPIC_WIRE, AnthropicStreamMapper, build_anthropic_body
+from trioloop.providers.anthropic import (
+    ANTHROPIC_WIRE,
+    AnthropicRequestOptions,
+    AnthropicStreamMapper,
+    build_anthropic_body,
+)
 from trioloop.providers.base import Messages
 from trioloop.providers.sse import SseFrame
 
@@ -56,7 +61,8 @@ def test_body_has_top_level_system_blocks_and_stream() -> None:
         ),
     )
     body = build_anthropic_body(
-        ChatRequest(model="m", system="Be terse.", messages=history, tools=(TOOL,), max_tokens=77)
+        ChatRequest(model="m", system="Be terse.", messages=history, tools=(TOOL,), max_tokens=77),
+        AnthropicRequestOptions(prompt_caching=False),
     )
     assert body == {
         "model": "m",
@@ -91,7 +97,7 @@ def test_body_omits_empty_system_tools_and_empty_text() -> None:
         Message(role="assistant", content=(TextBlock(text=""), ToolCallBlock(id="t", name="x", input=[1]))),
         Message(role="user", content=(TextBlock(text=""),)),
     )
-    body = build_anthropic_body(ChatRequest(model="m", messages=history))
+    body = build_anthropic_body(ChatRequest(model="m", messages=history), AnthropicRequestOptions(prompt_caching=False))
     assert "system" not in body and "tools" not in body
     assert body["messages"] == [
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "x", "input": {}}]}

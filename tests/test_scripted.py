@@ -98,7 +98,15 @@ async def test_requests_are_recorded_for_inspection(wire: WireName, autojump_clo
     if wire == "anthropic":
         assert second["messages"][-1] == {
             "role": "user",
-            "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "entity a", "is_error": False}],
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "c1",
+                    "content": "entity a",
+                    "is_error": False,
+                    "cache_control": {"type": "ephemeral"},  # the conversation prefix is a cache breakpoint
+                }
+            ],
         }
     else:
         assert second["messages"][-1] == {"role": "tool", "tool_call_id": "c1", "content": "entity a"}

@@ -64,6 +64,7 @@ __all__ = [
     "ANTHROPIC_VERSION",
     "ANTHROPIC_WIRE",
     "AnthropicProvider",
+    "AnthropicRequestOptions",
     "AnthropicStreamMapper",
     "AnthropicWire",
     "build_anthropic_body",
@@ -391,11 +392,39 @@ def _tool_use_input(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+_EPHEMERAL: Final = {"type": "ephemeral"}
+MIN_THINKING_BUDGET: Final = 1024
+
+
+def _budget(inst: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < MIN_THINKING_BUDGET):
+        raise ValueError(f"{attribute.name} must be None or an int >= {MIN_THINKING_BUDGET}, got {value!r}")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class AnthropicRequestOptions:
+    """Opt-in extended thinking and prompt caching for Messages API requests.
+
+    ``thinking_budget_tokens`` turns extended thinking on with that budget (at least 1024; ``max_tokens``
+    is raised above it when needed). ``prompt_caching`` puts cache breakpoints on the system prompt,
+    the tool list and the conversation so far, so every iteration of a turn rereads the prefix from cache.
+    """
+
+    thinking_budget_tokens: int | None = attrs.field(default=None, validator=_budget)
+    prompt_caching: bool = True
+
+
 def _message_to_wire(message: Message) -> dict[str, Any] | None:
     results: list[dict[str, Any]] = []
     others: list[dict[str, Any]] = []
     for block in message.content:
-        if isinstance(block, TextBlock):
+        if isinstance(block, ThinkingBlock):
+            # Sent back verbatim, signature included: a tool-use continuation is refused without it.
+            others.append({"type": "thinking", "thinking": block.thinking, "signature": block.signature})
+        elif isinstance(block, RedactedThinkingBlock):
+            others.append({"type": "redacted_thinking", "data": block.data})
+        elif isinstance(block, TextBlock):
             if block.text:  # the API rejects empty text blocks
                 others.append({"type": "text", "text": block.text})
         elif isinstance(block, ToolCallBlock):
@@ -417,22 +446,46 @@ def _message_to_wire(message: Message) -> dict[str, Any] | None:
     return {"role": message.role, "content": content}
 
 
-def build_anthropic_body(request: ChatRequest) -> dict[str, Any]:
+def _mark_prefix(messages: list[dict[str, Any]]) -> None:
+    """A cache breakpoint on the last block of the last message that can carry one (not a thinking block)."""
+    if not messages:
+        return
+    content = messages[-1]["content"]
+    for index in range(len(content) - 1, -1, -1):
+        if content[index]["type"] not in ("thinking", "redacted_thinking"):
+            content[index] = {**content[index], "cache_control": _EPHEMERAL}
+            return
+
+
+def build_anthropic_body(request: ChatRequest, options: AnthropicRequestOptions | None = None) -> dict[str, Any]:
     """The Messages API request: top-level ``system``, tool_use/tool_result blocks, ``stream: true``."""
+    options = options or AnthropicRequestOptions()
     messages = [m for m in (_message_to_wire(message) for message in request.messages) if m is not None]
+    budget = options.thinking_budget_tokens
+    max_tokens = request.max_tokens if budget is None or request.max_tokens > budget else budget + request.max_tokens
     body: dict[str, Any] = {
         "model": request.model,
-        "max_tokens": request.max_tokens,
+        "max_tokens": max_tokens,
         "messages": messages,
         "stream": True,
     }
+    if budget is not None:
+        body["thinking"] = {"type": "enabled", "budget_tokens": budget}
     if request.system:
-        body["system"] = request.system
+        if options.prompt_caching:
+            body["system"] = [{"type": "text", "text": request.system, "cache_control": _EPHEMERAL}]
+        else:
+            body["system"] = request.system
     if request.tools:
-        body["tools"] = [
+        tools: list[dict[str, Any]] = [
             {"name": tool.name, "description": tool.description, "input_schema": dict(tool.json_schema)}
             for tool in request.tools
         ]
+        if options.prompt_caching:
+            tools[-1] = {**tools[-1], "cache_control": _EPHEMERAL}
+        body["tools"] = tools
+    if options.prompt_caching:
+        _mark_prefix(messages)
     return body
 
 
@@ -516,11 +569,14 @@ class AnthropicWire:
     default_base_url: Final = "https://api.anthropic.com"
     endpoint: Final = "/v1/messages"
 
+    def __init__(self, options: AnthropicRequestOptions | None = None) -> None:
+        self.options = options or AnthropicRequestOptions()
+
     def auth_headers(self, api_key: str) -> dict[str, str]:
         return {"x-api-key": api_key, "anthropic-version": ANTHROPIC_VERSION}
 
     def build_body(self, request: ChatRequest) -> dict[str, Any]:
-        return build_anthropic_body(request)
+        return build_anthropic_body(request, self.options)
 
     def new_mapper(self, *, scrub: Callable[[str], str] | None = None) -> AnthropicStreamMapper:
         return AnthropicStreamMapper(scrub=scrub)
@@ -561,9 +617,11 @@ class AnthropicProvider(HttpChatProvider):
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
         model_table: Mapping[str, ModelCapabilities] = MODEL_TABLE,
+        options: AnthropicRequestOptions | None = None,
     ) -> None:
+        """``options`` turns on extended thinking (opt-in) or off prompt caching (on by default)."""
         super().__init__(
-            ANTHROPIC_WIRE,
+            AnthropicWire(options),
             api_key=api_key,
             base_url=base_url,
             client=client,

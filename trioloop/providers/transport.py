@@ -22,7 +22,13 @@ import trio
 
 from trioloop.protocol.errors import ProtocolError, ProtocolErrorCode
 from trioloop.protocol.events import Aborted, StreamError, StreamEvent, is_terminal
-from trioloop.protocol.preflight import MODEL_TABLE, ModelCapabilities, preflight_request
+from trioloop.protocol.preflight import (
+    MODEL_TABLE,
+    ModelCapabilities,
+    lookup_model,
+    preflight_request,
+    unknown_model_warning,
+)
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers._redact import REDACTED, EventScrubber
 from trioloop.providers.base import AttemptOutcome, Messages, StreamMapper, Transport, WireFormat
@@ -437,6 +443,7 @@ class HttpChatProvider:
     ) -> None:
         self._wire = wire
         self._table = model_table
+        self._warned: set[str] = set()
         http = HttpTransport(
             wire,
             api_key=api_key,
@@ -471,6 +478,12 @@ class HttpChatProvider:
             _log.debug("provider consumer went away before the stream ended")
 
     async def _run(self, request: ChatRequest, out: _TerminalGuard) -> None:
+        if (
+            request.model not in self._warned
+            and lookup_model(request.model, provider=self._wire.name, table=self._table) is None
+        ):
+            self._warned.add(request.model)  # once per model: a warning per request would drown the log
+            _log.warning("%s", unknown_model_warning(request.model))
         try:
             prepared = preflight_request(request, provider=self._wire.name, table=self._table)
         except ProtocolError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import attrs
@@ -26,7 +27,14 @@ from trioloop.protocol import (
     turn_groups,
 )
 from trioloop.protocol.budget import estimate_message_tokens, estimate_text_tokens, estimate_tools_tokens
-from trioloop.protocol.preflight import MODEL_TABLE, ModelCapabilities, lookup_model, model_table, preflight_request
+from trioloop.protocol.preflight import (
+    MODEL_TABLE,
+    ModelCapabilities,
+    lookup_model,
+    model_table,
+    preflight_request,
+    unknown_model_warning,
+)
 from trioloop.providers import AnthropicProvider, OpenAIProvider
 from trioloop.providers._loopback import open_loopback_server, replay
 
@@ -80,11 +88,25 @@ def test_capabilities_reject_nonsense_limits() -> None:
         )
 
 
-@pytest.mark.parametrize("model", ["gpt-4o", "some-future-model", "claude-sonnet-4", ""])
-def test_unknown_or_foreign_model_with_tools_is_refused(model: str) -> None:
-    with pytest.raises(ProtocolError) as caught:
-        preflight_request(request(model, tools=True), provider="anthropic")
-    assert caught.value.code is ProtocolErrorCode.UNSUPPORTED_CAPABILITY
+@pytest.mark.parametrize("model", ["gpt-4o", "some-future-model", "claude-sonnet-4", "qwen2.5-coder:7b"])
+def test_unknown_or_foreign_model_with_tools_is_sent_untouched(model: str) -> None:
+    original = request(model, tools=True, max_tokens=999_999)
+    assert preflight_request(original, provider="anthropic") is original
+    assert "assuming it can call tools" in unknown_model_warning(model)
+
+
+async def test_the_provider_warns_once_per_unknown_model(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    send, _receive = trio.open_memory_channel[StreamEvent](math.inf)
+    async with open_loopback_server(replay([])) as server:
+        chat = AnthropicProvider("k", base_url=server.url, retry=None)
+        with caplog.at_level(logging.WARNING, logger="trioloop.providers"):
+            for _ in range(2):
+                await chat.stream(request("claude-from-the-future", tools=True), send)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [unknown_model_warning("claude-from-the-future")]
+    assert len(server.requests) == 2  # sent, not refused
 
 
 def test_unknown_model_text_only_passes_untouched() -> None:
@@ -192,12 +214,19 @@ def test_budgeted_history_is_a_fitting_suffix_of_whole_groups(groups: list[tuple
 async def test_refusal_happens_before_any_network_call(
     provider_class: type[AnthropicProvider] | type[OpenAIProvider], autojump_clock: trio.testing.MockClock
 ) -> None:
-    table = model_table([SMALL["small"], attrs.evolve(SMALL["small"], id="small-openai", provider="openai")])
+    provider_name = "anthropic" if provider_class is AnthropicProvider else "openai"
+    table = model_table(
+        [
+            SMALL["small"],
+            attrs.evolve(SMALL["small"], id="small-openai", provider="openai"),
+            attrs.evolve(SMALL["small"], id="no-tools", provider=provider_name, tool_calling=False),
+        ]
+    )
     small = "small" if provider_class is AnthropicProvider else "small-openai"
     send, receive = trio.open_memory_channel[StreamEvent](math.inf)
     async with open_loopback_server(replay([])) as server:
         chat = provider_class("k", base_url=server.url, retry=None, model_table=table)
-        await chat.stream(request("not-a-model", tools=True), send)
+        await chat.stream(request("no-tools", tools=True), send)
         await chat.stream(request(small, messages=(Message.user("x" * 10_000),)), send)
     send.close()
     events = [event async for event in receive]

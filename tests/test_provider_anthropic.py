@@ -27,7 +27,12 @@ from trioloop.protocol import (
     Usage,
     is_terminal,
 )
-from trioloop.providers.anthropic import ANTHROPIC_WIRE, AnthropicStreamMapper, build_anthropic_body
+from trioloop.providers.anthropic import (
+    ANTHROPIC_WIRE,
+    AnthropicRequestOptions,
+    AnthropicStreamMapper,
+    build_anthropic_body,
+)
 from trioloop.providers.base import Messages
 from trioloop.providers.sse import SseFrame
 
@@ -56,7 +61,8 @@ def test_body_has_top_level_system_blocks_and_stream() -> None:
         ),
     )
     body = build_anthropic_body(
-        ChatRequest(model="m", system="Be terse.", messages=history, tools=(TOOL,), max_tokens=77)
+        ChatRequest(model="m", system="Be terse.", messages=history, tools=(TOOL,), max_tokens=77),
+        AnthropicRequestOptions(prompt_caching=False),
     )
     assert body == {
         "model": "m",
@@ -91,7 +97,7 @@ def test_body_omits_empty_system_tools_and_empty_text() -> None:
         Message(role="assistant", content=(TextBlock(text=""), ToolCallBlock(id="t", name="x", input=[1]))),
         Message(role="user", content=(TextBlock(text=""),)),
     )
-    body = build_anthropic_body(ChatRequest(model="m", messages=history))
+    body = build_anthropic_body(ChatRequest(model="m", messages=history), AnthropicRequestOptions(prompt_caching=False))
     assert "system" not in body and "tools" not in body
     assert body["messages"] == [
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "x", "input": {}}]}
@@ -117,21 +123,28 @@ def test_nothing_after_a_terminal_event() -> None:
 def test_usage_sums_cache_tokens_and_prefers_the_delta_count() -> None:
     start = frame("message_start", message={"model": "m", "usage": {"input_tokens": 5, "cache_read_input_tokens": 100}})
     assert feed(start, frame("message_delta", delta={}, usage={"output_tokens": 3}))[1] == Usage(
-        input_tokens=105, output_tokens=3
+        input_tokens=105, output_tokens=3, cache_read_input_tokens=100
     )
     assert feed(start, frame("message_delta", delta={}, usage={"input_tokens": 9, "output_tokens": 3}))[1] == Usage(
-        input_tokens=9, output_tokens=3
+        input_tokens=9, output_tokens=3, cache_read_input_tokens=100
     )
     assert feed(start, frame("message_delta", delta={}, usage={"output_tokens": -1}))[1] == Usage(
-        input_tokens=105, output_tokens=0
+        input_tokens=105, output_tokens=0, cache_read_input_tokens=100
     )
 
 
 def test_api_error_types_and_detail() -> None:
-    [error] = feed(frame("error", error={"type": "api_error", "message": "Internal"}))
+    text = frame("content_block_delta", index=0, delta={"type": "text_delta", "text": "hi"})
+    *_, error = feed(text, frame("error", error={"type": "api_error", "message": "Internal"}))
     assert error == StreamError(
         code=ProtocolErrorCode.HTTP_STATUS, message=Messages.STREAM_PROVIDER_ERROR, provider_detail="Internal"
     )
+    # Before any content an overload or api error is a temporary server error: retried like HTTP 529.
+    for kind in ("overloaded_error", "api_error"):
+        [error] = feed(frame("message_start", message={"model": "m"}), frame("error", error={"type": kind}))
+        assert error == StreamError(
+            code=ProtocolErrorCode.HTTP_STATUS, message=Messages.SERVER_ERROR, provider_detail=kind
+        )
     [error] = feed(frame("error", error={"type": "rate_limit_error"}))
     assert isinstance(error, StreamError) and error.code is ProtocolErrorCode.RATE_LIMITED
     assert error.provider_detail == "rate_limit_error"
@@ -149,8 +162,9 @@ def test_malformed_shapes_are_notices() -> None:
         SseFrame(event="content_block_delta", data='{"type": "content_block_delta", "index": NaN}'),
     ]
     for item in bad:
-        [event] = AnthropicStreamMapper().feed(item)
-        assert isinstance(event, StreamError) and not event.terminal, item
+        events = AnthropicStreamMapper().feed(item)
+        assert events[:-1] in ([], [MessageStart(model="")]), item
+        assert isinstance(events[-1], StreamError) and not events[-1].terminal, item
 
 
 def test_duplicate_keys_and_deep_nesting_drop_the_call_without_crashing() -> None:

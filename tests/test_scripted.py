@@ -98,7 +98,15 @@ async def test_requests_are_recorded_for_inspection(wire: WireName, autojump_clo
     if wire == "anthropic":
         assert second["messages"][-1] == {
             "role": "user",
-            "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "entity a", "is_error": False}],
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "c1",
+                    "content": "entity a",
+                    "is_error": False,
+                    "cache_control": {"type": "ephemeral"},  # the conversation prefix is a cache breakpoint
+                }
+            ],
         }
     else:
         assert second["messages"][-1] == {"role": "tool", "tool_call_id": "c1", "content": "entity a"}
@@ -167,14 +175,14 @@ async def test_cancel_scope_gives_aborted(autojump_clock: trio.testing.MockClock
     assert events[-1] == Aborted()
 
 
-async def test_model_table_knows_the_scripted_model_only_for_tools_it_was_given(
+async def test_a_model_the_table_does_not_know_is_still_sent_with_tools(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with ScriptedProvider([ScriptStep(text="x")], model="my-model") as provider:
-        [error] = await collect(provider, ChatRequest(model="other", messages=(Message.user("q"),), tools=(TOOL,)))
-        assert isinstance(error, StreamError) and error.code is ProtocolErrorCode.UNSUPPORTED_CAPABILITY
+    async with ScriptedProvider([ScriptStep(text="x"), ScriptStep(text="y")], model="my-model") as provider:
+        other = await collect(provider, ChatRequest(model="other", messages=(Message.user("q"),), tools=(TOOL,)))
         events = await collect(provider, ChatRequest(model="my-model", messages=(Message.user("q"),), tools=(TOOL,)))
-        assert provider.requests[0]["model"] == "my-model"
+        assert [r["model"] for r in provider.requests] == ["other", "my-model"]
+    assert other[-1] == MessageStop(stop_reason=StopReason.END_TURN)
     assert events[0] == MessageStart(model="my-model")
 
 

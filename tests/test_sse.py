@@ -64,9 +64,13 @@ def test_lone_cr_then_lf_in_next_chunk_after_blank_line() -> None:
     assert decode(b"data: a\r\r", b"\n", b"data: b\n\n") == [SseFrame(data="a"), SseFrame(data="b")]
 
 
-def test_unterminated_final_event_is_discarded() -> None:
-    assert decode(b"data: whole\n\ndata: partial\n") == [SseFrame(data="whole")]
-    assert decode(b"data: whole\n\ndata: part") == [SseFrame(data="whole")]
+def test_unterminated_final_event_is_read_at_eof_and_marked() -> None:
+    # TGI before 2.1.1 and llama.cpp forks close right after the last event, without the blank line.
+    last = SseFrame(data="partial", at_eof=True)
+    assert decode(b"data: whole\n\ndata: partial\n") == [SseFrame(data="whole"), last]
+    assert decode(b"data: whole\n\ndata: partial") == [SseFrame(data="whole"), last]
+    assert decode(b"event: e\r\ndata: a\r\ndata: b") == [SseFrame(event="e", data="a\nb", at_eof=True)]
+    assert decode(b"data: whole\n\n: comment") == [SseFrame(data="whole")]
 
 
 def test_multibyte_split_inside_a_character() -> None:

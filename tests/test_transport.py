@@ -209,13 +209,14 @@ async def test_redirect_is_refused_and_the_key_never_reaches_the_target(
 @pytest.mark.parametrize("wire", WIRES)
 async def test_read_gap_timeout_after_the_first_event(wire: str, autojump_clock: trio.testing.MockClock) -> None:
     raw = fixture(wire, "text_answer")
-    response = LoopbackResponse(body=raw, stall_after_bytes=raw.index(b"\n\n") + 2)
+    # MessageStart goes out with the first content, so stall after the first text.
+    response = LoopbackResponse(body=raw, stall_after_bytes=raw.index(b"\n\n", raw.index(b"Hello")) + 2)
     start = trio.current_time()
     async with open_loopback_server(replay([response])) as server:
         events = await collect(provider(wire, server.url, read_timeout=42.0))
     assert trio.current_time() - start == pytest.approx(42.0)
-    assert events[0] == MessageStart(model="fixture-model-1")
-    [error] = events[1:]
+    assert events[:2] == [MessageStart(model="fixture-model-1"), TextDelta(text="Hello! ")]
+    [error] = events[2:]
     assert isinstance(error, StreamError)
     assert (error.code, error.message) == (ProtocolErrorCode.TRANSPORT, Messages.READ_TIMEOUT)
 
@@ -259,7 +260,7 @@ async def test_disconnect_mid_body_is_a_network_failure(
     wire: str, content_length: bool, autojump_clock: trio.testing.MockClock
 ) -> None:
     raw = fixture(wire, "text_answer")
-    cut = raw.index(b"\n\n") + 2
+    cut = raw.index(b"\n\n", raw.index(b"Hello")) + 2
     response = LoopbackResponse(body=raw, disconnect_after_bytes=cut, content_length=content_length)
     async with open_loopback_server(replay([response])) as server:
         events = await collect(provider(wire, server.url))

@@ -24,12 +24,14 @@ from trioloop.protocol.events import (
     StreamError,
     StreamEvent,
     TextDelta,
+    ThinkingComplete,
+    ThinkingDelta,
     ToolCallComplete,
     ToolCallInputDelta,
     ToolCallStart,
     Usage,
 )
-from trioloop.protocol.messages import Message
+from trioloop.protocol.messages import Message, RedactedThinkingBlock, ThinkingBlock
 
 __all__ = [
     "Advance",
@@ -170,6 +172,8 @@ class InputKind(enum.StrEnum):
     SUBMIT = "submit"
     MESSAGE_START = "message_start"
     TEXT_DELTA = "text_delta"
+    THINKING_DELTA = "thinking_delta"
+    THINKING_COMPLETE = "thinking_complete"
     TOOL_CALL_START = "tool_call_start"
     TOOL_CALL_INPUT_DELTA = "tool_call_input_delta"
     TOOL_CALL_COMPLETE = "tool_call_complete"
@@ -231,6 +235,11 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
         Submit: (InputKind.SUBMIT, _submit_ok),
         MessageStart: (InputKind.MESSAGE_START, lambda e: True),
         TextDelta: (InputKind.TEXT_DELTA, lambda e: _is_str(e.text)),
+        ThinkingDelta: (InputKind.THINKING_DELTA, lambda e: True),
+        ThinkingComplete: (
+            InputKind.THINKING_COMPLETE,
+            lambda e: type(e.block) in (ThinkingBlock, RedactedThinkingBlock),
+        ),
         ToolCallStart: (InputKind.TOOL_CALL_START, lambda e: True),
         ToolCallInputDelta: (InputKind.TOOL_CALL_INPUT_DELTA, lambda e: True),
         ToolCallComplete: (InputKind.TOOL_CALL_COMPLETE, lambda e: _is_str(e.id) and _is_str(e.name)),

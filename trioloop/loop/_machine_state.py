@@ -226,6 +226,10 @@ class Draft:
     def with_call(self, block: ToolCallBlock) -> Draft:
         return Draft(blocks=(*self._finished_blocks, block), open=self.open)
 
+    def with_block(self, block: ContentBlock) -> Draft:
+        """A finished non-text block (a thinking block) after what streamed so far."""
+        return Draft(blocks=(*self._finished_blocks, block), open=self.open)
+
     def closed(self) -> Draft:
         return Draft(blocks=self._finished_blocks, open=False)
 

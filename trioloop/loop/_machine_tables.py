@@ -56,6 +56,8 @@ PHASE_TRANSITIONS: Final[Mapping[Phase, Mapping[InputKind, frozenset[Phase]]]] =
             _P.STREAMING,
             {
                 _K.TEXT_DELTA: _stay(_P.STREAMING),
+                _K.THINKING_DELTA: _stay(_P.STREAMING),
+                _K.THINKING_COMPLETE: _stay(_P.STREAMING),
                 _K.TOOL_CALL_START: _stay(_P.STREAMING),
                 _K.TOOL_CALL_INPUT_DELTA: _stay(_P.STREAMING),
                 _K.TOOL_CALL_COMPLETE: _stay(_P.STREAMING),

@@ -68,7 +68,15 @@ from trioloop.loop.authorization import (
 )
 from trioloop.loop.limits import Bound, TurnBudget, bound_notice, budget_exhaustion, tool_call_cap
 from trioloop.loop.tool_runtime import PrepareFailure
-from trioloop.protocol.events import MessageStop, StopReason, StreamError, TextDelta, ToolCallComplete, Usage
+from trioloop.protocol.events import (
+    MessageStop,
+    StopReason,
+    StreamError,
+    TextDelta,
+    ThinkingComplete,
+    ToolCallComplete,
+    Usage,
+)
 from trioloop.protocol.messages import Message, ToolCallBlock, ToolResultBlock
 
 __all__ = [
@@ -257,6 +265,11 @@ def _on_informational(state: TurnState, event: object) -> TurnState:
     return state
 
 
+def _on_thinking_complete(state: TurnState, event: ThinkingComplete) -> TurnState:
+    """A thinking block joins the assistant message in stream order (the model needs it back verbatim)."""
+    return attrs.evolve(state, draft=(state.draft or Draft()).with_block(event.block))
+
+
 def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnState:
     """SPEC §2: duplicate id, unknown tool, caps, invalid input, sticky denial, read-only policy."""
     call_id, name = event.id, event.name
@@ -339,6 +352,8 @@ def _on_usage(state: TurnState, event: Usage) -> TurnState:
     total = Usage(
         input_tokens=before.input_tokens + event.input_tokens,
         output_tokens=before.output_tokens + event.output_tokens,
+        cache_read_input_tokens=before.cache_read_input_tokens + event.cache_read_input_tokens,
+        cache_creation_input_tokens=before.cache_creation_input_tokens + event.cache_creation_input_tokens,
     )
     return attrs.evolve(state, usage=total)
 
@@ -479,6 +494,8 @@ _HANDLERS: Final[Mapping[InputKind, _Handler]] = MappingProxyType(
         _K.SUBMIT: _on_submit,
         _K.MESSAGE_START: _on_message_start,
         _K.TEXT_DELTA: _on_text_delta,
+        _K.THINKING_DELTA: _on_informational,
+        _K.THINKING_COMPLETE: _on_thinking_complete,
         _K.TOOL_CALL_START: _on_informational,
         _K.TOOL_CALL_INPUT_DELTA: _on_informational,
         _K.TOOL_CALL_COMPLETE: _on_tool_call_complete,

@@ -7,7 +7,15 @@ import math
 from collections.abc import Iterable, Sequence
 
 from trioloop.protocol.errors import ProtocolError, ProtocolErrorCode
-from trioloop.protocol.messages import Message, TextBlock, ToolCallBlock, ToolResultBlock
+from trioloop.protocol.messages import (
+    ContentBlock,
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+)
 from trioloop.protocol.tools import ToolDefinition
 
 __all__ = [
@@ -30,9 +38,13 @@ def estimate_text_tokens(text: str) -> int:
     return math.ceil(len(text) / 4)
 
 
-def _block_chars(block: TextBlock | ToolCallBlock | ToolResultBlock) -> int:
+def _block_chars(block: ContentBlock) -> int:
     if isinstance(block, TextBlock):
         return len(block.text)
+    if isinstance(block, ThinkingBlock):
+        return len(block.thinking) + len(block.signature)
+    if isinstance(block, RedactedThinkingBlock):
+        return len(block.data)
     if isinstance(block, ToolCallBlock):
         return len(block.name) + len(json.dumps(block.input, ensure_ascii=False, default=str))
     return len(block.content)

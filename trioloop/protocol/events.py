@@ -8,7 +8,7 @@ from typing import TypeAlias
 import attrs
 
 from trioloop.protocol.errors import ProtocolErrorCode, redact_provider_detail
-from trioloop.protocol.messages import JsonValue
+from trioloop.protocol.messages import JsonValue, RedactedThinkingBlock, ThinkingBlock
 
 __all__ = [
     "Aborted",
@@ -18,6 +18,8 @@ __all__ = [
     "StreamError",
     "StreamEvent",
     "TextDelta",
+    "ThinkingComplete",
+    "ThinkingDelta",
     "ToolCallComplete",
     "ToolCallInputDelta",
     "ToolCallStart",
@@ -56,6 +58,27 @@ class TextDelta:
 
 
 @attrs.frozen(kw_only=True)
+class ThinkingDelta:
+    """Informational: a piece of the model's reasoning text, for a UI to show; never part of the answer."""
+
+    text: str = attrs.field(validator=_str)
+
+
+def _thinking_block(
+    inst: object, attribute: attrs.Attribute[ThinkingBlock | RedactedThinkingBlock], value: object
+) -> None:
+    if not isinstance(value, ThinkingBlock | RedactedThinkingBlock):
+        raise TypeError(f"{attribute.name} must be a ThinkingBlock or RedactedThinkingBlock")
+
+
+@attrs.frozen(kw_only=True)
+class ThinkingComplete:
+    """A whole thinking block (signature included) that belongs in the assistant message, in stream order."""
+
+    block: ThinkingBlock | RedactedThinkingBlock = attrs.field(validator=_thinking_block)
+
+
+@attrs.frozen(kw_only=True)
 class ToolCallStart:
     """Informational: a call began streaming. Never creates a call by itself."""
 
@@ -82,8 +105,12 @@ class ToolCallComplete:
 
 @attrs.frozen(kw_only=True)
 class Usage:
+    """Token counts; ``input_tokens`` includes the cache reads and writes, which are also given apart."""
+
     input_tokens: int = attrs.field(default=0, validator=_count)
     output_tokens: int = attrs.field(default=0, validator=_count)
+    cache_read_input_tokens: int = attrs.field(default=0, validator=_count)
+    cache_creation_input_tokens: int = attrs.field(default=0, validator=_count)
 
 
 @attrs.frozen(kw_only=True)
@@ -122,6 +149,8 @@ class Aborted:
 StreamEvent: TypeAlias = (
     MessageStart
     | TextDelta
+    | ThinkingDelta
+    | ThinkingComplete
     | ToolCallStart
     | ToolCallInputDelta
     | ToolCallComplete

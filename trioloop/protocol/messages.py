@@ -18,8 +18,10 @@ __all__ = [
     "Message",
     "PairingViolation",
     "PairingViolationKind",
+    "RedactedThinkingBlock",
     "Role",
     "TextBlock",
+    "ThinkingBlock",
     "ToolCallBlock",
     "ToolResultBlock",
     "assert_tool_pairing",
@@ -53,7 +55,25 @@ class ToolResultBlock:
     is_error: bool = False
 
 
-ContentBlock: TypeAlias = TextBlock | ToolCallBlock | ToolResultBlock
+@attrs.frozen(kw_only=True)
+class ThinkingBlock:
+    """The model's visible reasoning, kept in history and sent back verbatim with its ``signature``.
+
+    Only the model history and the UI see it; no tool receives thinking text.
+    """
+
+    thinking: str = attrs.field(validator=attrs.validators.instance_of(str))
+    signature: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+
+
+@attrs.frozen(kw_only=True)
+class RedactedThinkingBlock:
+    """Reasoning the provider encrypted (``data`` is opaque); kept in history and sent back verbatim."""
+
+    data: str = attrs.field(validator=attrs.validators.instance_of(str))
+
+
+ContentBlock: TypeAlias = TextBlock | ToolCallBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
 
 
 def _to_blocks(value: Iterable[ContentBlock]) -> tuple[ContentBlock, ...]:

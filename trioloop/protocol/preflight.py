@@ -1,9 +1,10 @@
 """Request preflight: a curated model table and the checks a request passes before any network call.
 
-Tools asked of a model that cannot call them, or of a model the table does not know, fail with
-``unsupported_capability``; a text-only request to an unknown model is sent as it is. For known models
-the history is budgeted into the context window (system prompt and tool schemas counted as fixed
-tokens) and ``max_tokens`` is clamped to the model's output limit.
+Tools asked of a model the table says cannot call them fail with ``unsupported_capability``. A model
+the table does not know (a local model, a model newer than the table) is allowed with a one-line
+warning: it is assumed to call tools, and its request is sent as it is (pass a ``model_table`` with an
+entry to give its limits). For known models the history is budgeted into the context window (system
+prompt and tool schemas counted as fixed tokens) and ``max_tokens`` is clamped to the output limit.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from trioloop.protocol.budget import budget_messages, estimate_text_tokens, esti
 from trioloop.protocol.errors import ProtocolError, ProtocolErrorCode
 from trioloop.protocol.tools import ChatRequest
 
-__all__ = ["MODEL_TABLE", "ModelCapabilities", "lookup_model", "model_table", "preflight_request"]
+__all__ = [
+    "MODEL_TABLE",
+    "ModelCapabilities",
+    "lookup_model",
+    "model_table",
+    "preflight_request",
+    "unknown_model_warning",
+]
 
 
 def _positive(inst: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -71,8 +79,11 @@ def _family(
 # snapshot are listed separately so an id that is neither fails closed instead of being guessed.
 _ANTHROPIC = "anthropic"
 _OPENAI = "openai"
+# The 4.6 limits are the conservative ones (200k in, 64k out): budgeting tighter than the model is safe.
 MODEL_TABLE: Final[Mapping[str, ModelCapabilities]] = model_table(
     [
+        *_family(_ANTHROPIC, ("claude-opus-4-6",), max_input=200_000, max_output=64_000),
+        *_family(_ANTHROPIC, ("claude-sonnet-4-6",), max_input=200_000, max_output=64_000),
         *_family(_ANTHROPIC, ("claude-opus-4-5", "claude-opus-4-5-20251101"), max_input=200_000, max_output=64_000),
         *_family(_ANTHROPIC, ("claude-opus-4-1", "claude-opus-4-1-20250805"), max_input=200_000, max_output=32_000),
         *_family(_ANTHROPIC, ("claude-opus-4-0", "claude-opus-4-20250514"), max_input=200_000, max_output=32_000),
@@ -109,7 +120,16 @@ MODEL_TABLE: Final[Mapping[str, ModelCapabilities]] = model_table(
         ),
         *_family(
             _OPENAI,
-            ("gpt-5", "gpt-5-2025-08-07", "gpt-5-mini", "gpt-5-mini-2025-08-07", "gpt-5-nano", "gpt-5-nano-2025-08-07"),
+            (
+                "gpt-5",
+                "gpt-5-2025-08-07",
+                "gpt-5-mini",
+                "gpt-5-mini-2025-08-07",
+                "gpt-5-nano",
+                "gpt-5-nano-2025-08-07",
+                "gpt-5.1",
+                "gpt-5.1-2025-11-13",
+            ),
             max_input=272_000,
             max_output=128_000,
         ),
@@ -145,6 +165,14 @@ def _quoted(model: str) -> str:
     return f'"{shown}"'
 
 
+def unknown_model_warning(model: str) -> str:
+    """The one line said about a model the table does not know."""
+    return (
+        f"Model {_quoted(model)} is not in trioloop's model table; assuming it can call tools "
+        "and leaving its context window to the server."
+    )
+
+
 def preflight_request(
     request: ChatRequest,
     *,
@@ -154,16 +182,10 @@ def preflight_request(
     """The request as it may be sent, or ``ProtocolError`` (unsupported_capability / context_overflow).
 
     Known model: ``max_tokens`` is clamped to the output limit and the history trimmed to the newest
-    whole turn groups that fit. Unknown model: refused when tools are requested, untouched otherwise.
+    whole turn groups that fit. Unknown model: sent untouched (the provider logs ``unknown_model_warning`` once).
     """
     entry = lookup_model(request.model, provider=provider, table=table)
     if entry is None:
-        if request.tools:
-            raise ProtocolError(
-                ProtocolErrorCode.UNSUPPORTED_CAPABILITY,
-                f"Model {_quoted(request.model)} is not recognized, so tool use cannot be guaranteed. "
-                "Choose a supported model to use tools.",
-            )
         return request
     if not entry.streaming:
         raise ProtocolError(

@@ -16,12 +16,22 @@ from trioloop.protocol.events import (
     StreamError,
     StreamEvent,
     TextDelta,
+    ThinkingComplete,
+    ThinkingDelta,
     ToolCallComplete,
     ToolCallInputDelta,
     ToolCallStart,
     Usage,
 )
-from trioloop.protocol.messages import ContentBlock, Message, TextBlock, ToolCallBlock, ToolResultBlock
+from trioloop.protocol.messages import (
+    ContentBlock,
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+)
 
 __all__ = [
     "SerializationError",
@@ -43,10 +53,14 @@ _BLOCK_TAGS: dict[type[Any], str] = {
     TextBlock: "text",
     ToolCallBlock: "tool_call",
     ToolResultBlock: "tool_result",
+    ThinkingBlock: "thinking",
+    RedactedThinkingBlock: "redacted_thinking",
 }
 _EVENT_TAGS: dict[type[Any], str] = {
     MessageStart: "message_start",
     TextDelta: "text_delta",
+    ThinkingDelta: "thinking_delta",
+    ThinkingComplete: "thinking_complete",
     ToolCallStart: "tool_call_start",
     ToolCallInputDelta: "tool_call_input_delta",
     ToolCallComplete: "tool_call_complete",
@@ -89,6 +103,10 @@ _unstructure_event, _structure_event = _tagged(_EVENT_TAGS)
 for _cls in _BLOCK_TAGS:
     converter.register_unstructure_hook(_cls, _unstructure_block)
 converter.register_structure_hook(ContentBlock, _structure_block)
+_plain = cattrs.Converter()  # a thinking block nested in an event, tagged like a message's blocks
+for _cls in (ThinkingBlock, RedactedThinkingBlock):
+    _flat.register_unstructure_hook(_cls, lambda v: {"type": _BLOCK_TAGS[type(v)], **_plain.unstructure(v)})
+converter.register_structure_hook(ThinkingBlock | RedactedThinkingBlock, _structure_block)
 for _cls in _EVENT_TAGS:
     converter.register_unstructure_hook(_cls, _unstructure_event)
 converter.register_structure_hook(StreamEvent, _structure_event)

@@ -22,18 +22,31 @@ from trioloop.protocol.events import (
     StreamError,
     StreamEvent,
     TextDelta,
+    ThinkingComplete,
+    ThinkingDelta,
+    ToolCallComplete,
     ToolCallInputDelta,
     ToolCallStart,
     Usage,
+    is_terminal,
 )
-from trioloop.protocol.messages import Message, TextBlock, ToolCallBlock, ToolResultBlock
+from trioloop.protocol.messages import (
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+)
 from trioloop.protocol.preflight import MODEL_TABLE, ModelCapabilities
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import (
     ErrorBody,
     Messages,
+    NoticeFolder,
     WireResponse,
     decode_json_object,
+    effective_stop,
     finish_tool_call,
     non_negative_int,
     notice,
@@ -51,6 +64,7 @@ __all__ = [
     "ANTHROPIC_VERSION",
     "ANTHROPIC_WIRE",
     "AnthropicProvider",
+    "AnthropicRequestOptions",
     "AnthropicStreamMapper",
     "AnthropicWire",
     "build_anthropic_body",
@@ -113,6 +127,15 @@ class _OpenCall:
     fragments: list[str] = attrs.field(factory=list)
 
 
+@attrs.define
+class _OpenThinking:
+    parts: list[str] = attrs.field(factory=list)
+    signature: list[str] = attrs.field(factory=list)
+
+
+_TRANSIENT_ERRORS: Final = frozenset({"overloaded_error", "api_error"})
+
+
 def _input_tokens(usage: Mapping[str, Any]) -> int | None:
     """Billed prompt tokens: fresh input plus cache writes and reads (OpenAI's prompt_tokens counts all three)."""
     base = non_negative_int(usage.get("input_tokens"))
@@ -133,7 +156,13 @@ class AnthropicStreamMapper:
         self._input_tokens = 0
         self._stop: StopReason | None = None
         self._calls: dict[int, _OpenCall] = {}
+        self._thinking: dict[int, _OpenThinking] = {}
+        self._completed_calls = 0
         self._ignored: set[int] = set()
+        self._model = ""
+        self._cache_read = 0
+        self._cache_write = 0
+        self._folder = NoticeFolder()
 
     @property
     def done(self) -> bool:
@@ -144,7 +173,9 @@ class AnthropicStreamMapper:
             return []
         payload = decode_json_object(frame.data)
         if payload is None:
-            return [notice(Messages.UNDECODABLE_EVENT, self._scrub(frame.data))]
+            if frame.at_eof:  # the body ended inside this event: a cut frame, finish() decides
+                return []
+            return self._folder.admit([notice(Messages.UNDECODABLE_EVENT, self._scrub(frame.data))])
         kind = frame.event
         if kind == "message":
             kind = _text(payload.get("type"))
@@ -153,13 +184,23 @@ class AnthropicStreamMapper:
             self._dispatch(kind, payload, out)
         except _Undecodable:
             out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(frame.data)))
-        return out
+        if not self._started and any(not is_terminal(event) for event in out):
+            self._started = True
+            out.insert(0, MessageStart(model=self._model))
+        return self._folder.admit(out)
 
     def finish(self) -> list[StreamEvent]:
+        """End of body: after a ``message_delta`` with a stop reason the stream is complete; else a failure."""
         if self._done:
             return []
+        if self._stop is not None:
+            out: list[StreamEvent] = []
+            self._dispatch("message_stop", {}, out)
+            return self._folder.admit(out)
         self._done = True
-        return [StreamError(code=ProtocolErrorCode.MALFORMED_STREAM, message=Messages.INCOMPLETE_STREAM)]
+        return self._folder.admit(
+            [StreamError(code=ProtocolErrorCode.MALFORMED_STREAM, message=Messages.INCOMPLETE_STREAM)]
+        )
 
     def _dispatch(self, kind: str, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
         if kind == "message_start":
@@ -172,7 +213,13 @@ class AnthropicStreamMapper:
             index = _index(payload)
             call = self._calls.pop(index, None)
             if call is not None:
-                out.append(finish_tool_call(call.id, call.name, call.fragments))
+                event = finish_tool_call(call.id, call.name, call.fragments)
+                self._completed_calls += isinstance(event, ToolCallComplete)
+                out.append(event)
+            thinking = self._thinking.pop(index, None)
+            if thinking is not None:
+                block = ThinkingBlock(thinking="".join(thinking.parts), signature="".join(thinking.signature))
+                out.append(ThinkingComplete(block=block))
         elif kind == "message_delta":
             self._message_delta(payload, out)
         elif kind == "message_stop":
@@ -180,15 +227,17 @@ class AnthropicStreamMapper:
             for index in sorted(self._calls):
                 out.append(notice(Messages.UNFINISHED_CALL, self._scrub(self._calls[index].name)))
             self._calls.clear()
-            out.append(MessageStop(stop_reason=self._stop or StopReason.OTHER))
+            self._thinking.clear()
+            out.append(MessageStop(stop_reason=effective_stop(self._stop, self._completed_calls)))
             self._done = True
         elif kind == "error":
             self._error(payload, out)
 
-    def _start(self, out: list[StreamEvent], model: str = "") -> None:
+    def _start(self, out: list[StreamEvent]) -> None:
+        """``MessageStart`` goes out with the first content, so an error before any content can be retried."""
         if not self._started:
             self._started = True
-            out.append(MessageStart(model=model))
+            out.append(MessageStart(model=self._model))
 
     def _message_start(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
         message = payload.get("message")
@@ -200,7 +249,14 @@ class AnthropicStreamMapper:
         usage = message.get("usage")
         if isinstance(usage, dict):
             self._input_tokens = _input_tokens(usage) or 0
-        self._start(out, model if isinstance(model, str) else "")
+            self._cache_usage(usage)
+        self._model = model if isinstance(model, str) else ""
+
+    def _cache_usage(self, usage: Mapping[str, Any]) -> None:
+        read = non_negative_int(usage.get("cache_read_input_tokens"))
+        write = non_negative_int(usage.get("cache_creation_input_tokens"))
+        self._cache_read = self._cache_read if read is None else read
+        self._cache_write = self._cache_write if write is None else write
 
     def _block_start(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
         index = _index(payload)
@@ -224,6 +280,21 @@ class AnthropicStreamMapper:
             self._start(out)
             if text:
                 out.append(TextDelta(text=text))
+        elif kind == "thinking":
+            text, signature = block.get("thinking", ""), block.get("signature", "")
+            if not isinstance(text, str) or not isinstance(signature, str) or index in self._thinking:
+                raise _Undecodable
+            self._start(out)
+            self._thinking[index] = _OpenThinking([text] if text else [], [signature] if signature else [])
+            if text:
+                out.append(ThinkingDelta(text=text))
+        elif kind == "redacted_thinking":
+            data = block.get("data")
+            if not isinstance(data, str):
+                raise _Undecodable
+            self._start(out)
+            self._ignored.add(index)
+            out.append(ThinkingComplete(block=RedactedThinkingBlock(data=data)))
         else:
             self._ignored.add(index)
 
@@ -240,6 +311,20 @@ class AnthropicStreamMapper:
             if text:
                 self._start(out)
                 out.append(TextDelta(text=text))
+        elif kind in ("thinking_delta", "signature_delta"):
+            field = "thinking" if kind == "thinking_delta" else "signature"
+            piece = delta.get(field)
+            if not isinstance(piece, str):
+                raise _Undecodable
+            thinking = self._thinking.get(index)
+            if thinking is None:
+                raise _Undecodable
+            if kind == "thinking_delta":
+                thinking.parts.append(piece)
+                if piece:
+                    out.append(ThinkingDelta(text=piece))
+            else:
+                thinking.signature.append(piece)
         elif kind == "input_json_delta":
             fragment = delta.get("partial_json")
             if not isinstance(fragment, str):
@@ -263,10 +348,13 @@ class AnthropicStreamMapper:
         if isinstance(usage, dict):
             self._start(out)
             input_tokens = _input_tokens(usage)
+            self._cache_usage(usage)
             out.append(
                 Usage(
                     input_tokens=self._input_tokens if input_tokens is None else input_tokens,
                     output_tokens=non_negative_int(usage.get("output_tokens")) or 0,
+                    cache_read_input_tokens=self._cache_read,
+                    cache_creation_input_tokens=self._cache_write,
                 )
             )
 
@@ -276,10 +364,16 @@ class AnthropicStreamMapper:
             raise _Undecodable
         kind, message = _text(error.get("type")), _text(error.get("message"))
         rate_limited = kind == "rate_limit_error"
+        if rate_limited:
+            text = Messages.STREAM_RATE_LIMITED
+        elif kind in _TRANSIENT_ERRORS and not self._started:
+            text = Messages.SERVER_ERROR  # before any content, an overload is retried like HTTP 529
+        else:
+            text = Messages.STREAM_PROVIDER_ERROR
         out.append(
             StreamError(
                 code=ProtocolErrorCode.RATE_LIMITED if rate_limited else ProtocolErrorCode.HTTP_STATUS,
-                message=Messages.STREAM_RATE_LIMITED if rate_limited else Messages.STREAM_PROVIDER_ERROR,
+                message=text,
                 provider_detail=self._scrub(message or kind) or None,
             )
         )
@@ -298,11 +392,39 @@ def _tool_use_input(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+_EPHEMERAL: Final = {"type": "ephemeral"}
+MIN_THINKING_BUDGET: Final = 1024
+
+
+def _budget(inst: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < MIN_THINKING_BUDGET):
+        raise ValueError(f"{attribute.name} must be None or an int >= {MIN_THINKING_BUDGET}, got {value!r}")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class AnthropicRequestOptions:
+    """Opt-in extended thinking and prompt caching for Messages API requests.
+
+    ``thinking_budget_tokens`` turns extended thinking on with that budget (at least 1024; ``max_tokens``
+    is raised above it when needed). ``prompt_caching`` puts cache breakpoints on the system prompt,
+    the tool list and the conversation so far, so every iteration of a turn rereads the prefix from cache.
+    """
+
+    thinking_budget_tokens: int | None = attrs.field(default=None, validator=_budget)
+    prompt_caching: bool = True
+
+
 def _message_to_wire(message: Message) -> dict[str, Any] | None:
     results: list[dict[str, Any]] = []
     others: list[dict[str, Any]] = []
     for block in message.content:
-        if isinstance(block, TextBlock):
+        if isinstance(block, ThinkingBlock):
+            # Sent back verbatim, signature included: a tool-use continuation is refused without it.
+            others.append({"type": "thinking", "thinking": block.thinking, "signature": block.signature})
+        elif isinstance(block, RedactedThinkingBlock):
+            others.append({"type": "redacted_thinking", "data": block.data})
+        elif isinstance(block, TextBlock):
             if block.text:  # the API rejects empty text blocks
                 others.append({"type": "text", "text": block.text})
         elif isinstance(block, ToolCallBlock):
@@ -324,22 +446,46 @@ def _message_to_wire(message: Message) -> dict[str, Any] | None:
     return {"role": message.role, "content": content}
 
 
-def build_anthropic_body(request: ChatRequest) -> dict[str, Any]:
+def _mark_prefix(messages: list[dict[str, Any]]) -> None:
+    """A cache breakpoint on the last block of the last message that can carry one (not a thinking block)."""
+    if not messages:
+        return
+    content = messages[-1]["content"]
+    for index in range(len(content) - 1, -1, -1):
+        if content[index]["type"] not in ("thinking", "redacted_thinking"):
+            content[index] = {**content[index], "cache_control": _EPHEMERAL}
+            return
+
+
+def build_anthropic_body(request: ChatRequest, options: AnthropicRequestOptions | None = None) -> dict[str, Any]:
     """The Messages API request: top-level ``system``, tool_use/tool_result blocks, ``stream: true``."""
+    options = options or AnthropicRequestOptions()
     messages = [m for m in (_message_to_wire(message) for message in request.messages) if m is not None]
+    budget = options.thinking_budget_tokens
+    max_tokens = request.max_tokens if budget is None or request.max_tokens > budget else budget + request.max_tokens
     body: dict[str, Any] = {
         "model": request.model,
-        "max_tokens": request.max_tokens,
+        "max_tokens": max_tokens,
         "messages": messages,
         "stream": True,
     }
+    if budget is not None:
+        body["thinking"] = {"type": "enabled", "budget_tokens": budget}
     if request.system:
-        body["system"] = request.system
+        if options.prompt_caching:
+            body["system"] = [{"type": "text", "text": request.system, "cache_control": _EPHEMERAL}]
+        else:
+            body["system"] = request.system
     if request.tools:
-        body["tools"] = [
+        tools: list[dict[str, Any]] = [
             {"name": tool.name, "description": tool.description, "input_schema": dict(tool.json_schema)}
             for tool in request.tools
         ]
+        if options.prompt_caching:
+            tools[-1] = {**tools[-1], "cache_control": _EPHEMERAL}
+        body["tools"] = tools
+    if options.prompt_caching:
+        _mark_prefix(messages)
     return body
 
 
@@ -423,11 +569,14 @@ class AnthropicWire:
     default_base_url: Final = "https://api.anthropic.com"
     endpoint: Final = "/v1/messages"
 
+    def __init__(self, options: AnthropicRequestOptions | None = None) -> None:
+        self.options = options or AnthropicRequestOptions()
+
     def auth_headers(self, api_key: str) -> dict[str, str]:
         return {"x-api-key": api_key, "anthropic-version": ANTHROPIC_VERSION}
 
     def build_body(self, request: ChatRequest) -> dict[str, Any]:
-        return build_anthropic_body(request)
+        return build_anthropic_body(request, self.options)
 
     def new_mapper(self, *, scrub: Callable[[str], str] | None = None) -> AnthropicStreamMapper:
         return AnthropicStreamMapper(scrub=scrub)
@@ -468,9 +617,11 @@ class AnthropicProvider(HttpChatProvider):
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
         model_table: Mapping[str, ModelCapabilities] = MODEL_TABLE,
+        options: AnthropicRequestOptions | None = None,
     ) -> None:
+        """``options`` turns on extended thinking (opt-in) or off prompt caching (on by default)."""
         super().__init__(
-            ANTHROPIC_WIRE,
+            AnthropicWire(options),
             api_key=api_key,
             base_url=base_url,
             client=client,

@@ -28,12 +28,14 @@ __all__ = [
     "ChatProvider",
     "ErrorBody",
     "Messages",
+    "NoticeFolder",
     "StreamMapper",
     "TransientFailure",
     "Transport",
     "WireFormat",
     "WireResponse",
     "decode_json_object",
+    "effective_stop",
     "finish_tool_call",
     "is_retriable",
     "loads_strict_json",
@@ -52,6 +54,7 @@ class Messages:
     ORPHAN_ARGUMENTS = "The AI provider sent tool-call arguments for a call that was never started; they were ignored."
     BAD_TOOL_ARGUMENTS = "A tool call's arguments were not valid JSON, so the call was dropped."
     UNFINISHED_CALL = "A tool call never finished streaming, so it was dropped."
+    NOTICES_FOLDED = "{count} more stream notice(s) like the ones above were folded into this one."
     STREAM_RATE_LIMITED = "The AI provider's rate limit or quota was exceeded; wait and try again."
     STREAM_PROVIDER_ERROR = "The AI provider reported an error while streaming the response."
     INCOMPLETE_STREAM = "The AI response ended before it was complete. Please try again."
@@ -246,6 +249,57 @@ def finish_tool_call(call_id: str, name: str, fragments: list[str]) -> StreamEve
     return ToolCallComplete(id=call_id, name=name, input=value)
 
 
+@final
+class NoticeFolder:
+    """Caps a response's notices: ``per_message`` of each kind pass, the rest are counted.
+
+    One summary notice with the count goes just before the terminal event, so a server that sends a
+    shape the mapper skips in every chunk costs a few log lines, not one per chunk.
+    """
+
+    __slots__ = ("_folded", "_per_message", "_seen")
+
+    def __init__(self, per_message: int = 3) -> None:
+        self._per_message = per_message
+        self._seen: dict[str, int] = {}
+        self._folded = 0
+
+    def admit(self, events: list[StreamEvent]) -> list[StreamEvent]:
+        if not self._folded and not any(isinstance(e, StreamError) for e in events):
+            return events
+        out: list[StreamEvent] = []
+        for event in events:
+            if isinstance(event, StreamError):
+                if not event.terminal:
+                    seen = self._seen.get(event.message, 0)
+                    self._seen[event.message] = seen + 1
+                    if seen >= self._per_message:
+                        self._folded += 1
+                        continue
+                elif self._folded:
+                    out.append(self.summary())
+            elif is_terminal(event) and self._folded:
+                out.append(self.summary())
+            out.append(event)
+        return out
+
+    def summary(self) -> StreamError:
+        folded, self._folded = self._folded, 0
+        return notice(Messages.NOTICES_FOLDED.format(count=folded))
+
+
+def effective_stop(reason: StopReason | None, completed_calls: int) -> StopReason:
+    """The stop reason a consumer sees: a response that completed a tool call asks for tools.
+
+    Gemini's OpenAI endpoint, Ollama up to 0.5.11, vLLM with a named tool_choice and LiteLLM over Gemini
+    end a tool-calling response with "stop". The calls still need approval like any other.
+    """
+    stop = reason or StopReason.OTHER
+    if completed_calls and stop in (StopReason.END_TURN, StopReason.OTHER):
+        return StopReason.TOOL_USE
+    return stop
+
+
 def notice(message: str, detail: str | None = None) -> StreamError:
     """A non-terminal ``malformed_stream`` notice: one frame or call was skipped and the stream goes on."""
     return StreamError(code=ProtocolErrorCode.MALFORMED_STREAM, message=message, provider_detail=detail, terminal=False)
@@ -279,7 +333,11 @@ def map_chunks(mapper: StreamMapper, chunks: Iterable[bytes]) -> list[StreamEven
                     out.append(event)
                     if is_terminal(event):
                         return out
-        decoder.close()
+        for frame in decoder.close():
+            for event in mapper.feed(frame):
+                out.append(event)
+                if is_terminal(event):
+                    return out
     except ProtocolError as exc:
         out.append(StreamError(code=exc.code, message=exc.message))
         return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, Final, final
+from typing import Any, Final, Literal, TypeAlias, final
 
 import attrs
 import httpx
@@ -22,9 +22,12 @@ from trioloop.protocol.events import (
     StreamError,
     StreamEvent,
     TextDelta,
+    ThinkingDelta,
+    ToolCallComplete,
     ToolCallInputDelta,
     ToolCallStart,
     Usage,
+    is_terminal,
 )
 from trioloop.protocol.messages import Message, TextBlock, ToolCallBlock, ToolResultBlock
 from trioloop.protocol.preflight import MODEL_TABLE, ModelCapabilities
@@ -32,8 +35,10 @@ from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import (
     ErrorBody,
     Messages,
+    NoticeFolder,
     WireResponse,
     decode_json_object,
+    effective_stop,
     finish_tool_call,
     non_negative_int,
     notice,
@@ -50,6 +55,7 @@ from trioloop.providers.transport import (
 __all__ = [
     "OPENAI_WIRE",
     "OpenAIProvider",
+    "OpenAIRequestOptions",
     "OpenAIStreamMapper",
     "OpenAIWire",
     "build_openai_body",
@@ -89,7 +95,7 @@ class _Undecodable(Exception):
 
 @attrs.define
 class _OpenCall:
-    index: int
+    key: int | str
     id: str
     name: str
     fragments: list[str] = attrs.field(factory=list)
@@ -99,18 +105,59 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+_REASONING_FIELDS: Final = ("reasoning_content", "reasoning")
+_REASONING_PARTS: Final = frozenset({"thinking", "reasoning"})
+
+
+def _parts_text(parts: list[Any], reasoning: list[str]) -> str:
+    """The answer text of a list-typed ``content``; reasoning parts go to ``reasoning`` instead.
+
+    Mistral's reasoning models stream ``[{"type": "thinking", "thinking": [{"type": "text", ...}]},
+    {"type": "text", "text": ...}]``; parts of any other type carry no answer text and are skipped.
+    """
+    answer: list[str] = []
+    for part in parts:
+        if isinstance(part, str):
+            answer.append(part)
+            continue
+        if not isinstance(part, dict):
+            raise _Undecodable
+        kind = part.get("type")
+        if kind == "text":
+            answer.append(_text(part.get("text")))
+        elif kind in _REASONING_PARTS:
+            inner = part.get(kind)
+            if isinstance(inner, str):
+                reasoning.append(inner)
+            elif isinstance(inner, list):
+                reasoning.append(_parts_text(inner, reasoning))
+            else:
+                reasoning.append(_text(part.get("text")))
+    return "".join(answer)
+
+
 @final
 class OpenAIStreamMapper:
-    """Maps Chat Completions stream chunks onto ``StreamEvent``s; one instance per response."""
+    """Maps Chat Completions stream chunks onto ``StreamEvent``s; one instance per response.
+
+    Read liberally, as real servers stream: a call is keyed by its ``index``, else by its ``id``, else
+    it continues the open call; a new ``id`` at the open call's index starts a new call (Ollama reuses
+    index 0); a response that completed a call asks for tools whatever its finish reason says (the
+    call still needs approval like any other); end of body after a finish reason completes the stream.
+    """
 
     def __init__(self, *, scrub: Callable[[str], str] | None = None) -> None:
         self._scrub = scrub or _identity
         self._started = False
         self._done = False
+        self._model = ""
         self._stop: StopReason | None = None
         self._open: _OpenCall | None = None
-        self._used_indexes: set[int] = set()
+        self._used_keys: set[int | str] = set()
+        self._used_ids: set[str] = set()
+        self._completed_calls = 0
         self._refused = False
+        self._folder = NoticeFolder()
 
     @property
     def done(self) -> bool:
@@ -120,10 +167,15 @@ class OpenAIStreamMapper:
         if self._done:
             return []
         if frame.data.strip() == "[DONE]":
-            return self._end()
+            return self._folder.admit(self._end())
         payload = decode_json_object(frame.data)
         if payload is None:
-            return [notice(Messages.UNDECODABLE_EVENT, self._scrub(frame.data))]
+            # An event the body ended inside is a cut frame, not a bad one: finish() decides the outcome.
+            return (
+                []
+                if frame.at_eof
+                else self._folder.admit([notice(Messages.UNDECODABLE_EVENT, self._scrub(frame.data))])
+            )
         error = payload.get("error")
         if error is not None:
             return [self._error(error)]
@@ -132,18 +184,26 @@ class OpenAIStreamMapper:
             self._chunk(payload, out)
         except _Undecodable:
             out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(frame.data)))
-        return out
+        if not self._started and any(not is_terminal(event) for event in out):
+            self._started = True
+            out.insert(0, MessageStart(model=self._model))
+        return self._folder.admit(out)
 
     def finish(self) -> list[StreamEvent]:
+        """End of body: a finish reason already seen completes the stream (no ``[DONE]`` needed)."""
         if self._done:
             return []
+        if self._stop is not None:
+            return self._folder.admit(self._end())
         self._done = True
-        return [StreamError(code=ProtocolErrorCode.MALFORMED_STREAM, message=Messages.INCOMPLETE_STREAM)]
+        return self._folder.admit(
+            [StreamError(code=ProtocolErrorCode.MALFORMED_STREAM, message=Messages.INCOMPLETE_STREAM)]
+        )
 
     def _chunk(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
-        if not self._started:
-            self._started = True
-            out.append(MessageStart(model=_text(payload.get("model"))))
+        if not self._model:
+            # Azure's first chunk (prompt filter results) has no model: take it from the first chunk with one.
+            self._model = _text(payload.get("model"))
         choices = payload.get("choices")
         usage = payload.get("usage")
         if (choices is not None and not isinstance(choices, list)) or (
@@ -156,63 +216,104 @@ class OpenAIStreamMapper:
             if delta is not None and not isinstance(delta, dict):
                 raise _Undecodable
             if delta:
-                content = delta.get("content")
-                if content is not None and not isinstance(content, str):
-                    raise _Undecodable
-                if content:
-                    out.append(TextDelta(text=content))
-                refusal = delta.get("refusal")
-                if refusal is not None and not isinstance(refusal, str):
-                    raise _Undecodable
-                if refusal:
-                    # A refusal streams in its own field; it reads like Anthropic's refusal text + stop reason.
-                    self._refused = True
-                    out.append(TextDelta(text=refusal))
-                fragments = delta.get("tool_calls")
-                if fragments is not None and not isinstance(fragments, list):
-                    raise _Undecodable
-                for fragment in fragments or ():
-                    self._fragment(fragment, out)
+                self._delta(delta, out)
             reason = choice.get("finish_reason")
-            if isinstance(reason, str):
+            if isinstance(reason, str) and reason:
+                self._start(out)
                 self._close_open_call(out)
                 self._stop = _FINISH_REASONS.get(reason, StopReason.OTHER)
                 if self._refused and self._stop is StopReason.END_TURN:
                     self._stop = StopReason.REFUSAL
         if isinstance(usage, dict):
+            self._start(out)
+            details = usage.get("prompt_tokens_details")
+            cached = non_negative_int(details.get("cached_tokens")) if isinstance(details, dict) else None
             out.append(
                 Usage(
                     input_tokens=non_negative_int(usage.get("prompt_tokens")) or 0,
                     output_tokens=non_negative_int(usage.get("completion_tokens")) or 0,
+                    cache_read_input_tokens=cached or 0,
                 )
             )
+
+    def _delta(self, delta: Mapping[str, Any], out: list[StreamEvent]) -> None:
+        reasoning: list[str] = [_text(delta.get(field)) for field in _REASONING_FIELDS]
+        content = delta.get("content")
+        if isinstance(content, list):
+            content = _parts_text(content, reasoning)
+        elif content is not None and not isinstance(content, str):
+            raise _Undecodable
+        thinking = "".join(reasoning)
+        if thinking:
+            self._start(out)
+            out.append(ThinkingDelta(text=thinking))
+        if content:
+            self._start(out)
+            out.append(TextDelta(text=content))
+        refusal = delta.get("refusal")
+        if refusal is not None and not isinstance(refusal, str):
+            raise _Undecodable
+        if refusal:
+            # A refusal streams in its own field; it reads like Anthropic's refusal text + stop reason.
+            self._refused = True
+            self._start(out)
+            out.append(TextDelta(text=refusal))
+        fragments = delta.get("tool_calls")
+        if fragments is not None and not isinstance(fragments, list):
+            raise _Undecodable
+        for fragment in fragments or ():
+            try:
+                self._fragment(fragment, out)
+            except _Undecodable:
+                # One bad fragment costs that fragment, not the rest of the chunk.
+                out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(_fragment_text(fragment))))
 
     def _fragment(self, fragment: Any, out: list[StreamEvent]) -> None:
         if not isinstance(fragment, dict):
             raise _Undecodable
-        index = non_negative_int(fragment.get("index"))
         function = fragment.get("function")
         if function is None:
             function = {}
-        if index is None or not isinstance(function, dict):
+        if not isinstance(function, dict):
             raise _Undecodable
         arguments = function.get("arguments")
-        if arguments is not None and not isinstance(arguments, str):
+        if isinstance(arguments, dict):
+            arguments = _arguments(arguments)  # some servers send the arguments as an object
+        elif arguments is not None and not isinstance(arguments, str):
             raise _Undecodable
         arguments = arguments or ""
+        call_id, name = _text(fragment.get("id")), _text(function.get("name"))
+        raw_index = fragment.get("index")
+        index = non_negative_int(raw_index)
+        if raw_index is not None and index is None:
+            raise _Undecodable
         current = self._open
-        if current is not None and current.index == index:
+        # Which call does this fragment belong to: the index, else the id, else the open call (order).
+        key: int | str | None = index if index is not None else (call_id or None)
+        if current is None:
+            continues = False
+        elif index is not None:
+            continues = index == current.key
+        else:
+            continues = not call_id or call_id == current.id
+        if continues and current is not None and call_id and call_id != current.id and name:
+            continues = False  # a new id at the open call's index: a new call (Ollama reuses index 0)
+        if continues and current is not None:
             if arguments:
                 current.fragments.append(arguments)
                 out.append(ToolCallInputDelta(id=current.id, partial_json=arguments))
             return
-        call_id, name = _text(fragment.get("id")), _text(function.get("name"))
-        if index in self._used_indexes or not call_id or not name:
+        if key is None:
+            key = f"#order{len(self._used_keys)}"
+        reused = key in self._used_keys and (not call_id or call_id in self._used_ids)
+        if reused or not call_id or not name:
             out.append(notice(Messages.ORPHAN_ARGUMENTS, self._scrub(arguments)))
             return
+        self._start(out)
         self._close_open_call(out)
-        self._used_indexes.add(index)
-        self._open = _OpenCall(index, call_id, name)
+        self._used_keys.add(key)
+        self._used_ids.add(call_id)
+        self._open = _OpenCall(key, call_id, name)
         out.append(ToolCallStart(id=call_id, name=name))
         if arguments:
             self._open.fragments.append(arguments)
@@ -221,17 +322,27 @@ class OpenAIStreamMapper:
     def _close_open_call(self, out: list[StreamEvent]) -> None:
         if self._open is not None:
             call, self._open = self._open, None
-            out.append(finish_tool_call(call.id, call.name, call.fragments))
+            event = finish_tool_call(call.id, call.name, call.fragments)
+            if isinstance(event, ToolCallComplete):
+                self._completed_calls += 1
+            out.append(event)
+
+    def _start(self, out: list[StreamEvent]) -> None:
+        """``MessageStart`` goes out with the first content, so an error before any content can be retried."""
+        if not self._started:
+            self._started = True
+            out.append(MessageStart(model=self._model))
 
     def _end(self) -> list[StreamEvent]:
         out: list[StreamEvent] = []
-        if not self._started:
-            self._started = True
-            out.append(MessageStart(model=""))
+        self._start(out)
         if self._open is not None:
-            out.append(notice(Messages.UNFINISHED_CALL, self._scrub(self._open.name)))
-            self._open = None
-        out.append(MessageStop(stop_reason=self._stop or StopReason.OTHER))
+            if self._stop is None:
+                out.append(notice(Messages.UNFINISHED_CALL, self._scrub(self._open.name)))
+                self._open = None
+            else:
+                self._close_open_call(out)
+        out.append(MessageStop(stop_reason=effective_stop(self._stop, self._completed_calls)))
         self._done = True
         return out
 
@@ -243,11 +354,24 @@ class OpenAIStreamMapper:
             kind, code, message = "", "", _text(error)
         label = f"{kind} {code}"
         rate_limited = "rate_limit" in label or "insufficient_quota" in label
+        if rate_limited:
+            text = Messages.STREAM_RATE_LIMITED
+        elif ("server_error" in label or "overloaded" in label) and not self._started:
+            text = Messages.SERVER_ERROR  # before any content, a server error is retried like a 5xx
+        else:
+            text = Messages.STREAM_PROVIDER_ERROR
         return StreamError(
             code=ProtocolErrorCode.RATE_LIMITED if rate_limited else ProtocolErrorCode.HTTP_STATUS,
-            message=Messages.STREAM_RATE_LIMITED if rate_limited else Messages.STREAM_PROVIDER_ERROR,
+            message=text,
             provider_detail=self._scrub(message or code or kind) or None,
         )
+
+
+def _fragment_text(fragment: Any) -> str:
+    try:
+        return json.dumps(fragment, ensure_ascii=False)[:200]
+    except (TypeError, ValueError):
+        return ""
 
 
 def _arguments(value: Any) -> str:
@@ -275,20 +399,61 @@ def _messages_to_wire(message: Message) -> list[dict[str, Any]]:
     return out
 
 
-def build_openai_body(request: ChatRequest) -> dict[str, Any]:
+MaxTokensField: TypeAlias = Literal["max_completion_tokens", "max_tokens"]
+AuthHeader: TypeAlias = Literal["bearer", "api-key"]
+
+
+@final
+@attrs.frozen(kw_only=True)
+class OpenAIRequestOptions:
+    """The request fields that vary between OpenAI-compatible servers; ``for_base_url`` picks defaults.
+
+    ``max_tokens_field`` names the output cap (None sends none: the server's default applies);
+    ``include_usage`` sends ``stream_options.include_usage``; ``auth`` is ``Authorization: Bearer``
+    or Azure's ``api-key`` header.
+    """
+
+    max_tokens_field: MaxTokensField | None = "max_completion_tokens"
+    include_usage: bool = True
+    auth: AuthHeader = "bearer"
+
+    @classmethod
+    def for_base_url(cls, base_url: str | None) -> OpenAIRequestOptions:
+        """OpenAI and Azure OpenAI take the current fields; any other server gets the classic ``max_tokens``.
+
+        vLLM before 0.6, llama.cpp, LiteLLM and several gateways reject or ignore
+        ``max_completion_tokens``; every one of them reads ``max_tokens``.
+        """
+        host = _host(base_url or OpenAIWire.default_base_url)
+        if host == "api.openai.com":
+            return cls()
+        if host.endswith(".openai.azure.com") or host.endswith(".cognitiveservices.azure.com"):
+            return cls(auth="api-key")
+        return cls(max_tokens_field="max_tokens")
+
+
+def _host(url: str) -> str:
+    try:
+        return httpx.URL(url).host.lower()
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return ""
+
+
+def build_openai_body(request: ChatRequest, options: OpenAIRequestOptions | None = None) -> dict[str, Any]:
     """The Chat Completions request: leading system message, tool_calls, role "tool" results, usage on."""
+    options = options or OpenAIRequestOptions()
     messages: list[dict[str, Any]] = []
     if request.system:
         messages.append({"role": "system", "content": request.system})
     for message in request.messages:
         messages.extend(_messages_to_wire(message))
-    body: dict[str, Any] = {
-        "model": request.model,
-        "max_completion_tokens": request.max_tokens,
-        "messages": messages,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body: dict[str, Any] = {"model": request.model}
+    if options.max_tokens_field is not None:
+        body[options.max_tokens_field] = request.max_tokens
+    body["messages"] = messages
+    body["stream"] = True
+    if options.include_usage:
+        body["stream_options"] = {"include_usage": True}
     if request.tools:
         body["tools"] = [
             {
@@ -362,11 +527,16 @@ class OpenAIWire:
     default_base_url: Final = "https://api.openai.com/v1"
     endpoint: Final = "/chat/completions"
 
+    def __init__(self, options: OpenAIRequestOptions | None = None) -> None:
+        self.options = options or OpenAIRequestOptions()
+
     def auth_headers(self, api_key: str) -> dict[str, str]:
+        if self.options.auth == "api-key":
+            return {"api-key": api_key}
         return {"authorization": f"Bearer {api_key}"}
 
     def build_body(self, request: ChatRequest) -> dict[str, Any]:
-        return build_openai_body(request)
+        return build_openai_body(request, self.options)
 
     def new_mapper(self, *, scrub: Callable[[str], str] | None = None) -> OpenAIStreamMapper:
         return OpenAIStreamMapper(scrub=scrub)
@@ -405,9 +575,11 @@ class OpenAIProvider(HttpChatProvider):
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
         model_table: Mapping[str, ModelCapabilities] = MODEL_TABLE,
+        options: OpenAIRequestOptions | None = None,
     ) -> None:
+        """``options`` overrides the request fields ``OpenAIRequestOptions.for_base_url`` picks."""
         super().__init__(
-            OPENAI_WIRE,
+            OpenAIWire(options or OpenAIRequestOptions.for_base_url(base_url)),
             api_key=api_key,
             base_url=base_url,
             client=client,

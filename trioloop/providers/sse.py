@@ -9,6 +9,7 @@ line longer than a fixed cap, and stays failed afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import NoReturn, final
 
@@ -36,6 +37,8 @@ class SseFrame:
 
     event: str = "message"
     data: str = ""
+    at_eof: bool = False
+    """True for an event the body ended inside (no closing blank line): a mapper drops it if it is not whole."""
 
 
 @final
@@ -97,18 +100,29 @@ class SseDecoder:
         return frames
 
     def close(self) -> list[SseFrame]:
-        """End of stream: an event without its closing blank line is discarded, as the SSE standard says.
+        """End of stream: the event still being read, if any, as one frame marked ``at_eof``.
 
-        Returns a list for symmetry with ``feed``: a complete stream has dispatched everything already.
+        The SSE standard discards an event without its closing blank line, but servers that close the
+        connection right after their last event (without the blank line, or without the line end) are
+        common, and both official SDKs read that event. The frame is marked so a mapper can drop it
+        when it is cut short. A last line cut inside a UTF-8 sequence is incomplete and dropped.
         Raises the stored ``ProtocolError`` if the stream had already failed.
         """
         if self._failure is not None:
             raise ProtocolError(ProtocolErrorCode.MALFORMED_STREAM, self._failure)
         self._closed = True
+        tail = bytes(self._partial)
         self._partial.clear()
+        frames: list[SseFrame] = []
+        if tail:
+            with contextlib.suppress(UnicodeDecodeError):
+                self._dispatch_lines([tail.decode("utf-8")], frames)
+        data, event = self._data, self._event
         self._data = []
         self._event = ""
-        return []
+        if data:
+            frames.append(SseFrame(event=event or "message", data="\n".join(data), at_eof=True))
+        return frames
 
     def _check_cap(self) -> None:
         if len(self._partial) > self._line_cap:

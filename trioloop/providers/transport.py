@@ -22,7 +22,13 @@ import trio
 
 from trioloop.protocol.errors import ProtocolError, ProtocolErrorCode
 from trioloop.protocol.events import Aborted, StreamError, StreamEvent, is_terminal
-from trioloop.protocol.preflight import MODEL_TABLE, ModelCapabilities, preflight_request
+from trioloop.protocol.preflight import (
+    MODEL_TABLE,
+    ModelCapabilities,
+    lookup_model,
+    preflight_request,
+    unknown_model_warning,
+)
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers._redact import REDACTED, EventScrubber
 from trioloop.providers.base import AttemptOutcome, Messages, StreamMapper, Transport, WireFormat
@@ -116,6 +122,15 @@ def _loopback_host(host: str) -> bool:
         return False
 
 
+def _endpoint_url(base_url: str, endpoint: str) -> str:
+    """``endpoint`` appended to the base URL's path; a query (Azure's ``?api-version=``) stays at the end."""
+    try:
+        url = httpx.URL(base_url)
+        return str(url.copy_with(path=url.path.rstrip("/") + endpoint))
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return base_url.rstrip("/") + endpoint  # refused when the request is made, with a typed error
+
+
 def parse_retry_after(value: str | None) -> float | None:
     """Seconds from a ``retry-after`` header in delay-seconds form, clamped to 10 minutes.
 
@@ -165,7 +180,7 @@ class HttpTransport:
             raise ValueError("max_response_bytes must be a positive int")
         self._wire = wire
         self._key = None if api_key is None else ApiKey(api_key)
-        self._url = (base_url or wire.default_base_url).rstrip("/") + wire.endpoint
+        self._url = _endpoint_url(base_url or wire.default_base_url, wire.endpoint)
         self._client = client
         self._read_timeout = float(read_timeout)
         self._max_bytes = max_response_bytes
@@ -428,6 +443,7 @@ class HttpChatProvider:
     ) -> None:
         self._wire = wire
         self._table = model_table
+        self._warned: set[str] = set()
         http = HttpTransport(
             wire,
             api_key=api_key,
@@ -462,6 +478,12 @@ class HttpChatProvider:
             _log.debug("provider consumer went away before the stream ended")
 
     async def _run(self, request: ChatRequest, out: _TerminalGuard) -> None:
+        if (
+            request.model not in self._warned
+            and lookup_model(request.model, provider=self._wire.name, table=self._table) is None
+        ):
+            self._warned.add(request.model)  # once per model: a warning per request would drown the log
+            _log.warning("%s", unknown_model_warning(request.model))
         try:
             prepared = preflight_request(request, provider=self._wire.name, table=self._table)
         except ProtocolError as exc:

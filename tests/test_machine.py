@@ -920,7 +920,7 @@ CHECKED_FIELDS: dict[type, list[str]] = {
     Submit: ["turn_id", "text", "base_messages", "tool_set", "limits", "now_ms"],
     TextDelta: ["text"],
     ToolCallComplete: ["id", "name"],
-    Usage: ["input_tokens", "output_tokens"],
+    Usage: ["input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"],
     MessageStop: ["stop_reason"],
     StreamError: ["terminal", "message"],
     ApproveCall: ["call_id"],

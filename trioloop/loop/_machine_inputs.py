@@ -243,7 +243,15 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
         ToolCallStart: (InputKind.TOOL_CALL_START, lambda e: True),
         ToolCallInputDelta: (InputKind.TOOL_CALL_INPUT_DELTA, lambda e: True),
         ToolCallComplete: (InputKind.TOOL_CALL_COMPLETE, lambda e: _is_str(e.id) and _is_str(e.name)),
-        Usage: (InputKind.USAGE, lambda e: _is_count(e.input_tokens) and _is_count(e.output_tokens)),
+        Usage: (
+            InputKind.USAGE,
+            lambda e: (
+                _is_count(e.input_tokens)
+                and _is_count(e.output_tokens)
+                and _is_count(e.cache_read_input_tokens)
+                and _is_count(e.cache_creation_input_tokens)
+            ),
+        ),
         MessageStop: (InputKind.MESSAGE_STOP, lambda e: type(e.stop_reason) is StopReason),
         StreamError: (InputKind.STREAM_ERROR, _stream_error_ok),
         Aborted: (InputKind.ABORTED, lambda e: True),

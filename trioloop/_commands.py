@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import trio
@@ -14,6 +14,7 @@ from rich.text import Text
 from trioloop._demo_view import ApproveMode, TurnView, document_diff, outcome_line
 from trioloop.loop.machine import TurnState
 from trioloop.loop.session import Session
+from trioloop.loop.tool_runtime import ToolRegistry, create_tool_registry
 from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.scripted import ScriptedProvider
 from trioloop.threatmodel import ThfError, ThreatModel, dump_thf, load_thf
@@ -115,7 +116,18 @@ def _real_provider(name: str, key: str) -> ChatProvider:
     return OpenAIProvider(api_key=key)
 
 
-async def _chat(path: Path, provider_name: str, model: str, mode: ApproveMode, prompt: Callable[[str], str]) -> int:
+McpOptions = tuple[Sequence[str], str | None]
+"""``--mcp`` command lines and the ``--mcp-config`` file, if any."""
+
+
+async def _chat(
+    path: Path,
+    provider_name: str,
+    model: str,
+    mode: ApproveMode,
+    prompt: Callable[[str], str],
+    mcp_servers: McpOptions = ((), None),
+) -> int:
     console = _console()
     key = os.environ.get(_KEY_ENV[provider_name], "")
     if not key:
@@ -124,7 +136,24 @@ async def _chat(path: Path, provider_name: str, model: str, mode: ApproveMode, p
     document = _load(path)
     if document is None:
         return 1
-    session = Session(document=document, provider=_real_provider(provider_name, key), model=model)
+    async with trio.open_nursery() as nursery:
+        registry = await _registry_with_mcp(nursery, mcp_servers)
+        if registry is None:
+            nursery.cancel_scope.cancel()  # servers that did start close with it
+            return 1
+        session = Session(
+            document=document, provider=_real_provider(provider_name, key), model=model, registry=registry
+        )
+        await _chat_loop(console, session, mode, prompt)
+        nursery.cancel_scope.cancel()  # closes the MCP connections, which live in this nursery
+    path_out = path.with_suffix(".chat.thf")
+    if session.document != document:
+        await trio.Path(path_out).write_text(dump_thf(session.document), encoding="utf-8")
+        console.print(Text(f"Wrote {path_out}"))
+    return 0
+
+
+async def _chat_loop(console: Console, session: Session, mode: ApproveMode, prompt: Callable[[str], str]) -> None:
     console.print(Text("Type a request; an empty line or Ctrl-D ends the chat.", style="dim"))
     while True:
         try:
@@ -136,16 +165,55 @@ async def _chat(path: Path, provider_name: str, model: str, mode: ApproveMode, p
         before = session.document
         state = await _one_turn(session, TurnView(console, session, mode, prompt), text)
         _report(console, session, state, before)
-    path_out = path.with_suffix(".chat.thf")
-    if session.document != document:
-        await trio.Path(path_out).write_text(dump_thf(session.document), encoding="utf-8")
-        console.print(Text(f"Wrote {path_out}"))
-    return 0
 
 
-def run_chat(file: str, provider: str, model: str, mode: ApproveMode, prompt: Callable[[str], str] = input) -> int:
+async def _registry_with_mcp(nursery: trio.Nursery, mcp_servers: McpOptions) -> ToolRegistry | None:
+    """The threat-model tools plus every MCP server's tools (connections started in ``nursery``)."""
+    from trioloop.threatmodel.registry import create_ai_tool_registry
+
+    tools = list(create_ai_tool_registry())
+    commands, config = mcp_servers
+    if not commands and config is None:
+        return create_tool_registry(tools)
     try:
-        return trio.run(_chat, Path(file), provider, model, mode, prompt)
+        from trioloop import mcp
+    except ImportError:
+        _error('error: --mcp needs the mcp extra: pip install "trioloop[mcp]"')
+        return None
+    try:
+        servers: list[mcp.McpServer] = []
+        if config is not None:
+            servers.extend(mcp.load_mcp_config(await trio.Path(config).read_text(encoding="utf-8")))
+        for command in commands:
+            servers.append(mcp.stdio_server_from_command(command, taken=[server.name for server in servers]))
+        console = _console()
+        for server in servers:
+            toolset = mcp.McpToolset(server)
+            added = await nursery.start(toolset.run)
+            tools.extend(added)
+            console.print(Text(f'MCP server "{server.name}": {len(added)} tool(s)', style="dim"))
+            for skipped in toolset.skipped:
+                console.print(Text(f"  skipped {skipped.name}: {skipped.reason}", style="dim"))
+        return create_tool_registry(tools)
+    except OSError as exc:
+        _error(f"error: cannot read the MCP config {config}: {exc.strerror}")
+    except (mcp.McpConfigError, mcp.McpConnectionError, ValueError) as exc:
+        _error(f"error: {exc}")
+    return None
+
+
+def run_chat(
+    file: str,
+    provider: str,
+    model: str,
+    mode: ApproveMode,
+    prompt: Callable[[str], str] = input,
+    *,
+    mcp: Sequence[str] = (),
+    mcp_config: str | None = None,
+) -> int:
+    try:
+        return trio.run(_chat, Path(file), provider, model, mode, prompt, (tuple(mcp), mcp_config))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -3,7 +3,15 @@
 Needs the ``mcp`` extra (``pip install trioloop[mcp]``). Nothing in the core imports this package.
 """
 
-from trioloop.mcp.servers import HttpServer, McpConfigError, McpServer, StdioServer, ToolClass, load_mcp_config
+from trioloop.mcp.servers import (
+    HttpServer,
+    McpConfigError,
+    McpServer,
+    StdioServer,
+    ToolClass,
+    load_mcp_config,
+    stdio_server_from_command,
+)
 from trioloop.mcp.tools import namespaced_name
 from trioloop.mcp.toolset import McpConnectionError, McpToolset, SkippedTool
 
@@ -18,4 +26,5 @@ __all__ = [
     "ToolClass",
     "load_mcp_config",
     "namespaced_name",
+    "stdio_server_from_command",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import runpy
 import sys
 from pathlib import Path
 
@@ -95,3 +96,23 @@ def test_chat_reports_a_server_that_cannot_start(
     command = f"{sys.executable} -c 'raise SystemExit(1)'"
     assert run_chat(str(PAYMENT), "anthropic", "m", "ask", lambda _: "", mcp=[command]) == 1
     assert "Cannot connect to MCP server" in capsys.readouterr().err
+
+
+def test_mcp_package_surface_and_layering() -> None:
+    import trioloop
+    import trioloop.mcp
+
+    names = list(trioloop.mcp.__all__)
+    assert names == sorted(names) and all(hasattr(trioloop.mcp, name) for name in names)
+    core = Path(trioloop.__file__).resolve().parent
+    for package in ("loop", "protocol", "providers", "tools", "threatmodel"):
+        for source in (core / package).rglob("*.py"):
+            text = source.read_text(encoding="utf-8")
+            assert "trioloop.mcp" not in text and "import mcp" not in text, source
+
+
+def test_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "mcp_session.py"
+    runpy.run_path(str(example), run_name="__main__")
+    out = capsys.readouterr().out
+    assert out.startswith("completed <<<UNTRUSTED_DOCUMENT_DATA>>>") and '"text":"3"' in out

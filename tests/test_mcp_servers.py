@@ -86,7 +86,7 @@ def test_chat_connects_the_servers_and_closes_them(
     # The prompt answers with an empty line at once: the chat ends before any request reaches the provider.
     code = run_chat(str(PAYMENT), "anthropic", "m", "ask", lambda _: "", mcp_config=str(config))
     assert code == 0
-    assert 'MCP server "fx": 9 tool(s)' in capsys.readouterr().out
+    assert 'MCP server "fx": 10 tool(s)' in capsys.readouterr().out
 
 
 def test_chat_reports_a_server_that_cannot_start(

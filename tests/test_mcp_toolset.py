@@ -85,7 +85,9 @@ async def test_stdio_server_lists_and_calls_under_local_policy(tmp_path: Path) -
     async with trio.open_nursery() as nursery:
         tools = by_name(await nursery.start(toolset.run))
         hostile = namespaced_name("fx", HOSTILE_NAME)
-        assert set(tools) == {f"fx__{n}" for n in ("echo", "delete_file", "slow", "crash", "garbage", "big")} | {
+        assert set(tools) == {
+            f"fx__{n}" for n in ("echo", "delete_file", "slow", "crash", "exit_soon", "garbage", "big")
+        } | {
             "fx__picture",
             "fx__fails",
             hostile,
@@ -168,8 +170,15 @@ async def test_hang_garbage_and_crash_fail_only_that_call_then_reconnect() -> No
         # The next call reconnects: the server is usable again in the next turn.
         after = await call(tools["fx__echo"], {"text": "back"})
         assert after.ok and fenced_payload(after.result)["content"][0]["text"] == "back"
+        # A server that dies between calls (between turns) is replaced before the next call is sent.
+        assert (await call(tools["fx__exit_soon"], {})).ok
+        with trio.fail_after(20):
+            while toolset.connected:  # noqa: ASYNC110  # the end is another process's exit: nothing to wait on
+                await trio.sleep(0.02)
+        revived = await call(tools["fx__echo"], {"text": "revived"})
+        assert revived.ok, revived.result
         nursery.cancel_scope.cancel()
-    assert toolset.connections_opened == 2
+    assert toolset.connections_opened == 3
 
 
 async def test_a_server_that_cannot_start_is_a_typed_error() -> None:

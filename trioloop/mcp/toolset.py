@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator
-from typing import Any, Final, TextIO, final
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import Any, Final, Self, TextIO, final
 
+import anyio
 import attrs
 import mcp_types
 import trio
 from mcp import Client, StdioServerParameters
+from mcp.client import Transport
+from mcp.client._transport import ReadStream, TransportStreams
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 
 from trioloop.loop.tool_runtime import RegisteredTool, ToolExecutionContext, ToolOutcome
 from trioloop.mcp.results import mcp_result_outcome
@@ -52,12 +57,15 @@ class SkippedTool:
     reason: str
 
 
-@attrs.define
 class _Connection:
+    """One connection's state; ``client`` is set once the handshake is done."""
+
     client: Client
-    calls: set[trio.CancelScope] = attrs.field(factory=set)
-    lost: bool = False
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+    def __init__(self) -> None:
+        self.calls: set[trio.CancelScope] = set()
+        self.lost = False
+        self.scope = trio.CancelScope()
 
     def lose(self) -> None:
         """Mark the connection unusable: end its in-flight calls and close it (its task unwinds)."""
@@ -65,6 +73,53 @@ class _Connection:
         for call in self.calls:
             call.cancel()
         self.scope.cancel()
+
+
+@final
+class _WatchedReadStream:
+    """The transport's read stream, reporting its end: a server that died between calls is noticed (and
+    replaced on the next call) without sending anything. Everything else is passed through."""
+
+    def __init__(self, inner: ReadStream[SessionMessage | Exception], on_end: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_end = on_end
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_end()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _WatchedReadStream:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _watched(transport: Transport, on_end: Callable[[], None]) -> AsyncIterator[TransportStreams]:
+    async with transport as (read_stream, write_stream):
+        yield _WatchedReadStream(read_stream, on_end), write_stream
 
 
 def _describe(exc: BaseException) -> str:
@@ -107,6 +162,11 @@ class McpToolset:
         self.tools: tuple[RegisteredTool, ...] = ()
         self.skipped: tuple[SkippedTool, ...] = ()
         self.connections_opened = 0
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is open now (False after the server went away, until the next call reconnects)."""
+        return self._connection is not None and not self._connection.lost
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -161,35 +221,39 @@ class McpToolset:
         with open(os.devnull, "w") as devnull:  # noqa: ASYNC230  # opening /dev/null does not block
             yield devnull
 
-    def _client(self, errlog: TextIO) -> Client:
+    def _client(self, errlog: TextIO, on_end: Callable[[], None]) -> Client:
         server = self.server
+        transport: Transport
         if isinstance(server, HttpServer):
-            return Client(streamable_http_client(server.url), cache=None)
-        parameters = StdioServerParameters(
-            command=server.command,
-            args=list(server.args),
-            env=dict(server.env) if server.env is not None else None,
-            cwd=server.cwd,
-        )
-        return Client(stdio_client(parameters, errlog=errlog), cache=None)
+            transport = streamable_http_client(server.url)
+        else:
+            parameters = StdioServerParameters(
+                command=server.command,
+                args=list(server.args),
+                env=dict(server.env) if server.env is not None else None,
+                cwd=server.cwd,
+            )
+            transport = stdio_client(parameters, errlog=errlog)
+        return Client(_watched(transport, on_end), cache=None)
 
     async def _hold_connection(self, *, task_status: trio.TaskStatus[_Connection] = trio.TASK_STATUS_IGNORED) -> None:
         """One connection's lifetime. Failures after it is up end only this connection, never the nursery."""
-        connection: _Connection | None = None
+        connection = _Connection()
+        started = False
         try:
-            async with self._errlog_file() as errlog, self._client(errlog) as client:
-                connection = _Connection(client=client)
+            async with self._errlog_file() as errlog, self._client(errlog, connection.lose) as client:
+                connection.client = client
                 task_status.started(connection)
+                started = True
                 with connection.scope:
                     await trio.sleep_forever()
         except Exception as exc:
-            if connection is None:
+            if not started:
                 raise McpConnectionError(
                     f'Cannot connect to MCP server "{self.server.name}" ({_describe(exc)}).'
                 ) from None
         finally:
-            if connection is not None:
-                connection.lose()
+            connection.lose()
 
     async def _list_tools(self, client: Client) -> list[mcp_types.Tool]:
         listed: list[mcp_types.Tool] = []

@@ -176,3 +176,11 @@ def test_structured_content_is_used_when_no_text_came_with_it() -> None:
     result = mcp_types.CallToolResult(content=[], structured_content={"k": "<<<v>>>", "n": 1})
     payload = fenced(mcp_result_outcome("t", "s", result))
     assert payload["content"] == [{"type": "structured", "text": '{"k":"\\<\\<\\<v\\>\\>\\>","n":1}'}]
+
+
+def test_a_schema_nested_too_deep_is_refused_not_crashed() -> None:
+    schema: dict[str, Any] = {"type": "object"}
+    for _ in range(5000):
+        schema = {"type": "object", "properties": {"x": schema}}
+    with pytest.raises(UnusableTool, match="nested too deeply"):
+        build_mcp_tool("srv", mcp_tool(schema=schema), "destructive", never_called)

@@ -143,7 +143,11 @@ def _card(server: str, tool: str, raw: dict[str, Any], tool_class: ToolClass, hi
 
 def build_mcp_tool(server: str, tool: mcp_types.Tool, tool_class: ToolClass, call: McpCall) -> RegisteredTool:
     """A registered tool for one listed MCP tool. Raises ``UnusableTool`` for a schema it cannot enforce."""
-    validator = _validator(tool.input_schema)
+    try:
+        validator = _validator(tool.input_schema)
+        schema = _clean_schema(tool.input_schema)
+    except RecursionError:
+        raise UnusableTool("its input schema is nested too deeply") from None
     name = namespaced_name(server, tool.name)
     described = sanitize_scalar(tool.description or "", _DESCRIPTION_MAX, allow_newlines=True)[0]
     description = f"[Tool from the MCP server \"{server}\"; its text is the server's, not the user's.] {described}"
@@ -170,6 +174,6 @@ def build_mcp_tool(server: str, tool: mcp_types.Tool, tool_class: ToolClass, cal
         description=description,
         effect="read" if tool_class == "read" else "mutate",
         destructive=tool_class == "destructive",
-        json_schema=_clean_schema(dict(tool.input_schema)),
+        json_schema=schema,
         prepare_fn=prepare,
     )

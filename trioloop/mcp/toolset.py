@@ -175,6 +175,8 @@ class McpToolset:
 
         Raises ``McpConnectionError`` (before reporting any tools) if the server cannot be reached or listed.
         """
+        if self._nursery is not None:
+            raise RuntimeError(f'The toolset for MCP server "{self.server.name}" is already running.')
         try:
             await self._run(task_status)
         except BaseExceptionGroup as group:
@@ -288,6 +290,8 @@ class McpToolset:
                 tools[name] = build_mcp_tool(self.server.name, tool, tool_class, self._call)
             except UnusableTool as exc:
                 skipped.append(SkippedTool(name=shown, reason=str(exc)))
+            except Exception as exc:  # e.g. a schema nested too deep to walk: skip the tool, keep the server
+                skipped.append(SkippedTool(name=shown, reason=f"it could not be prepared ({type(exc).__name__})"))
         self.skipped = tuple(skipped)
         return tuple(tools.values())
 

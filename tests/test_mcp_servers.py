@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mcp")
-
 from trioloop._commands import run_chat
 from trioloop.cli import main
 from trioloop.mcp import HttpServer, McpConfigError, StdioServer, load_mcp_config, stdio_server_from_command

@@ -6,14 +6,11 @@ import base64
 import json
 from typing import Any
 
+import mcp_types
 import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-pytest.importorskip("mcp")
-
-import mcp_types
 
 from trioloop.loop.canonical import input_digest
 from trioloop.loop.tool_runtime import (

@@ -34,8 +34,6 @@ from trioloop.threatmodel import load_thf
 from trioloop.tools.read_result import READ_RESULT_MAX_BYTES
 from trioloop.tools.untrusted_text import END_MARKER, START_MARKER
 
-pytest.importorskip("mcp")
-
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SERVER_SCRIPT = str(FIXTURES / "mcp_server.py")
 PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"

@@ -313,7 +313,8 @@ class McpToolset:
         try:
             connection = await self._live_connection()
         except (McpConnectionError, trio.TooSlowError) as exc:
-            reason = str(exc) if isinstance(exc, McpConnectionError) else "it did not connect in time"
+            late = f"it did not connect within {self.connect_timeout:g} s."
+            reason = str(exc) if isinstance(exc, McpConnectionError) else late
             return ToolOutcome.failure(f'The MCP tool "{shown}" was not called: {reason}')
         watch = trio.CancelScope(deadline=trio.current_time() + self.call_timeout)
         connection.calls.add(watch)
@@ -327,14 +328,13 @@ class McpToolset:
                 connection.lose()
             else:
                 failure = f"the server answered with error {exc.code}: {sanitize_scalar(exc.message, 200)[0]}"
-        except Exception as exc:  # a transport or decoding failure: this connection is not to be trusted again
-            connection.lose()
-            failure = f"the call failed ({_describe(exc)})"
+        except Exception as exc:  # e.g. a result that does not parse; a dead connection is noticed on its own
+            failure = f"the call failed ({_describe(exc)}). Whether it took effect is unknown"
         finally:
             connection.calls.discard(watch)
         if result is not None:
             return mcp_result_outcome(shown, server, result)
-        if connection.lost:
+        if failure is None and connection.lost:
             failure = (
                 "the server closed the connection during the call (it may have crashed). Whether the call took "
                 "effect is unknown; the next call starts a new connection"

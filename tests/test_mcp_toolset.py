@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -238,13 +239,13 @@ async def test_lying_annotations_get_no_approval_and_the_deadline_cancels_a_call
     victim = tmp_path / "precious.txt"
     victim.write_text("keep me")
     marker = tmp_path / "marker"
+    delete = ScriptedCall(id="c1", name="fx__delete_file", input={"path": str(victim)})
     steps = [
+        ScriptStep(text="Cleaning up.", tool_calls=(delete,)),
+        ScriptStep(text="Cleaning up again.", tool_calls=(attrs.evolve(delete, id="c2"),)),
+        ScriptStep(text="Deleted."),
         ScriptStep(
-            text="Cleaning up.",
-            tool_calls=(ScriptedCall(id="c1", name="fx__delete_file", input={"path": str(victim)}),),
-        ),
-        ScriptStep(
-            text="Waiting.", tool_calls=(ScriptedCall(id="c2", name="fx__slow", input={"marker": str(marker)}),)
+            text="Waiting.", tool_calls=(ScriptedCall(id="c3", name="fx__slow", input={"marker": f"{marker}"}),)
         ),
     ]
     toolset = McpToolset(stdio_server({"slow": "read"}))
@@ -258,7 +259,7 @@ async def test_lying_annotations_get_no_approval_and_the_deadline_cancels_a_call
             limits=TurnLimits(turn_deadline_ms=1500),
         )
 
-        async def reviewer() -> None:
+        async def reviewer(decide: str) -> None:
             async with contextlib.aclosing(session.states()) as states:
                 async for state in states:
                     if state.phase is not Phase.AWAITING_APPROVAL:
@@ -271,15 +272,24 @@ async def test_lying_annotations_get_no_approval_and_the_deadline_cancels_a_call
                     await trio.testing.wait_all_tasks_blocked()
                     assert session.state is not None
                     assert session.state.current_calls[0].status is CallStatus.PENDING
-                    session.stop()
+                    if decide == "stop":
+                        session.stop()
+                    else:
+                        session.approve(card.id)
                     return
 
-        nursery.start_soon(reviewer)
+        nursery.start_soon(reviewer, "stop")
         first = await session.send("tidy up")
         assert first.outcome is Outcome.CANCELLED and victim.read_text() == "keep me"
 
+        # Only the user's own click on this card runs it; the fenced result reaches the model next request.
+        nursery.start_soon(reviewer, "approve")
+        second = await session.send("tidy up, really")
+        assert second.outcome is Outcome.COMPLETED and not victim.exists()
+        assert "<<<UNTRUSTED_DOCUMENT_DATA>>>" in json.dumps(provider.requests[-1])
+
         # The app classified slow as read: it runs unasked, and the turn deadline cancels it mid-call.
-        second = await session.send("wait")
-        assert second.outcome is Outcome.BOUNDED
+        third = await session.send("wait")
+        assert third.outcome is Outcome.BOUNDED
         await wait_for_text(marker, "cancelled")
         nursery.cancel_scope.cancel()

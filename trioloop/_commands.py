@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import trio
@@ -118,7 +118,18 @@ def _real_provider(name: str, key: str) -> ChatProvider:
     return OpenAIProvider(api_key=key)
 
 
-async def _chat(path: Path, provider_name: str, model: str, mode: ApproveMode, prompt: Callable[[str], str]) -> int:
+McpOptions = tuple[Sequence[str], str | None]
+"""``--mcp`` command lines and the ``--mcp-config`` file, if any."""
+
+
+async def _chat(
+    path: Path,
+    provider_name: str,
+    model: str,
+    mode: ApproveMode,
+    prompt: Callable[[str], str],
+    mcp_servers: McpOptions = ((), None),
+) -> int:
     console = _console()
     key = os.environ.get(_KEY_ENV[provider_name], "")
     if not key:
@@ -128,18 +139,19 @@ async def _chat(path: Path, provider_name: str, model: str, mode: ApproveMode, p
     if document is None:
         return 1
     async with threat_model_session(document=document, provider=_real_provider(provider_name, key), model=model) as s:
-        status = await _chat_turns(console, s, path, document, mode, prompt)
-    return status
+        if not await _add_mcp_servers(s, mcp_servers):
+            return 1  # servers that did start close with the session
+        await _chat_loop(console, s, mode, prompt)
+    path_out = path.with_suffix(".chat.thf")
+    if s.document != document:
+        await trio.Path(path_out).write_text(dump_thf(s.document), encoding="utf-8")
+        console.print(Text(f"Wrote {path_out}"))
+    return 0
 
 
-async def _chat_turns(
-    console: Console,
-    session: Session[ThreatModel],
-    path: Path,
-    document: ThreatModel,
-    mode: ApproveMode,
-    prompt: Callable[[str], str],
-) -> int:
+async def _chat_loop(
+    console: Console, session: Session[ThreatModel], mode: ApproveMode, prompt: Callable[[str], str]
+) -> None:
     console.print(Text("Type a request; an empty line or Ctrl-D ends the chat.", style="dim"))
     while True:
         try:
@@ -151,16 +163,51 @@ async def _chat_turns(
         before = session.document
         state = await _one_turn(session, TurnView(console, session, mode, prompt), text)
         _report(console, session, state, before)
-    path_out = path.with_suffix(".chat.thf")
-    if session.document != document:
-        await trio.Path(path_out).write_text(dump_thf(session.document), encoding="utf-8")
-        console.print(Text(f"Wrote {path_out}"))
-    return 0
 
 
-def run_chat(file: str, provider: str, model: str, mode: ApproveMode, prompt: Callable[[str], str] = input) -> int:
+async def _add_mcp_servers(session: Session[ThreatModel], mcp_servers: McpOptions) -> bool:
+    """Connect every MCP server as a toolset of ``session`` (its connection lives in the session's nursery)."""
+    commands, config = mcp_servers
+    if not commands and config is None:
+        return True
     try:
-        return trio.run(_chat, Path(file), provider, model, mode, prompt)
+        from trioloop import mcp
+    except ImportError:
+        _error('error: --mcp needs the mcp extra: pip install "trioloop[mcp]"')
+        return False
+    try:
+        servers: list[mcp.McpServer] = []
+        if config is not None:
+            servers.extend(mcp.load_mcp_config(await trio.Path(config).read_text(encoding="utf-8")))
+        for command in commands:
+            servers.append(mcp.stdio_server_from_command(command, taken=[server.name for server in servers]))
+        console = _console()
+        for server in servers:
+            toolset = mcp.McpToolset(server)
+            added = await session.add_toolset(toolset)
+            console.print(Text(f'MCP server "{server.name}": {len(added)} tool(s)', style="dim"))
+            for skipped in toolset.skipped:
+                console.print(Text(f"  skipped {skipped.name}: {skipped.reason}", style="dim"))
+        return True
+    except OSError as exc:
+        _error(f"error: cannot read the MCP config {config}: {exc.strerror}")
+    except (mcp.McpConfigError, mcp.McpConnectionError, ValueError) as exc:
+        _error(f"error: {exc}")
+    return False
+
+
+def run_chat(
+    file: str,
+    provider: str,
+    model: str,
+    mode: ApproveMode,
+    prompt: Callable[[str], str] = input,
+    *,
+    mcp: Sequence[str] = (),
+    mcp_config: str | None = None,
+) -> int:
+    try:
+        return trio.run(_chat, Path(file), provider, model, mode, prompt, (tuple(mcp), mcp_config))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -52,7 +52,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     """The same loop against a real provider API, key from the environment."""
     from trioloop._commands import run_chat
 
-    return run_chat(args.file, args.provider, args.model, args.approve)
+    return run_chat(args.file, args.provider, args.model, args.approve, mcp=args.mcp, mcp_config=args.mcp_config)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -82,6 +82,18 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--provider", choices=("anthropic", "openai"), required=True)
     chat.add_argument("--model", required=True, help="model id, e.g. claude-sonnet-4-5 or gpt-4.1")
     chat.add_argument("--approve", choices=("ask", "safe", "none"), default="ask")
+    chat.add_argument(
+        "--mcp",
+        metavar='"COMMAND ARGS"',
+        action="append",
+        default=[],
+        help="also offer the tools of this MCP server (stdio); repeatable. Every such tool needs its own approval",
+    )
+    chat.add_argument(
+        "--mcp-config",
+        metavar="FILE",
+        help="a TOML file of [servers.NAME] (command/args or url) and [servers.NAME.tools] name = read|mutate",
+    )
     chat.set_defaults(run=_cmd_chat)
     return parser
 

@@ -1,0 +1,116 @@
+"""trioloop.mcp.servers: the static, local policy (config file, --mcp command lines) and the CLI wiring."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+from trioloop._commands import run_chat
+from trioloop.cli import main
+from trioloop.mcp import HttpServer, McpConfigError, StdioServer, load_mcp_config, stdio_server_from_command
+
+SERVER_SCRIPT = Path(__file__).resolve().parent / "fixtures" / "mcp_server.py"
+PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
+
+
+def test_config_file_names_servers_and_classifies_tools() -> None:
+    servers = load_mcp_config(
+        """
+        [servers.files]
+        command = "python"
+        args = ["server.py", "--root", "/tmp"]
+        [servers.files.tools]
+        read_file = "read"
+        write_file = "mutate"
+
+        [servers.web]
+        url = "http://127.0.0.1:8000/mcp"
+        """
+    )
+    files, web = servers
+    assert isinstance(files, StdioServer)
+    assert (files.name, files.command, files.args) == ("files", "python", ("server.py", "--root", "/tmp"))
+    assert dict(files.tools) == {"read_file": "read", "write_file": "mutate"}
+    assert isinstance(web, HttpServer) and web.url.endswith("/mcp") and dict(web.tools) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("[servers.a]\ncommand = 'x'\nurl = 'http://h/'", "exactly one of command"),
+        ("[servers.a]\ncommand = 'x'\n[servers.a.tools]\nt = 'trusted'", "read, mutate, destructive"),
+        ("[servers.'a b']\ncommand = 'x'", "letters, digits"),
+        ("[servers.a]\nurl = 'file:///etc/passwd'", "http:// or https://"),
+        ("[servers.a]\ncommand = 'x'\nargs = 'not a list'", "list of strings"),
+        ("[servers.a]\ncommand = 'x'\nshell = true", "unknown key(s) shell"),
+        ("[server.a]\ncommand = 'x'", "unknown top-level key(s) server"),
+        ("not toml [", "not valid TOML"),
+    ],
+)
+def test_bad_configs_say_what_to_fix(text: str, complaint: str) -> None:
+    with pytest.raises(McpConfigError, match=None) as caught:
+        load_mcp_config(text)
+    assert complaint in str(caught.value)
+
+
+def test_command_lines_become_named_stdio_servers() -> None:
+    first = stdio_server_from_command("python 'my server.py' --flag")
+    assert (first.name, first.command, first.args) == ("python", "python", ("my server.py", "--flag"))
+    second = stdio_server_from_command("/usr/bin/python3.11 other.py", taken=["python", "python3"])
+    assert second.name == "python3-2"
+    assert stdio_server_from_command("python x.py", taken=["python"]).name == "python-2"
+    with pytest.raises(McpConfigError):
+        stdio_server_from_command("   ")
+    with pytest.raises(McpConfigError):
+        stdio_server_from_command("python 'unterminated")
+
+
+def test_cli_chat_accepts_repeatable_mcp_options() -> None:
+    assert main(["chat", str(PAYMENT), "--provider", "anthropic", "--model", "m", "--mcp", "a", "--mcp", "b"]) == 2
+
+
+def test_chat_connects_the_servers_and_closes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-never-used")
+    config = tmp_path / "mcp.toml"
+    config.write_text(
+        f'[servers.fx]\ncommand = {sys.executable!r}\nargs = [{str(SERVER_SCRIPT)!r}, "stdio"]\n'
+        '[servers.fx.tools]\necho = "read"\n'
+    )
+    # The prompt answers with an empty line at once: the chat ends before any request reaches the provider.
+    code = run_chat(str(PAYMENT), "anthropic", "m", "ask", lambda _: "", mcp_config=str(config))
+    assert code == 0
+    assert 'MCP server "fx": 10 tool(s)' in capsys.readouterr().out
+
+
+def test_chat_reports_a_server_that_cannot_start(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-never-used")
+    command = f"{sys.executable} -c 'raise SystemExit(1)'"
+    assert run_chat(str(PAYMENT), "anthropic", "m", "ask", lambda _: "", mcp=[command]) == 1
+    assert "Cannot connect to MCP server" in capsys.readouterr().err
+
+
+def test_mcp_package_surface_and_layering() -> None:
+    import trioloop
+    import trioloop.mcp
+
+    names = list(trioloop.mcp.__all__)
+    assert names == sorted(names) and all(hasattr(trioloop.mcp, name) for name in names)
+    core = Path(trioloop.__file__).resolve().parent
+    for package in ("loop", "protocol", "providers", "tools", "threatmodel"):
+        for source in (core / package).rglob("*.py"):
+            text = source.read_text(encoding="utf-8")
+            assert "trioloop.mcp" not in text and "import mcp" not in text, source
+
+
+def test_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "mcp_session.py"
+    runpy.run_path(str(example), run_name="__main__")
+    out = capsys.readouterr().out
+    assert out.startswith("completed <<<UNTRUSTED_DOCUMENT_DATA>>>") and '"text":"3"' in out

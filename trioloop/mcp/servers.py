@@ -1,0 +1,177 @@
+"""Which MCP servers to connect to and how the app classifies their tools: the local, static policy.
+
+A server's own annotations never decide anything; only what is written here (by the app, or in a CLI config
+file the user wrote) makes a tool read-only or non-destructive. A tool not named here is a destructive mutation.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final, Literal, TypeAlias, final
+
+import attrs
+
+__all__ = [
+    "HttpServer",
+    "McpConfigError",
+    "McpServer",
+    "StdioServer",
+    "ToolClass",
+    "load_mcp_config",
+    "stdio_server_from_command",
+]
+
+ToolClass: TypeAlias = Literal["read", "mutate", "destructive"]
+"""How the app classifies one MCP tool: ``read`` is auto-approved, ``mutate`` may be batch-approved,
+``destructive`` (the default for every tool not named) always needs its own click."""
+
+TOOL_CLASSES: Final[frozenset[str]] = frozenset({"read", "mutate", "destructive"})
+SERVER_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,24}")
+
+
+class McpConfigError(ValueError):
+    """A server definition or config file that cannot be used; the message says what to fix."""
+
+
+def _server_name(_: Any, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str) or SERVER_NAME_PATTERN.fullmatch(value) is None:
+        raise McpConfigError(
+            f"MCP server name {value!r} must be 1 to 24 letters, digits, '_' or '-' (it prefixes tool names)."
+        )
+
+
+def _classes(value: Mapping[str, str] | None) -> Mapping[str, ToolClass]:
+    checked: dict[str, ToolClass] = {}
+    for name, cls in (value or {}).items():
+        if not isinstance(name, str) or cls not in TOOL_CLASSES:
+            raise McpConfigError(f"tool {name!r}: the class must be one of read, mutate, destructive; got {cls!r}.")
+        checked[name] = cls  # type: ignore[assignment]  # checked against TOOL_CLASSES just above
+    return MappingProxyType(checked)
+
+
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class StdioServer:
+    """An MCP server the toolset starts as a subprocess and talks to over its stdin and stdout.
+
+    ``tools`` classifies tools by the exact name the server gives them; any other tool is destructive.
+    """
+
+    name: str = attrs.field(validator=_server_name)
+    command: str
+    args: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    tools: Mapping[str, ToolClass] = attrs.field(factory=dict, converter=_classes)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class HttpServer:
+    """An MCP server reached over streamable HTTP at ``url``; ``tools`` as for ``StdioServer``."""
+
+    name: str = attrs.field(validator=_server_name)
+    url: str
+    tools: Mapping[str, ToolClass] = attrs.field(factory=dict, converter=_classes)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise McpConfigError(f"MCP server {self.name!r}: url must start with http:// or https://.")
+
+
+McpServer: TypeAlias = StdioServer | HttpServer
+
+
+def _name_from_command(argv: list[str], taken: Iterable[str]) -> str:
+    stem = Path(argv[0]).stem
+    base = re.sub(r"[^A-Za-z0-9_-]", "_", stem)[:20] or "mcp"
+    used = set(taken)
+    name, number = base, 1
+    while name in used:
+        number += 1
+        name = f"{base}-{number}"
+    return name
+
+
+def stdio_server_from_command(
+    command_line: str, *, taken: Iterable[str] = (), tools: Mapping[str, ToolClass] | None = None
+) -> StdioServer:
+    """A ``StdioServer`` from one shell-style ``"COMMAND ARGS"`` string, named after the command.
+
+    ``taken`` holds names already in use; a repeat gets ``-2``, ``-3`` and so on.
+    """
+    try:
+        argv = shlex.split(command_line)
+    except ValueError as exc:
+        raise McpConfigError(f"--mcp {command_line!r}: {exc}.") from None
+    if not argv:
+        raise McpConfigError('--mcp needs a command, e.g. --mcp "python my_server.py".')
+    return StdioServer(name=_name_from_command(argv, taken), command=argv[0], args=tuple(argv[1:]), tools=tools)
+
+
+def _string_list(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise McpConfigError(f"{where} must be a list of strings.")
+    return tuple(value)
+
+
+def _one_server(name: str, table: Any) -> McpServer:
+    where = f"[servers.{name}]"
+    if not isinstance(table, dict):
+        raise McpConfigError(f"{where} must be a table.")
+    unknown = sorted(set(table) - {"command", "args", "env", "cwd", "url", "tools"})
+    if unknown:
+        raise McpConfigError(f"{where}: unknown key(s) {', '.join(unknown)}.")
+    tools = table.get("tools", {})
+    if not isinstance(tools, dict):
+        raise McpConfigError(f'{where}.tools must be a table of tool name = "read" | "mutate" | "destructive".')
+    has_command, has_url = "command" in table, "url" in table
+    if has_command == has_url:
+        raise McpConfigError(f"{where} needs exactly one of command (stdio) or url (streamable HTTP).")
+    if has_url:
+        if not isinstance(table["url"], str):
+            raise McpConfigError(f"{where}.url must be a string.")
+        return HttpServer(name=name, url=table["url"], tools=tools)
+    if not isinstance(table["command"], str):
+        raise McpConfigError(f"{where}.command must be a string.")
+    env = table.get("env")
+    if env is not None and (not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values())):
+        raise McpConfigError(f"{where}.env must be a table of strings.")
+    cwd = table.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise McpConfigError(f"{where}.cwd must be a string.")
+    return StdioServer(
+        name=name,
+        command=table["command"],
+        args=_string_list(table.get("args", []), f"{where}.args"),
+        env=env,
+        cwd=cwd,
+        tools=tools,
+    )
+
+
+def load_mcp_config(text: str) -> tuple[McpServer, ...]:
+    """Parse a TOML config: one ``[servers.NAME]`` table per server, each with ``command`` (+ ``args``,
+    ``env``, ``cwd``) or ``url``, and an optional ``[servers.NAME.tools]`` table classifying tools."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise McpConfigError(f"the MCP config is not valid TOML: {exc}.") from None
+    unknown = sorted(set(data) - {"servers"})
+    if unknown:
+        raise McpConfigError(
+            f"the MCP config has unknown top-level key(s) {', '.join(unknown)}; expected [servers.NAME]."
+        )
+    servers = data.get("servers", {})
+    if not isinstance(servers, dict):
+        raise McpConfigError("servers must be a table of [servers.NAME] tables.")
+    return tuple(_one_server(name, table) for name, table in servers.items())

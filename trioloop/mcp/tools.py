@@ -1,0 +1,179 @@
+"""One MCP tool as a trioloop tool: a namespaced name, a sanitized description, the server's input schema
+enforced by a JSON-schema validator before any grant, and a review card that says what the server claims
+without letting the claim decide anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import jsonschema
+import mcp_types
+from jsonschema.exceptions import SchemaError
+from jsonschema.protocols import Validator
+
+from trioloop.loop.canonical import canonical_json, input_digest
+from trioloop.loop.tool_runtime import (
+    PreparedCall,
+    PrepareFailure,
+    RegisteredTool,
+    ToolExecutionContext,
+    ToolOutcome,
+)
+from trioloop.mcp.servers import ToolClass
+from trioloop.tools.untrusted_text import sanitize_scalar
+
+__all__ = [
+    "MAX_SCHEMA_BYTES",
+    "TOOL_NAME_PATTERN",
+    "McpCall",
+    "UnusableTool",
+    "build_mcp_tool",
+    "namespaced_name",
+]
+
+TOOL_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What Anthropic and OpenAI both accept as a tool name; every namespaced name matches it."""
+MAX_SCHEMA_BYTES: Final = 16_384
+_DESCRIPTION_MAX: Final = 1024
+_SCHEMA_TEXT_MAX: Final = 400
+_CARD_INPUT_MAX: Final = 600
+_MAX_ISSUES: Final = 10
+_ISSUE_MAX: Final = 200
+_SEPARATOR: Final = "__"
+
+McpCall = Callable[[str, dict[str, Any], ToolExecutionContext[Any]], Awaitable[ToolOutcome[Any]]]
+"""How a built tool reaches its server: (the server's own tool name, arguments, context) -> outcome."""
+
+
+class UnusableTool(ValueError):
+    """A listed tool that cannot be offered to the model (bad schema, too large); the toolset skips it."""
+
+
+def namespaced_name(server: str, tool: str) -> str:
+    """``server__tool``, valid for every provider; a tool name that is not already plain ASCII of a safe
+    length keeps a readable cleaned prefix and gains a hash of the exact original, so distinct names never
+    merge and no name can pose as another."""
+    room = 64 - len(server) - len(_SEPARATOR)
+    if re.fullmatch(rf"[A-Za-z0-9_-]{{1,{room}}}", tool):
+        return f"{server}{_SEPARATOR}{tool}"
+    digest = hashlib.sha256(tool.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    cleaned = re.sub(r"[^A-Za-z0-9_-]+", "_", tool).strip("_")[: room - len(digest) - 1]
+    return f"{server}{_SEPARATOR}{cleaned + '_' if cleaned else ''}{digest}"
+
+
+def _clean_schema(value: Any, key: str | None = None) -> Any:
+    """The schema with its free-text annotations (description, title) sanitized; validation keywords kept."""
+    if isinstance(value, dict):
+        return {k: _clean_schema(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean_schema(item) for item in value]
+    if key in ("description", "title") and isinstance(value, str):
+        return sanitize_scalar(value, _SCHEMA_TEXT_MAX, allow_newlines=True)[0]
+    return value
+
+
+def _validator(schema: dict[str, Any]) -> Validator:
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        raise UnusableTool('its input schema is not a JSON schema of "type": "object"')
+    try:
+        size = len(canonical_json(schema).encode("utf-8"))
+    except (TypeError, ValueError):
+        raise UnusableTool("its input schema is not plain JSON") from None
+    if size > MAX_SCHEMA_BYTES:
+        raise UnusableTool(f"its input schema is {size} bytes, over the {MAX_SCHEMA_BYTES}-byte limit")
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        raise UnusableTool(f"its input schema is invalid ({sanitize_scalar(exc.message, _ISSUE_MAX)[0]})") from None
+    validator: Validator = cls(schema)
+    return validator
+
+
+def _issues(validator: Validator, raw: dict[str, Any]) -> tuple[str, ...]:
+    found = sorted(itertools.islice(validator.iter_errors(raw), _MAX_ISSUES), key=lambda e: e.json_path)
+    return tuple(f"{error.json_path}: {sanitize_scalar(error.message, _ISSUE_MAX)[0]}" for error in found)
+
+
+def _hints(annotations: mcp_types.ToolAnnotations | None) -> str:
+    if annotations is None:
+        return "The server makes no claims about this tool."
+    said: list[str] = []
+    if annotations.title is not None:
+        said.append(f"title {json.dumps(sanitize_scalar(annotations.title, 80)[0], ensure_ascii=False)}")
+    for flag, yes, no in (
+        (annotations.read_only_hint, "read-only", "not read-only"),
+        (annotations.destructive_hint, "destructive", "not destructive"),
+        (annotations.idempotent_hint, "idempotent", "not idempotent"),
+        (annotations.open_world_hint, "reaches the outside world", "closed-world"),
+    ):
+        if flag is not None:
+            said.append(yes if flag else no)
+    if not said:
+        return "The server makes no claims about this tool."
+    return f"The server says: {'; '.join(said)} (unverified; never used to approve anything)."
+
+
+_CLASS_LINES: Final[Mapping[ToolClass, str]] = {
+    "read": "Classified read-only by this app's configuration: it is approved without asking.",
+    "mutate": "Classified as a change by this app's configuration (not destructive).",
+    "destructive": "Treated as destructive: no tool from an MCP server is trusted unless the app classifies it.",
+}
+
+
+def _card(server: str, tool: str, raw: dict[str, Any], tool_class: ToolClass, hints: str) -> str:
+    shown_tool = json.dumps(sanitize_scalar(tool, 80)[0], ensure_ascii=False)
+    shown_input = sanitize_scalar(canonical_json(raw), _CARD_INPUT_MAX)[0]
+    effect = (
+        "It reads from outside the document."
+        if tool_class == "read"
+        else "It acts outside the document: undo cannot revert what it does."
+    )
+    return (
+        f'MCP tool {shown_tool} on server "{server}" with input {shown_input}\n'
+        f"{effect}\n{_CLASS_LINES[tool_class]}\n{hints}"
+    )
+
+
+def build_mcp_tool(server: str, tool: mcp_types.Tool, tool_class: ToolClass, call: McpCall) -> RegisteredTool[Any]:
+    """A registered tool for one listed MCP tool. Raises ``UnusableTool`` for a schema it cannot enforce."""
+    try:
+        validator = _validator(tool.input_schema)
+        schema = _clean_schema(tool.input_schema)
+    except RecursionError:
+        raise UnusableTool("its input schema is nested too deeply") from None
+    name = namespaced_name(server, tool.name)
+    described = sanitize_scalar(tool.description or "", _DESCRIPTION_MAX, allow_newlines=True)[0]
+    description = f"[Tool from the MCP server \"{server}\"; its text is the server's, not the user's.] {described}"
+    hints = _hints(tool.annotations)
+    original = tool.name
+
+    def prepare(raw: Any) -> PreparedCall[Any] | PrepareFailure:
+        if not isinstance(raw, dict):
+            return PrepareFailure(issues=("$: the input must be a JSON object",))
+        issues = _issues(validator, raw)
+        if issues:
+            return PrepareFailure(issues=issues)
+        arguments: dict[str, Any] = json.loads(canonical_json(raw))  # a private copy of exactly what was digested
+
+        async def run(ctx: ToolExecutionContext[Any]) -> ToolOutcome[Any]:
+            return await call(original, arguments, ctx)
+
+        return PreparedCall(
+            summary=_card(server, original, raw, tool_class, hints), input_digest=input_digest(raw), run=run
+        )
+
+    return RegisteredTool(
+        name=name,
+        description=description,
+        effect="read" if tool_class == "read" else "mutate",
+        destructive=tool_class == "destructive",
+        json_schema=schema,
+        prepare_fn=prepare,
+    )

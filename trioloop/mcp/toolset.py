@@ -1,0 +1,349 @@
+"""An MCP server's tools for a session: connect, list, register, call, and close with the owning nursery.
+
+``McpToolset.run`` is a task for ``nursery.start``: it connects, lists the tools, hands them back through
+``task_status.started`` and then holds the connection until its nursery is cancelled. The connection's task
+lives in the toolset's own nursery, a child of whatever nursery runs ``run``, so it closes with it.
+
+A call runs in the calling tool's task under that tool's cancel scope: Stop or the turn deadline cancels it
+and the SDK tells the server (``notifications/cancelled``). A server that crashes, hangs past the call
+timeout, or answers with something unusable fails only that call; a lost connection is replaced on the next
+call, so a crash in one turn does not disable the server for the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import Any, Final, Self, TextIO, final
+
+import anyio
+import attrs
+import mcp_types
+import trio
+from mcp import Client, StdioServerParameters
+from mcp.client import Transport
+from mcp.client._transport import ReadStream, TransportStreams
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+
+from trioloop.loop.tool_runtime import RegisteredTool, ToolExecutionContext, ToolOutcome
+from trioloop.mcp.results import mcp_result_outcome
+from trioloop.mcp.servers import HttpServer, McpServer
+from trioloop.mcp.tools import UnusableTool, build_mcp_tool, namespaced_name
+from trioloop.tools.untrusted_text import sanitize_scalar
+
+__all__ = ["McpConnectionError", "McpToolset", "SkippedTool"]
+
+DEFAULT_CALL_TIMEOUT: Final = 120.0
+DEFAULT_CONNECT_TIMEOUT: Final = 30.0
+MAX_TOOLS: Final = 128
+_MAX_PAGES: Final = 20
+
+
+class McpConnectionError(RuntimeError):
+    """The toolset could not connect to its server or list its tools; the message names the server."""
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SkippedTool:
+    """A tool the server listed that is not offered to the model, and why (both sanitized)."""
+
+    name: str
+    reason: str
+
+
+class _Connection:
+    """One connection's state; ``client`` is set once the handshake is done."""
+
+    client: Client
+
+    def __init__(self) -> None:
+        self.calls: set[trio.CancelScope] = set()
+        self.lost = False
+        self.scope = trio.CancelScope()
+
+    def lose(self) -> None:
+        """Mark the connection unusable: end its in-flight calls and close it (its task unwinds)."""
+        self.lost = True
+        for call in self.calls:
+            call.cancel()
+        self.scope.cancel()
+
+
+@final
+class _WatchedReadStream:
+    """The transport's read stream, reporting its end: a server that died between calls is noticed (and
+    replaced on the next call) without sending anything. Everything else is passed through."""
+
+    def __init__(self, inner: ReadStream[SessionMessage | Exception], on_end: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_end = on_end
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_end()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _WatchedReadStream:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _watched(transport: Transport, on_end: Callable[[], None]) -> AsyncIterator[TransportStreams]:
+    async with transport as (read_stream, write_stream):
+        yield _WatchedReadStream(read_stream, on_end), write_stream
+
+
+def _describe(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {sanitize_scalar(str(exc), 160)[0]}"
+
+
+def _lone_connection_error(group: BaseExceptionGroup[BaseException]) -> McpConnectionError | None:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, McpConnectionError) else None
+
+
+@final
+class McpToolset:
+    """The tools of one MCP server, under the app's static classification (``server.tools``).
+
+    Use ``tools = await nursery.start(toolset.run)``; the tools stay callable while ``run`` runs.
+    """
+
+    def __init__(
+        self,
+        server: McpServer,
+        *,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        errlog: TextIO | None = None,
+    ) -> None:
+        if not call_timeout > 0 or not connect_timeout > 0:
+            raise ValueError("call_timeout and connect_timeout must be positive numbers of seconds")
+        self.server = server
+        self.call_timeout = call_timeout
+        self.connect_timeout = connect_timeout
+        self._errlog = errlog
+        self._nursery: trio.Nursery | None = None
+        self._connection: _Connection | None = None
+        self._connecting = trio.Lock()
+        self.tools: tuple[RegisteredTool[Any], ...] = ()
+        self.skipped: tuple[SkippedTool, ...] = ()
+        self.connections_opened = 0
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is open now (False after the server went away, until the next call reconnects)."""
+        return self._connection is not None and not self._connection.lost
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[tuple[RegisteredTool[Any], ...]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Connect, list and build the tools, report them, then hold the connection until cancelled.
+
+        Raises ``McpConnectionError`` (before reporting any tools) if the server cannot be reached or listed.
+        """
+        if self._nursery is not None:
+            raise RuntimeError(f'The toolset for MCP server "{self.server.name}" is already running.')
+        try:
+            await self._run(task_status)
+        except BaseExceptionGroup as group:
+            failure = _lone_connection_error(group)
+            if failure is None:
+                raise
+            raise failure from None
+
+    async def _run(self, task_status: trio.TaskStatus[tuple[RegisteredTool[Any], ...]]) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                with trio.fail_after(self.connect_timeout):
+                    connection = await self._connect()
+                    listed = await self._list_tools(connection.client)
+            except trio.TooSlowError:
+                raise McpConnectionError(
+                    f'MCP server "{self.server.name}" did not finish connecting within {self.connect_timeout:g} s.'
+                ) from None
+            self.tools = self._build(listed)
+            task_status.started(self.tools)
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    async def _connect(self) -> _Connection:
+        assert self._nursery is not None
+        try:
+            connection: _Connection = await self._nursery.start(self._hold_connection)
+        except McpConnectionError:
+            raise
+        except Exception as exc:
+            raise McpConnectionError(f'Cannot connect to MCP server "{self.server.name}" ({_describe(exc)}).') from None
+        self._connection = connection
+        self.connections_opened += 1
+        return connection
+
+    @contextlib.asynccontextmanager
+    async def _errlog_file(self) -> AsyncIterator[TextIO]:
+        if self._errlog is not None:
+            yield self._errlog
+            return
+        with open(os.devnull, "w") as devnull:  # noqa: ASYNC230  # opening /dev/null does not block
+            yield devnull
+
+    def _client(self, errlog: TextIO, on_end: Callable[[], None]) -> Client:
+        server = self.server
+        transport: Transport
+        if isinstance(server, HttpServer):
+            transport = streamable_http_client(server.url)
+        else:
+            parameters = StdioServerParameters(
+                command=server.command,
+                args=list(server.args),
+                env=dict(server.env) if server.env is not None else None,
+                cwd=server.cwd,
+            )
+            transport = stdio_client(parameters, errlog=errlog)
+        return Client(_watched(transport, on_end), cache=None)
+
+    async def _hold_connection(self, *, task_status: trio.TaskStatus[_Connection] = trio.TASK_STATUS_IGNORED) -> None:
+        """One connection's lifetime. Failures after it is up end only this connection, never the nursery."""
+        connection = _Connection()
+        started = False
+        try:
+            async with self._errlog_file() as errlog, self._client(errlog, connection.lose) as client:
+                connection.client = client
+                task_status.started(connection)
+                started = True
+                with connection.scope:
+                    await trio.sleep_forever()
+        except Exception as exc:
+            if not started:
+                raise McpConnectionError(
+                    f'Cannot connect to MCP server "{self.server.name}" ({_describe(exc)}).'
+                ) from None
+        finally:
+            connection.lose()
+
+    async def _list_tools(self, client: Client) -> list[mcp_types.Tool]:
+        listed: list[mcp_types.Tool] = []
+        cursor: str | None = None
+        try:
+            for _ in range(_MAX_PAGES):
+                page = await client.list_tools(cursor=cursor)
+                listed.extend(page.tools)
+                cursor = page.next_cursor
+                if cursor is None or len(listed) >= MAX_TOOLS:
+                    break
+        except Exception as exc:
+            raise McpConnectionError(
+                f'MCP server "{self.server.name}" did not list its tools ({_describe(exc)}).'
+            ) from None
+        return listed
+
+    def _build(self, listed: list[mcp_types.Tool]) -> tuple[RegisteredTool[Any], ...]:
+        tools: dict[str, RegisteredTool[Any]] = {}
+        skipped: list[SkippedTool] = []
+        for tool in listed:
+            shown = sanitize_scalar(tool.name, 80)[0]
+            if len(tools) >= MAX_TOOLS:
+                skipped.append(SkippedTool(name=shown, reason=f"the server lists more than {MAX_TOOLS} tools"))
+                continue
+            name = namespaced_name(self.server.name, tool.name)
+            if name in tools:
+                skipped.append(SkippedTool(name=shown, reason=f'its name collides with another tool as "{name}"'))
+                continue
+            tool_class = self.server.tools.get(tool.name, "destructive")
+            try:
+                tools[name] = build_mcp_tool(self.server.name, tool, tool_class, self._call)
+            except UnusableTool as exc:
+                skipped.append(SkippedTool(name=shown, reason=str(exc)))
+            except Exception as exc:  # e.g. a schema nested too deep to walk: skip the tool, keep the server
+                skipped.append(SkippedTool(name=shown, reason=f"it could not be prepared ({type(exc).__name__})"))
+        self.skipped = tuple(skipped)
+        return tuple(tools.values())
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    async def _live_connection(self) -> _Connection:
+        async with self._connecting:
+            connection = self._connection
+            if connection is not None and not connection.lost:
+                return connection
+            if self._nursery is None:
+                raise McpConnectionError(f'The toolset for MCP server "{self.server.name}" is closed.')
+            with trio.fail_after(self.connect_timeout):
+                return await self._connect()
+
+    async def _call(self, tool: str, arguments: dict[str, Any], ctx: ToolExecutionContext[Any]) -> ToolOutcome[Any]:
+        server = self.server.name
+        shown = namespaced_name(server, tool)
+        try:
+            connection = await self._live_connection()
+        except (McpConnectionError, trio.TooSlowError) as exc:
+            late = f"it did not connect within {self.connect_timeout:g} s."
+            reason = str(exc) if isinstance(exc, McpConnectionError) else late
+            return ToolOutcome.failure(f'The MCP tool "{shown}" was not called: {reason}')
+        watch = trio.CancelScope(deadline=trio.current_time() + self.call_timeout)
+        connection.calls.add(watch)
+        result: mcp_types.CallToolResult | None = None
+        failure: str | None = None
+        try:
+            with watch:
+                result = await connection.client.call_tool(tool, arguments)
+        except MCPError as exc:
+            if exc.code == mcp_types.CONNECTION_CLOSED:
+                connection.lose()
+            else:
+                failure = f"the server answered with error {exc.code}: {sanitize_scalar(exc.message, 200)[0]}"
+        except Exception as exc:  # e.g. a result that does not parse; a dead connection is noticed on its own
+            failure = f"the call failed ({_describe(exc)}). Whether it took effect is unknown"
+        finally:
+            connection.calls.discard(watch)
+        if result is not None:
+            return mcp_result_outcome(shown, server, result)
+        if failure is None and connection.lost:
+            failure = (
+                "the server closed the connection during the call (it may have crashed). Whether the call took "
+                "effect is unknown; the next call starts a new connection"
+            )
+        elif failure is None:
+            failure = (
+                f"the server did not answer within {self.call_timeout:g} s, so the call was cancelled (the server "
+                "was told). Whether it took effect is unknown"
+            )
+        return ToolOutcome.failure(f'The MCP tool "{shown}" failed: {failure}.')

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.text import Text
 
 from trioloop._demo_view import ApproveMode, TurnView, document_diff, outcome_line
+from trioloop.files import write_atomic
 from trioloop.loop.machine import TurnState
 from trioloop.loop.session import Session
 from trioloop.protocol.provider import ChatProvider
@@ -93,7 +94,7 @@ async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, pro
             else:
                 console.print(Text("Undo is available for this turn (trioloop demo --undo shows it)."))
         if out is not None:
-            await trio.Path(out).write_text(dump_thf(session.document), encoding="utf-8")
+            await trio.to_thread.run_sync(write_atomic, out, dump_thf(session.document).encode("utf-8"))
             console.print(Text(f"Wrote {out}"))
     return 0
 
@@ -138,7 +139,7 @@ async def _chat(path: Path, provider_name: str, model: str, mode: ApproveMode, p
         _report(console, session, state, before)
     path_out = path.with_suffix(".chat.thf")
     if session.document != document:
-        await trio.Path(path_out).write_text(dump_thf(session.document), encoding="utf-8")
+        await trio.to_thread.run_sync(write_atomic, path_out, dump_thf(session.document).encode("utf-8"))
         console.print(Text(f"Wrote {path_out}"))
     return 0
 

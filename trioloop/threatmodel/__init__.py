@@ -62,6 +62,7 @@ from trioloop.threatmodel.model import (
 from trioloop.threatmodel.read_tools import READ_TOOLS
 from trioloop.threatmodel.registry import create_ai_tool_registry
 from trioloop.threatmodel.thf import dump_thf, load_thf
+from trioloop.threatmodel.thf_file import ThfFile, load_thf_file, save_thf
 from trioloop.threatmodel.validation import validate_threat_model
 
 __all__ = [
@@ -102,6 +103,7 @@ __all__ = [
     "Size",
     "SizeInput",
     "ThfError",
+    "ThfFile",
     "Threat",
     "ThreatModel",
     "ThreatUpdates",
@@ -119,5 +121,7 @@ __all__ = [
     "create_ai_tool_registry",
     "dump_thf",
     "load_thf",
+    "load_thf_file",
+    "save_thf",
     "validate_threat_model",
 ]

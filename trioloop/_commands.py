@@ -12,15 +12,14 @@ from rich.console import Console
 from rich.text import Text
 
 from trioloop._demo_view import ApproveMode, TurnView, document_diff, outcome_line
-from trioloop.files import write_atomic
 from trioloop.loop.machine import TurnState
 from trioloop.loop.session import Session
 from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.scripted import ScriptedProvider
-from trioloop.threatmodel import ThfError, ThreatModel, dump_thf, load_thf
+from trioloop.threatmodel import ThfError, ThfFile, ThreatModel, load_thf_file, save_thf
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 
-__all__ = ["DEFAULT_DEMO_FILE", "run_chat", "run_demo"]
+__all__ = ["DEFAULT_DEMO_FILE", "chat_session", "run_chat", "run_demo"]
 
 _SOURCE_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
 _PACKAGED_EXAMPLE = Path(__file__).resolve().parent / "_data" / "payment.thf"  # in a wheel install
@@ -36,9 +35,9 @@ def _error(text: str) -> None:
     Console(stderr=True, highlight=False).print(Text(text), style="red")
 
 
-def _load(path: Path) -> ThreatModel | None:
+def _load(path: Path) -> ThfFile | None:
     try:
-        return load_thf(path)
+        return load_thf_file(path)
     except ThfError as exc:
         _error(f"error: {type(exc).__name__}: {exc.message}")
         return None
@@ -69,11 +68,31 @@ def _report(console: Console, session: Session, state: TurnState, before: Threat
         console.print(Text("The document is unchanged."))
 
 
+class _Saver:
+    """Writes the document when it changed since the last save (atomically, keeping the file's layout)."""
+
+    def __init__(self, console: Console, loaded: ThfFile, target: Path) -> None:
+        self.console = console
+        self.file = loaded
+        self.target = target
+
+    def save(self, document: ThreatModel) -> None:
+        if document is self.file.model or document == self.file.model:
+            return
+        try:
+            self.file = save_thf(self.target, document, self.file)
+        except OSError as exc:
+            _error(f"error: could not save {self.target}: {exc.strerror or exc}; the file was left as it was")
+            return
+        self.console.print(Text(f"Saved {self.target}"))
+
+
 async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, prompt: Callable[[str], str]) -> int:
     console = _console()
-    document = _load(path)
-    if document is None:
+    loaded = _load(path)
+    if loaded is None:
         return 1
+    document = loaded.model
     async with ScriptedProvider(DEMO_SCRIPT, wire="anthropic") as provider:
         session = Session(document=document, provider=provider, model="scripted-1", limits=DEMO_LIMITS)
         console.print(Text(f"you> {DEMO_PROMPT}", style="bold"))
@@ -94,7 +113,7 @@ async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, pro
             else:
                 console.print(Text("Undo is available for this turn (trioloop demo --undo shows it)."))
         if out is not None:
-            await trio.to_thread.run_sync(write_atomic, out, dump_thf(session.document).encode("utf-8"))
+            await trio.to_thread.run_sync(save_thf, out, session.document, loaded)
             console.print(Text(f"Wrote {out}"))
     return 0
 
@@ -116,37 +135,72 @@ def _real_provider(name: str, key: str) -> ChatProvider:
     return OpenAIProvider(api_key=key)
 
 
-async def _chat(path: Path, provider_name: str, model: str, mode: ApproveMode, prompt: Callable[[str], str]) -> int:
-    console = _console()
+async def _chat(
+    path: Path, provider_name: str, model: str, mode: ApproveMode, prompt: Callable[[str], str], out: Path | None
+) -> int:
     key = os.environ.get(_KEY_ENV[provider_name], "")
     if not key:
         _error(f"error: set {_KEY_ENV[provider_name]} to use --provider {provider_name}")
         return 2
-    document = _load(path)
-    if document is None:
+    return await chat_session(path, _real_provider(provider_name, key), model, mode, prompt, out)
+
+
+async def chat_session(
+    path: Path,
+    provider: ChatProvider,
+    model: str,
+    mode: ApproveMode,
+    prompt: Callable[[str], str],
+    out: Path | None = None,
+) -> int:
+    """The chat loop over any provider. After every turn that changed the document it is saved (to
+    ``out``, else in place), and on Ctrl-C at any point whatever the settled tools committed is saved."""
+    console = _console()
+    loaded = _load(path)
+    if loaded is None:
         return 1
-    session = Session(document=document, provider=_real_provider(provider_name, key), model=model)
-    console.print(Text("Type a request; an empty line or Ctrl-D ends the chat.", style="dim"))
-    while True:
-        try:
-            text = await trio.to_thread.run_sync(prompt, "you> ", abandon_on_cancel=True)
-        except EOFError:
-            break
-        if not text.strip():
-            break
-        before = session.document
-        state = await _one_turn(session, TurnView(console, session, mode, prompt), text)
-        _report(console, session, state, before)
-    path_out = path.with_suffix(".chat.thf")
-    if session.document != document:
-        await trio.to_thread.run_sync(write_atomic, path_out, dump_thf(session.document).encode("utf-8"))
-        console.print(Text(f"Wrote {path_out}"))
+    saver = _Saver(console, loaded, out or path)
+    session = Session(document=loaded.model, provider=provider, model=model)
+    console.print(
+        Text(
+            f"Type a request; an empty line or Ctrl-D ends the chat. Changes are saved to {saver.target}.", style="dim"
+        )
+    )
+    try:
+        while True:
+            try:
+                text = await trio.to_thread.run_sync(prompt, "you> ", abandon_on_cancel=True)
+            except EOFError:
+                break
+            if not text.strip():
+                break
+            before = session.document
+            state = await _one_turn(session, TurnView(console, session, mode, prompt), text)
+            _report(console, session, state, before)
+            saver.save(session.document)
+    except BaseException:
+        # Ctrl-C (trio may deliver it inside an exception group) or any other end: the document only
+        # ever holds whole, committed tool results, so what it holds now is worth keeping.
+        saver.save(session.document)
+        raise
     return 0
 
 
-def run_chat(file: str, provider: str, model: str, mode: ApproveMode, prompt: Callable[[str], str] = input) -> int:
+def run_chat(
+    file: str,
+    provider: str,
+    model: str,
+    mode: ApproveMode,
+    prompt: Callable[[str], str] = input,
+    out: str | None = None,
+) -> int:
     try:
-        return trio.run(_chat, Path(file), provider, model, mode, prompt)
+        return trio.run(_chat, Path(file), provider, model, mode, prompt, Path(out) if out else None)
     except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BaseExceptionGroup as group:
+        if group.subgroup(KeyboardInterrupt) is None:
+            raise
         print("interrupted", file=sys.stderr)
         return 130

@@ -52,7 +52,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     """The same loop against a real provider API, key from the environment."""
     from trioloop._commands import run_chat
 
-    return run_chat(args.file, args.provider, args.model, args.approve)
+    return run_chat(args.file, args.provider, args.model, args.approve, out=args.out)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -82,6 +82,9 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--provider", choices=("anthropic", "openai"), required=True)
     chat.add_argument("--model", required=True, help="model id, e.g. claude-sonnet-4-5 or gpt-4.1")
     chat.add_argument("--approve", choices=("ask", "safe", "none"), default="ask")
+    chat.add_argument(
+        "--out", metavar="FILE", help="save the document here (default: in place, after every turn that changed it)"
+    )
     chat.set_defaults(run=_cmd_chat)
     return parser
 

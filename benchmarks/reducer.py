@@ -3,6 +3,9 @@
 Run ``python -m benchmarks.reducer``. Prints one JSON object per case, then a short table. The figure
 that matters is ``per_event_ratio_100k_vs_1k``: appending a delta must cost the same whether the answer
 is short or long (target <= 1.5), which holds only if no step copies the whole text or history.
+``per_call_ratio_20k_vs_1k`` is the same check for hostile volume: one response carrying 1k / 10k /
+20k tool calls, all but the per-iteration cap refused (target <= 1.5: no step scans or copies the
+calls so far).
 """
 
 from __future__ import annotations
@@ -74,6 +77,20 @@ def calls_case(calls: int) -> list[TurnInput]:
     return inputs
 
 
+def flood_case(calls: int) -> list[TurnInput]:
+    """One response with ``calls`` tool calls: the first ones up to the cap run, the rest are refused."""
+    ids = tuple(f"call_{i}" for i in range(calls))
+    inputs: list[TurnInput] = [_submit(), MessageStart(model="bench")]
+    inputs.extend(ToolCallComplete(id=i, name="rename", input={"name": "n"}) for i in ids)
+    inputs.append(MessageStop(stop_reason="tool_use"))
+    inputs.append(ApproveBatch(call_ids=ids))
+    for i in ids[:12]:  # the default per-iteration cap
+        inputs.append(StartCall(call_id=i, now_ms=1))
+        inputs.append(CallSettled(call_id=i, outcome=ToolOutcome.success("renamed"), now_ms=2))
+    inputs.extend([Advance(now_ms=3), MessageStart(model="bench"), MessageStop(stop_reason="end_turn")])
+    return inputs
+
+
 def _run(inputs: Sequence[TurnInput]) -> TurnState:
     state = TurnState.idle()
     for item in inputs:
@@ -104,15 +121,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = [measure(f"text_deltas_{n}", partial(text_case, n), args.repeat) for n in (1_000, 10_000, 100_000)]
     results += [measure(f"tool_calls_{n}", partial(calls_case, n), args.repeat) for n in (1, 12, 32)]
+    results += [measure(f"call_flood_{n}", partial(flood_case, n), args.repeat) for n in (1_000, 10_000, 20_000)]
     for row in results:
         print(json.dumps(row))
     ratio = results[2]["us_per_event"] / results[0]["us_per_event"]
+    flood = results[8]["us_per_event"] / results[6]["us_per_event"]
     print(json.dumps({"case": "per_event_ratio_100k_vs_1k", "ratio": round(ratio, 3), "target": 1.5}))
+    print(json.dumps({"case": "per_call_ratio_20k_vs_1k", "ratio": round(flood, 3), "target": 1.5}))
     print()
     print(f"{'case':<22}{'events':>9}{'events/s':>12}{'us/event':>10}")
     for row in results:
         print(f"{row['case']:<22}{row['events']:>9}{row['events_per_second']:>12}{row['us_per_event']:>10}")
     print(f"per-event cost, 100k vs 1k text deltas: {ratio:.2f}x (target <= 1.5)")
+    print(f"per-call cost, 20k vs 1k calls in one response: {flood:.2f}x (target <= 1.5)")
     return 0
 
 

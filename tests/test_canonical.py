@@ -1,10 +1,13 @@
+import hashlib
 import json
 import random
 
 import pytest
-from hypothesis import given
+import rfc8785
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trioloop.loop import canonical
 from trioloop.loop.canonical import canonical_json, input_digest
 
 json_values = st.recursive(
@@ -35,9 +38,80 @@ def test_canonical_form_is_stable_under_key_reordering(value: object, seed: int)
     assert input_digest(other) == input_digest(value)
 
 
+def _as_doubles(value: object) -> object:
+    """The value as RFC 8785 sees it: every number an IEEE double."""
+    if isinstance(value, dict):
+        return {k: _as_doubles(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_doubles(v) for v in value]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
 @given(json_values)
 def test_canonical_json_parses_back_to_an_equal_value(value: object) -> None:
-    assert json.loads(canonical_json(value)) == value
+    # An integral float at or above 2**53 is written in its shortest ECMAScript form (4.081293495242753e16
+    # -> 40812934952427530), which parses back as an int with the same double value, not the same int.
+    assert _as_doubles(json.loads(canonical_json(value))) == _as_doubles(value)
+
+
+# Every value RFC 8785 defines: I-JSON integers, any finite double, strings of Unicode scalar values.
+_scalar_text = st.text(st.characters(exclude_categories=["Cs"]))
+i_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53) + 1, 2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.floats(min_value=2.0**53, max_value=1e22).map(float.__round__).map(float)
+    | _scalar_text,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(_scalar_text, inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300)
+@given(i_json_values)
+def test_canonical_json_is_byte_identical_to_the_rfc8785_package(value: object) -> None:
+    assert canonical_json(value).encode("utf-8") == rfc8785.dumps(value)  # type: ignore[arg-type]
+
+
+@settings(max_examples=300)
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_every_finite_double_is_formatted_as_rfc8785_formats_it(value: float) -> None:
+    assert canonical_json(value).encode("utf-8") == rfc8785.dumps(value)
+
+
+@given(st.dictionaries(_scalar_text, st.integers(-(2**53) + 1, 2**53 - 1) | _scalar_text | st.none(), max_size=6))
+def test_the_fast_path_gives_the_pure_encoders_text(value: dict[str, object]) -> None:
+    # Keys with characters at or above U+D800 leave the fast path; the others take it.
+    out: list[str] = []
+    canonical._encode(value, out)
+    assert canonical_json(value) == "".join(out)
+
+
+def test_integral_doubles_at_or_above_2_to_the_53_use_the_ecmascript_form() -> None:
+    assert canonical_json(4.081293495242753e16) == "40812934952427530"
+    assert canonical_json(2.0**53) == "9007199254740992"
+    assert canonical_json([-1e21, 1e-7, 5e-324]) == "[-1e+21,1e-7,5e-324]"
+
+
+@pytest.mark.parametrize("big", [2**53, -(2**53), 2**64 + 1, -(10**40) - 7])
+def test_integers_outside_i_json_have_a_defined_digest(big: int) -> None:
+    # Defined as their exact decimal digits (rfc8785 refuses them), so distinct integers stay distinct.
+    with pytest.raises(rfc8785.IntegerDomainError):
+        rfc8785.dumps(big)
+    assert canonical_json({"n": big}) == f'{{"n":{big}}}'
+    expected = hashlib.sha256(f'{{"n":{big}}}'.encode()).hexdigest()
+    assert input_digest({"n": big}) == expected
+    assert input_digest({"n": big}) != input_digest({"n": big + 1})
+    assert canonical_json({"n": big, "f": 0.5}) == f'{{"f":0.5,"n":{big}}}'  # the pure encoder agrees
+
+
+def test_lone_surrogates_are_hashed_with_surrogates_passed_through() -> None:
+    text = json.loads('"\\ud800"')
+    assert canonical_json(text) == '"\ud800"'
+    assert input_digest(text) == hashlib.sha256(b'"\xed\xa0\x80"').hexdigest()
 
 
 @given(json_values)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,24 @@ async def test_transcript_round_trip(document: ThreatModel, tmp_path: Path) -> N
     loaded = Session.load_transcript(path)
     assert loaded == session.history
     assert assert_tool_pairing(loaded) == ()
+
+
+async def test_a_failed_transcript_save_leaves_the_previous_file(
+    document: ThreatModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        ScriptedProvider([add_threat("a", "T"), ScriptStep(text="ok")]) as provider,
+        threat_model_session(document=document, provider=provider, model="scripted-1") as session,
+    ):
+        path = tmp_path / "t.json"
+        session.save_transcript(path)
+        before = path.read_bytes()
+        await send_with_reviewer(session, "add")
+    monkeypatch.setattr(os, "replace", lambda *args: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(OSError, match="No space"):
+        session.save_transcript(path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["t.json"]
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,11 @@ from trioloop.loop.machine import TurnState
 from trioloop.loop.session import Session
 from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.scripted import ScriptedProvider
-from trioloop.threatmodel import ThfError, ThreatModel, dump_thf, load_thf
+from trioloop.threatmodel import ThfError, ThfFile, ThreatModel, load_thf_file, save_thf
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop.threatmodel.session import threat_model_session
 
-__all__ = ["DEFAULT_DEMO_FILE", "run_chat", "run_demo"]
+__all__ = ["DEFAULT_DEMO_FILE", "chat_session", "run_chat", "run_demo"]
 
 _SOURCE_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
 _PACKAGED_EXAMPLE = Path(__file__).resolve().parent / "_data" / "payment.thf"  # in a wheel install
@@ -36,9 +36,9 @@ def _error(text: str) -> None:
     Console(stderr=True, highlight=False).print(Text(text), style="red")
 
 
-def _load(path: Path) -> ThreatModel | None:
+def _load(path: Path) -> ThfFile | None:
     try:
-        return load_thf(path)
+        return load_thf_file(path)
     except ThfError as exc:
         _error(f"error: {type(exc).__name__}: {exc.message}")
         return None
@@ -69,11 +69,31 @@ def _report(console: Console, session: Session[ThreatModel], state: TurnState, b
         console.print(Text("The document is unchanged."))
 
 
+class _Saver:
+    """Writes the document when it changed since the last save (atomically, keeping the file's layout)."""
+
+    def __init__(self, console: Console, loaded: ThfFile, target: Path) -> None:
+        self.console = console
+        self.file = loaded
+        self.target = target
+
+    def save(self, document: ThreatModel) -> None:
+        if document is self.file.model or document == self.file.model:
+            return
+        try:
+            self.file = save_thf(self.target, document, self.file)
+        except OSError as exc:
+            _error(f"error: could not save {self.target}: {exc.strerror or exc}; the file was left as it was")
+            return
+        self.console.print(Text(f"Saved {self.target}"))
+
+
 async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, prompt: Callable[[str], str]) -> int:
     console = _console()
-    document = _load(path)
-    if document is None:
+    loaded = _load(path)
+    if loaded is None:
         return 1
+    document = loaded.model
     async with (
         ScriptedProvider(DEMO_SCRIPT, wire="anthropic") as provider,
         threat_model_session(document=document, provider=provider, model="scripted-1", limits=DEMO_LIMITS) as session,
@@ -96,7 +116,7 @@ async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, pro
             else:
                 console.print(Text("Undo is available for this turn (trioloop demo --undo shows it)."))
         if out is not None:
-            await trio.Path(out).write_text(dump_thf(session.document), encoding="utf-8")
+            await trio.to_thread.run_sync(save_thf, out, session.document, loaded)
             console.print(Text(f"Wrote {out}"))
     return 0
 
@@ -128,41 +148,61 @@ async def _chat(
     model: str,
     mode: ApproveMode,
     prompt: Callable[[str], str],
+    out: Path | None,
     mcp_servers: McpOptions = ((), None),
 ) -> int:
-    console = _console()
     key = os.environ.get(_KEY_ENV[provider_name], "")
     if not key:
         _error(f"error: set {_KEY_ENV[provider_name]} to use --provider {provider_name}")
         return 2
-    document = _load(path)
-    if document is None:
+    return await chat_session(path, _real_provider(provider_name, key), model, mode, prompt, out, mcp_servers)
+
+
+async def chat_session(
+    path: Path,
+    provider: ChatProvider,
+    model: str,
+    mode: ApproveMode,
+    prompt: Callable[[str], str],
+    out: Path | None = None,
+    mcp_servers: McpOptions = ((), None),
+) -> int:
+    """The chat loop over any provider, with the tools of any MCP servers named.
+
+    After every turn that changed the document it is saved (to ``out``, else in place), and on Ctrl-C at
+    any point whatever the settled tools committed is saved."""
+    console = _console()
+    loaded = _load(path)
+    if loaded is None:
         return 1
-    async with threat_model_session(document=document, provider=_real_provider(provider_name, key), model=model) as s:
-        if not await _add_mcp_servers(s, mcp_servers):
+    saver = _Saver(console, loaded, out or path)
+    async with threat_model_session(document=loaded.model, provider=provider, model=model) as session:
+        if not await _add_mcp_servers(session, mcp_servers):
             return 1  # servers that did start close with the session
-        await _chat_loop(console, s, mode, prompt)
-    path_out = path.with_suffix(".chat.thf")
-    if s.document != document:
-        await trio.Path(path_out).write_text(dump_thf(s.document), encoding="utf-8")
-        console.print(Text(f"Wrote {path_out}"))
-    return 0
-
-
-async def _chat_loop(
-    console: Console, session: Session[ThreatModel], mode: ApproveMode, prompt: Callable[[str], str]
-) -> None:
-    console.print(Text("Type a request; an empty line or Ctrl-D ends the chat.", style="dim"))
-    while True:
+        console.print(
+            Text(
+                f"Type a request; an empty line or Ctrl-D ends the chat. Changes are saved to {saver.target}.",
+                style="dim",
+            )
+        )
         try:
-            text = await trio.to_thread.run_sync(prompt, "you> ", abandon_on_cancel=True)
-        except EOFError:
-            break
-        if not text.strip():
-            break
-        before = session.document
-        state = await _one_turn(session, TurnView(console, session, mode, prompt), text)
-        _report(console, session, state, before)
+            while True:
+                try:
+                    text = await trio.to_thread.run_sync(prompt, "you> ", abandon_on_cancel=True)
+                except EOFError:
+                    break
+                if not text.strip():
+                    break
+                before = session.document
+                state = await _one_turn(session, TurnView(console, session, mode, prompt), text)
+                _report(console, session, state, before)
+                saver.save(session.document)
+        except BaseException:
+            # Ctrl-C (trio may deliver it inside an exception group) or any other end: the document only
+            # ever holds whole, committed tool results, so what it holds now is worth keeping.
+            saver.save(session.document)
+            raise
+    return 0
 
 
 async def _add_mcp_servers(session: Session[ThreatModel], mcp_servers: McpOptions) -> bool:
@@ -202,12 +242,20 @@ def run_chat(
     model: str,
     mode: ApproveMode,
     prompt: Callable[[str], str] = input,
+    out: str | None = None,
     *,
     mcp: Sequence[str] = (),
     mcp_config: str | None = None,
 ) -> int:
     try:
-        return trio.run(_chat, Path(file), provider, model, mode, prompt, (tuple(mcp), mcp_config))
+        return trio.run(
+            _chat, Path(file), provider, model, mode, prompt, Path(out) if out else None, (tuple(mcp), mcp_config)
+        )
     except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BaseExceptionGroup as group:
+        if group.subgroup(KeyboardInterrupt) is None:
+            raise
         print("interrupted", file=sys.stderr)
         return 130

@@ -5,9 +5,10 @@ session's review controls; it never touches the document itself.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from collections.abc import Callable
-from typing import Literal, TypeAlias
+from collections.abc import AsyncGenerator, Callable
+from typing import Literal, TypeAlias, cast
 
 import trio
 from rich.console import Console
@@ -76,9 +77,11 @@ class TurnView:
         self._mid_line = False
 
     async def watch(self) -> None:
-        """Follow the session's states until cancelled."""
-        async for state in self.session.states():
-            await self.render(state)
+        """Follow the session's states until cancelled (or interrupted: the generator is closed either way)."""
+        states = cast(AsyncGenerator[TurnState, None], self.session.states())  # an async generator
+        async with contextlib.aclosing(states):
+            async for state in states:
+                await self.render(state)
 
     async def render(self, state: TurnState) -> None:
         self._stream_text(state)

@@ -52,7 +52,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     """The same loop against a real provider API, key from the environment."""
     from trioloop._commands import run_chat
 
-    return run_chat(args.file, args.provider, args.model, args.approve, mcp=args.mcp, mcp_config=args.mcp_config)
+    return run_chat(
+        args.file, args.provider, args.model, args.approve, out=args.out, mcp=args.mcp, mcp_config=args.mcp_config
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -93,6 +95,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--mcp-config",
         metavar="FILE",
         help="a TOML file of [servers.NAME] (command/args or url) and [servers.NAME.tools] name = read|mutate",
+    )
+    chat.add_argument(
+        "--out", metavar="FILE", help="save the document here (default: in place, after every turn that changed it)"
     )
     chat.set_defaults(run=_cmd_chat)
     return parser

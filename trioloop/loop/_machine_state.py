@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, final, overload
 
 import attrs
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CallRecord",
     "CallStatus",
+    "CallTable",
     "DenialReason",
     "Outcome",
     "Phase",
@@ -204,7 +206,174 @@ class Log(Generic[T]):
         return f"Log({list(self.items)!r})"
 
 
+@final
+class CallTable(Sequence[CallRecord]):
+    """The turn's calls in emission order, indexed by id: a persistent sequence.
+
+    ``append`` is O(1) amortized and ``get(id)`` O(1): versions grown one from another share one
+    list and one id index, and only the newest version (the tip) extends them, so an older value
+    never sees a later call (it reads only its first ``len`` items; an index entry at or past its
+    length is not its own). Appending to an older version copies (a branch; the reducer never
+    does that). ``replaced`` copies the list (memcpy, no Python-level scan): it serves approvals,
+    starts and settles, whose number the turn's accepted-call cap bounds. It counts pending calls
+    and calls refused by a cap, so the reducer never scans for them. It compares equal to the
+    tuple of its records, so code and tests that treat ``TurnState.calls`` as a tuple keep working.
+    """
+
+    __slots__ = ("_index", "_limit_refused", "_pending", "_records", "_size", "_tuple")
+
+    _records: list[CallRecord]
+    _index: dict[str, int]
+    _size: int
+    _pending: int
+    _limit_refused: int
+    _tuple: tuple[CallRecord, ...] | None
+
+    def __init__(self, records: Iterable[CallRecord] = ()) -> None:
+        items = list(records)
+        index: dict[str, int] = {}
+        for position, record in enumerate(items):
+            index.setdefault(record.id, position)  # the first of a (forged) duplicate id wins, as before
+        self._records = items
+        self._index = index
+        self._size = len(items)
+        self._pending = sum(1 for r in items if r.status is CallStatus.PENDING)
+        self._limit_refused = sum(1 for r in items if r.denial_reason is DenialReason.LIMIT_EXCEEDED)
+        self._tuple = None
+
+    @classmethod
+    def of(cls, value: Iterable[CallRecord]) -> CallTable:
+        """``value`` itself when it is a table, else a table of its records (the field's converter)."""
+        return value if type(value) is CallTable else cls(value)
+
+    def _grown(
+        self, records: list[CallRecord], index: dict[str, int], size: int, pending: int, refused: int
+    ) -> CallTable:
+        table: CallTable = CallTable.__new__(CallTable)
+        table._records = records
+        table._index = index
+        table._size = size
+        table._pending = pending
+        table._limit_refused = refused
+        table._tuple = None
+        return table
+
+    def append(self, record: CallRecord) -> CallTable:
+        """This table with ``record`` last (O(1) amortized when ``self`` is the newest version)."""
+        records, index = self._records, self._index
+        if len(records) != self._size or len(index) != self._size:
+            # A branch (or a table holding a duplicate id): start a list and an index of its own.
+            records = records[: self._size]
+            index = {}
+            for position, old in enumerate(records):
+                index.setdefault(old.id, position)
+        records.append(record)
+        index.setdefault(record.id, self._size)
+        return self._grown(
+            records,
+            index,
+            self._size + 1,
+            self._pending + (record.status is CallStatus.PENDING),
+            self._limit_refused + (record.denial_reason is DenialReason.LIMIT_EXCEEDED),
+        )
+
+    def position(self, call_id: str) -> int | None:
+        position = self._index.get(call_id)
+        if position is None or position >= self._size or self._records[position].id != call_id:
+            return None
+        return position
+
+    def get(self, call_id: str) -> CallRecord | None:
+        position = self.position(call_id)
+        return None if position is None else self._records[position]
+
+    def replaced(self, changes: Iterable[tuple[int, CallRecord]]) -> CallTable:
+        """This table with the record at each position replaced (same id); one copy of the list."""
+        records = self._records[: self._size]
+        pending, refused = self._pending, self._limit_refused
+        for position, record in changes:
+            old = records[position]
+            pending += (record.status is CallStatus.PENDING) - (old.status is CallStatus.PENDING)
+            refused += (record.denial_reason is DenialReason.LIMIT_EXCEEDED) - (
+                old.denial_reason is DenialReason.LIMIT_EXCEEDED
+            )
+            records[position] = record
+        index = dict(self._index) if len(self._index) == self._size else {}
+        if not index:
+            for position, record in enumerate(records):
+                index.setdefault(record.id, position)
+        return self._grown(records, index, self._size, pending, refused)
+
+    @property
+    def pending_count(self) -> int:
+        return self._pending
+
+    @property
+    def limit_refused_count(self) -> int:
+        return self._limit_refused
+
+    @property
+    def items(self) -> tuple[CallRecord, ...]:
+        if self._tuple is None:
+            self._tuple = tuple(islice(self._records, self._size))
+        return self._tuple
+
+    def __len__(self) -> int:
+        return self._size
+
+    @overload
+    def __getitem__(self, item: int) -> CallRecord: ...
+
+    @overload
+    def __getitem__(self, item: slice) -> tuple[CallRecord, ...]: ...
+
+    def __getitem__(self, item: int | slice) -> CallRecord | tuple[CallRecord, ...]:
+        if isinstance(item, slice):
+            start, stop, step = item.indices(self._size)
+            if step == 1:
+                return tuple(self._records[start:stop])
+            return self.items[item]
+        if not -self._size <= item < self._size:
+            raise IndexError("call index out of range")
+        return self._records[item % self._size]
+
+    def __iter__(self) -> Iterator[CallRecord]:
+        return islice(self._records, self._size)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, CallTable):
+            return self is other or (self._size == other._size and self.items == other.items)
+        if isinstance(other, tuple):
+            return self.items == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.items)
+
+    def __repr__(self) -> str:
+        return f"CallTable({list(self)!r})"
+
+
+_EMPTY_CALLS = CallTable()
+
+
+def _call_table(value: Iterable[CallRecord]) -> CallTable:
+    return CallTable.of(value)
+
+
 _EMPTY_TEXT: Log[str] = Log()
+_EMPTY_BLOCKS: Log[ContentBlock] = Log()
+
+
+def _block_log(value: Log[ContentBlock] | Iterable[ContentBlock] | None) -> Log[ContentBlock]:
+    if value is None:
+        return _EMPTY_BLOCKS
+    if isinstance(value, Log):
+        return value
+    log = _EMPTY_BLOCKS
+    for block in value:
+        log = log.append(block)
+    return log
 
 
 @final
@@ -216,7 +385,7 @@ class Draft:
     of the turn's messages and the draft is kept only so the UI can read this iteration's text.
     """
 
-    blocks: tuple[ContentBlock, ...] = ()
+    blocks: Log[ContentBlock] = attrs.field(default=_EMPTY_BLOCKS, converter=_block_log)
     text: Log[str] = _EMPTY_TEXT
     open: bool = True
 
@@ -224,25 +393,26 @@ class Draft:
         return Draft(blocks=self.blocks, text=self.text.append(text), open=self.open)
 
     def with_call(self, block: ToolCallBlock) -> Draft:
-        return Draft(blocks=(*self._finished_blocks, block), open=self.open)
+        # An append to a persistent log: O(1), whatever the number of calls already in the message.
+        return Draft(blocks=self._finished_blocks.append(block), open=self.open)
 
     def with_block(self, block: ContentBlock) -> Draft:
         """A finished non-text block (a thinking block) after what streamed so far."""
-        return Draft(blocks=(*self._finished_blocks, block), open=self.open)
+        return Draft(blocks=self._finished_blocks.append(block), open=self.open)
 
     def closed(self) -> Draft:
         return Draft(blocks=self._finished_blocks, open=False)
 
     @property
-    def _finished_blocks(self) -> tuple[ContentBlock, ...]:
+    def _finished_blocks(self) -> Log[ContentBlock]:
         if not len(self.text):
             return self.blocks
-        return (*self.blocks, TextBlock(text="".join(self.text.items)))
+        return self.blocks.append(TextBlock(text="".join(self.text.items)))
 
     @functools.cached_property
     def message(self) -> Message | None:
         """The assistant message so far, or None while it holds nothing (an empty message is never sent)."""
-        blocks = self._finished_blocks
+        blocks = self._finished_blocks.items
         return Message(role="assistant", content=blocks) if blocks else None
 
     @functools.cached_property
@@ -275,7 +445,7 @@ class TurnState:
     limits: TurnLimits = DEFAULT_TURN_LIMITS
     budget: TurnBudget = attrs.field(factory=TurnBudget)
     base_messages: tuple[Message, ...] = ()
-    calls: tuple[CallRecord, ...] = ()
+    calls: CallTable = attrs.field(default=_EMPTY_CALLS, converter=_call_table)
     grants: tuple[Grant, ...] = ()
     denials: tuple[Denial, ...] = ()
     error: StreamError | None = None
@@ -288,6 +458,8 @@ class TurnState:
     notice_log: Log[str] = _EMPTY_NOTICES
     usage_before_iteration: Usage = _NO_USAGE
     base_call_ids: frozenset[str] = frozenset()
+    # Where the current iteration's calls begin in ``calls`` (calls are appended in iteration order).
+    iteration_first_call: int = 0
 
     @classmethod
     def idle(cls) -> TurnState:
@@ -306,15 +478,18 @@ class TurnState:
         return self.turn_id
 
     def call(self, call_id: str) -> CallRecord | None:
-        for record in self.calls:
-            if record.id == call_id:
-                return record
-        return None
+        return self.calls.get(call_id)
 
     @property
     def current_calls(self) -> tuple[CallRecord, ...]:
         """The calls the model opened in the current iteration, in emission order."""
-        return tuple(c for c in self.calls if c.iteration == self.iteration)
+        recent = self.calls[self.iteration_first_call :]
+        return tuple(c for c in recent if c.iteration == self.iteration)
+
+    @property
+    def current_call_count(self) -> int:
+        """How many calls the model opened in the current iteration (O(1); the reducer's cap reads it)."""
+        return len(self.calls) - self.iteration_first_call
 
     @property
     def violations(self) -> tuple[ViolationRecord, ...]:

@@ -1,4 +1,24 @@
-"""RFC 8785 (JCS) canonical JSON and the input digest that binds a grant to one exact input."""
+"""RFC 8785 (JCS) canonical JSON and the input digest that binds a grant to one exact input.
+
+Conformance: for every JSON value RFC 8785 defines (I-JSON: integers within +/-(2**53 - 1), finite
+floats, strings of Unicode scalar values) `canonical_json` gives the RFC's text, byte for byte;
+``tests/test_canonical.py`` checks that against the ``rfc8785`` package over arbitrary values.
+
+Two extensions, because a model's JSON can carry values I-JSON excludes and a digest must exist
+for every input a tool can receive:
+
+* An integer outside +/-(2**53 - 1) (a Python ``int``, exact however large) is written as its exact
+  decimal digits, as ``json.dumps`` writes it. RFC 8785 leaves such integers undefined (the
+  ``rfc8785`` package refuses them); ours keeps every distinct integer distinct. Its text equals a
+  float's only when the float's RFC 8785 form has the same digits (``2**60`` and ``float(2**60)``).
+* A string holding a lone surrogate (``json.loads`` accepts ``"\\ud800"``) is written as such and
+  hashed as its UTF-8 bytes with surrogates passed through (``surrogatepass``).
+
+A fast path serializes through the stdlib's C encoder (sorted keys, no whitespace) when that is the
+RFC's text: no floats anywhere, and no key holding a character at or above U+D800 (below it, the
+UTF-16 order RFC 8785 sorts by is the code point order ``sort_keys`` uses). Otherwise the pure
+encoder below runs.
+"""
 
 from __future__ import annotations
 
@@ -9,31 +29,37 @@ from typing import Any
 
 __all__ = ["canonical_json", "input_digest"]
 
+_EXACT_INTEGER = 2**53
+_FAST = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"))
+
 
 def _number(value: float) -> str:
+    """ECMAScript Number::toString (ECMA-262 7.1.12.1), as RFC 8785 section 3.2.2.3 requires."""
     if not math.isfinite(value):
         raise ValueError("canonical JSON has no representation for NaN or infinity")
     if value == 0:
         return "0"
-    if value.is_integer() and abs(value) < 1e21:
-        return str(int(value))
-    text = repr(value)
-    if "e" not in text:
-        return text
-    # ECMAScript Number::toString: exponent form only outside [1e-6, 1e21), written "1e+21" / "1.5e-7".
-    mantissa, exponent = text.split("e")
-    exp = int(exponent)
-    digits = mantissa.replace(".", "").replace("-", "").rstrip("0") or "0"
+    if value.is_integer() and abs(value) < _EXACT_INTEGER:
+        return str(int(value))  # exact, and the shortest form too: every digit is significant
+    # repr gives the shortest digits that round-trip (what ECMAScript uses); only the layout differs.
     sign = "-" if value < 0 else ""
-    point = exp + 1  # position of the decimal point relative to the digit string
-    if -6 < point <= 0:
-        return f"{sign}0.{'0' * -point}{digits}"
+    mantissa, _, exponent = repr(abs(value)).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = whole + fraction
+    significant = digits.lstrip("0")
+    # value = 0.<significant> x 10**point
+    point = int(exponent or "0") + len(whole) - (len(digits) - len(significant))
+    significant = significant.rstrip("0")
+    count = len(significant)
+    if count <= point <= 21:
+        return f"{sign}{significant}{'0' * (point - count)}"
     if 0 < point <= 21:
-        if len(digits) <= point:
-            return f"{sign}{digits}{'0' * (point - len(digits))}"
-        return f"{sign}{digits[:point]}.{digits[point:]}"
-    body = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-    return f"{sign}{body}e{'+' if exp > 0 else '-'}{abs(exp)}"
+        return f"{sign}{significant[:point]}.{significant[point:]}"
+    if -6 < point <= 0:
+        return f"{sign}0.{'0' * -point}{significant}"
+    power = point - 1
+    body = significant[0] + ("." + significant[1:] if count > 1 else "")
+    return f"{sign}{body}e{'+' if power > 0 else '-'}{abs(power)}"
 
 
 def _encode(value: Any, out: list[str]) -> None:
@@ -44,7 +70,7 @@ def _encode(value: Any, out: list[str]) -> None:
     elif value is False:
         out.append("false")
     elif isinstance(value, int):
-        out.append(str(value))
+        out.append(int.__repr__(value))
     elif isinstance(value, float):
         out.append(_number(value))
     elif isinstance(value, str):
@@ -76,14 +102,43 @@ def _utf16_key(key: object) -> bytes:
     return key.encode("utf-16-be", "surrogatepass")
 
 
+_PLAIN_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def _fast_path_applies(value: Any) -> bool:
+    """True when the C encoder's text is the RFC's: exact JSON types, no float, keys below U+D800."""
+    stack = [value]
+    seen: set[int] = set()
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind in _PLAIN_SCALARS:
+            continue
+        if id(item) in seen:
+            return False  # shared or cyclic: the pure encoder decides (a cycle fails there)
+        seen.add(id(item))
+        if kind is dict:
+            for key in item:
+                if type(key) is not str or not (key.isascii() or max(key, default="") < "\ud800"):
+                    return False
+            stack.extend(item.values())
+        elif kind is list or kind is tuple:
+            stack.extend(item)
+        else:
+            return False  # a float, a subclass, or not JSON at all: the pure encoder decides
+    return True
+
+
 def canonical_json(value: Any) -> str:
     """Serialize a JSON value per RFC 8785: sorted keys (by UTF-16 code units), no whitespace,
     ECMAScript number formatting. Equal values give equal text whatever their key order."""
+    if _fast_path_applies(value):
+        return _FAST.encode(value)
     out: list[str] = []
     _encode(value, out)
     return "".join(out)
 
 
 def input_digest(value: Any) -> str:
-    """SHA-256 (hex) over the canonical JSON of ``value``."""
+    """SHA-256 (hex) over the canonical JSON of ``value`` in UTF-8 (lone surrogates passed through)."""
     return hashlib.sha256(canonical_json(value).encode("utf-8", "surrogatepass")).hexdigest()

@@ -136,18 +136,22 @@ def _moved(
 
 
 def _replace_call(state: TurnState, call: CallRecord) -> TurnState:
-    calls = tuple(call if c.id == call.id else c for c in state.calls)
-    return attrs.evolve(state, calls=calls)
+    position = state.calls.position(call.id)
+    if position is None:
+        return state
+    return attrs.evolve(state, calls=state.calls.replaced(((position, call),)))
 
 
 def _add_call(state: TurnState, call: CallRecord, **changes: Any) -> TurnState:
     if call.status not in INITIAL_CALL_STATUSES:
         return state
-    return attrs.evolve(state, calls=(*state.calls, call), **changes)
+    return attrs.evolve(state, calls=state.calls.append(call), **changes)
 
 
 def _has_pending(state: TurnState) -> bool:
-    return any(c.status is CallStatus.PENDING for c in state.calls if c.iteration == state.iteration)
+    # Counted by the call table: a pending call is always one of the current iteration's, since an
+    # iteration advances only once every call in it is terminal.
+    return state.calls.pending_count > 0
 
 
 def _closing_draft(state: TurnState) -> tuple[Draft, tuple[Message, ...]] | None:
@@ -273,7 +277,7 @@ def _on_thinking_complete(state: TurnState, event: ThinkingComplete) -> TurnStat
 def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnState:
     """SPEC §2: duplicate id, unknown tool, caps, invalid input, sticky denial, read-only policy."""
     call_id, name = event.id, event.name
-    if call_id in state.base_call_ids or state.call(call_id) is not None:
+    if call_id in state.base_call_ids or state.calls.position(call_id) is not None:
         return _violate(state, Violation.DUPLICATE_CALL_ID, call_id, f"reused tool call id {echo(call_id)}")
     draft = (state.draft or Draft()).with_call(ToolCallBlock(id=call_id, name=name, input=event.input))
     state = attrs.evolve(state, draft=draft)
@@ -295,8 +299,8 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
         return _violate(_add_call(state, record), Violation.UNKNOWN_TOOL, call_id, text)
 
     common.update(effect=tool.effect, destructive=tool.destructive)
-    if tool_call_cap(state.budget, state.limits, len(state.current_calls)) is not None:
-        first = not any(c.denial_reason is DenialReason.LIMIT_EXCEEDED for c in state.calls)
+    if tool_call_cap(state.budget, state.limits, state.current_call_count) is not None:
+        first = state.calls.limit_refused_count == 0
         record = CallRecord(
             **common,
             input_digest="",
@@ -360,8 +364,7 @@ def _on_usage(state: TurnState, event: Usage) -> TurnState:
 
 def _on_message_stop(state: TurnState, event: MessageStop) -> TurnState:
     state = _close_draft(state)
-    current = state.current_calls
-    if event.stop_reason is not StopReason.TOOL_USE or not current:
+    if event.stop_reason is not StopReason.TOOL_USE or not state.current_call_count:
         # Any other stop, or a tool_use stop with no call: the model is done (a quirk must not loop).
         return _settle(state, Outcome.COMPLETED)
     phase = Phase.AWAITING_APPROVAL if _has_pending(state) else Phase.EXECUTING
@@ -389,8 +392,12 @@ def _on_cancel(state: TurnState, cmd: Cancel) -> TurnState:
 def _approve(state: TurnState, grants: tuple[Grant, ...]) -> TurnState:
     if not grants:
         return state
-    granted = {g.call_id for g in grants}
-    calls = tuple(_moved(c, CallStatus.APPROVED) if c.id in granted else c for c in state.calls)
+    changes = []
+    for grant in grants:
+        position = state.calls.position(grant.call_id)
+        if position is not None:
+            changes.append((position, _moved(state.calls[position], CallStatus.APPROVED)))
+    calls = state.calls.replaced(changes)
     return attrs.evolve(state, calls=calls, grants=state.grants + grants, phase=Phase.EXECUTING)
 
 
@@ -459,7 +466,7 @@ def _on_call_settled(state: TurnState, cmd: CallSettled) -> TurnState:
 
 
 def _on_advance(state: TurnState, cmd: Advance) -> TurnState:
-    if not all(c.is_terminal for c in state.current_calls):
+    if state.calls.pending_count or not all(c.is_terminal for c in state.current_calls):
         return state
     state = _answer_calls(_close_draft(state))
     bound = budget_exhaustion(state.budget, state.limits, cmd.now_ms)
@@ -473,6 +480,7 @@ def _on_advance(state: TurnState, cmd: Advance) -> TurnState:
         budget=budget,
         draft=None,
         usage_before_iteration=state.usage,
+        iteration_first_call=len(state.calls),
     )
 
 

@@ -269,7 +269,11 @@ class Session(Generic[D]):
         return {"version": _TRANSCRIPT_VERSION, "model": self.model, "messages": messages_to_json(self._history)}
 
     def save_transcript(self, path: str | os.PathLike[str]) -> None:
-        Path(path).write_text(json.dumps(self.transcript(), ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        """Write the transcript atomically: on any failure the file at ``path`` is left as it was."""
+        from trioloop.files import write_atomic  # imported here to keep this change inside the method
+
+        text = json.dumps(self.transcript(), ensure_ascii=False, indent=2) + "\n"
+        write_atomic(path, text.encode("utf-8"))
 
     @staticmethod
     def load_transcript(path: str | os.PathLike[str]) -> tuple[Message, ...]:

@@ -64,6 +64,7 @@ from trioloop.threatmodel.read_tools import READ_TOOLS
 from trioloop.threatmodel.registry import create_ai_tool_registry
 from trioloop.threatmodel.session import THREAT_MODEL_SYSTEM_PROMPT, threat_model_session
 from trioloop.threatmodel.thf import dump_thf, load_thf
+from trioloop.threatmodel.thf_file import ThfFile, load_thf_file, save_thf
 from trioloop.threatmodel.validation import validate_threat_model
 
 __all__ = [
@@ -106,6 +107,7 @@ __all__ = [
     "Size",
     "SizeInput",
     "ThfError",
+    "ThfFile",
     "Threat",
     "ThreatModel",
     "ThreatModelKind",
@@ -124,6 +126,8 @@ __all__ = [
     "create_ai_tool_registry",
     "dump_thf",
     "load_thf",
+    "load_thf_file",
+    "save_thf",
     "threat_model_session",
     "validate_threat_model",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import yaml
@@ -155,11 +155,16 @@ class _Prescan:
             raise InvalidShape("the file holds more than one YAML document")
 
 
-def _prescan(text: str) -> None:
-    """Refuse hostile structure by walking parser events, before any node is composed."""
+def _prescan(text: str, observe: Callable[[yaml.Event], None] | None = None) -> None:
+    """Refuse hostile structure by walking parser events, before any node is composed.
+
+    ``observe`` sees every event the checks accepted (the `.thf` layout recorder uses it).
+    """
     scan = _Prescan()
     for event in _events(text):
         scan.feed(event)
+        if observe is not None:
+            observe(event)
 
 
 def _key_segment(key: str) -> str:
@@ -203,8 +208,11 @@ def plain_data(value: Any, where: str = "") -> Any:
     raise InvalidShape(f"{where.lstrip('.') or 'the document'}: holds a value of a type a .thf file cannot hold")
 
 
-def parse_yaml(source: str | bytes) -> Any:
-    """Parse untrusted YAML into plain data, or raise UnsafeYaml / InvalidShape."""
+def parse_yaml(source: str | bytes, *, observe: Callable[[yaml.Event], None] | None = None) -> Any:
+    """Parse untrusted YAML into plain data, or raise UnsafeYaml / InvalidShape.
+
+    ``observe`` is called with each parser event of the bounded pre-pass, in order.
+    """
     if isinstance(source, bytes):
         if len(source) > MAX_DOCUMENT_BYTES:
             raise UnsafeYaml(f"the document is larger than {MAX_DOCUMENT_BYTES} bytes")
@@ -217,7 +225,7 @@ def parse_yaml(source: str | bytes) -> Any:
             raise UnsafeYaml(f"the document is larger than {MAX_DOCUMENT_BYTES} bytes")
         text = source
     try:
-        _prescan(text)
+        _prescan(text, observe)
         loaded = yaml.load(text, Loader=_TextTimestampLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.constructor.ConstructorError as exc:
         raise InvalidShape(_yaml_problem(exc, "uses a YAML construct a .thf file cannot hold")) from None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from typing import Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import attrs
 
@@ -37,6 +37,9 @@ from trioloop.threatmodel.model import (
     Viewport,
 )
 from trioloop.threatmodel.validation import check_semantics
+
+if TYPE_CHECKING:
+    from trioloop.threatmodel.thf_file import ThfFile
 
 __all__ = ["REQUIRED_SECTIONS", "dump_thf", "load_thf", "model_from_data", "model_to_data"]
 
@@ -300,8 +303,14 @@ def _read_value(where: str, kind: str, value: Any) -> Any:
 # Writing
 
 
-def dump_thf(model: ThreatModel) -> str:
-    """The model as `.thf` YAML text in a fixed order: version, metadata, the sections, then unknown keys."""
+def dump_thf(model: ThreatModel, original: ThfFile | None = None) -> str:
+    """The model as `.thf` YAML text in a fixed order: version, metadata, the sections, then unknown keys.
+
+    With ``original`` (from `load_thf_file`), the text is ``original``'s with only what changed
+    rewritten: see `trioloop.threatmodel.thf_file`.
+    """
+    if original is not None:
+        return original.render(model)
     return dump_yaml(model_to_data(model))
 
 

@@ -1,0 +1,94 @@
+"""Atomic file writes: a reader (or a crash) sees the old file or the new one, never a mix or a stub.
+
+Every file trioloop writes (documents, transcripts, session files) goes through `write_atomic`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+from pathlib import Path
+
+__all__ = ["write_atomic"]
+
+# fsync on a folder is not supported everywhere (some filesystems, Windows): these mean "not here".
+_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EACCES, errno.EISDIR})
+_TEMP_ATTEMPTS = 16
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Replace the file at ``path`` with ``data`` atomically; returns the path written.
+
+    Steps: create a new temporary file in the same folder (so the rename cannot cross filesystems;
+    created with mode 0o666 minus the umask, or the mode of the file it replaces), write every byte
+    (``os.write`` is unbuffered: nothing is left to flush), ``fsync`` it, rename it over the target
+    (``os.replace``: atomic on POSIX and Windows), then ``fsync`` the folder where the platform
+    supports it so the rename itself is durable. On any failure before the rename (a full disk,
+    an I/O error, an interrupt) the original file is untouched, the temporary file is removed and
+    the error propagates (an `OSError` keeps its errno, e.g. ``ENOSPC``). An error from the folder's
+    ``fsync`` (after the rename) propagates too: the new content is in place, its durability is not
+    confirmed. A symbolic link is
+    followed: the file it points to is replaced and the link kept.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"write_atomic writes bytes, got {type(data).__name__}")
+    target = Path(os.path.realpath(path))
+    folder = target.parent
+    mode = _mode_of(target)
+    fd, temp = _create_temp(folder, target.name, mode)
+    try:
+        try:
+            view = memoryview(data).cast("B")
+            while view:
+                written = os.write(fd, view)
+                if written <= 0:  # not expected from a regular file; never spin
+                    raise OSError(errno.EIO, "write made no progress", str(temp))
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if mode is not None:
+            os.chmod(temp, mode)
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    _fsync_folder(folder)
+    return target
+
+
+def _mode_of(target: Path) -> int | None:
+    try:
+        return target.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        return None
+
+
+def _create_temp(folder: Path, name: str, mode: int | None) -> tuple[int, Path]:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(_TEMP_ATTEMPTS):
+        temp = folder / f".{name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(temp, flags, 0o666 if mode is None else 0o600), temp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary file name", str(folder))
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as error:
+        if error.errno in _UNSUPPORTED:
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno not in _UNSUPPORTED:
+            raise
+    finally:
+        os.close(fd)

@@ -1,0 +1,255 @@
+"""The session file: conversation, document and undo history in one versioned JSON file, so an app
+can stop and later continue the same conversation on the same document, undo included.
+
+Pure functions: `encode_session(snapshot, dump_document=...) -> bytes` and
+`decode_session(data, load_document=...) -> SessionSnapshot`. The document type is the caller's:
+it passes ``dump_document`` (D -> str) and ``load_document`` (str -> D; it must refuse hostile text
+itself, as `load_thf` does, and raise on anything invalid). Write the bytes with
+`trioloop.files.write_atomic`.
+
+Format (version 1), one JSON object with exactly these keys::
+
+    {"format": "trioloop-session", "version": 1, "model": str | null,
+     "messages": [...],                      # trioloop.protocol.serialization, pairable
+     "document": str,                        # dump_document(the live document)
+     "undo": [{"turn_id": str, "document": str}, ...],   # oldest first, the pre-turn documents
+     "undo_max_entries": int,
+     "last_turn_id": str | null,
+     "turn_count": int}                      # turns started so far: new turn ids continue after it
+
+Decoding refuses, with `SessionFileError` (a `ValueError`) and never anything else: more than
+``max_bytes``, bytes that are not UTF-8, text that is not JSON (NaN and Infinity included), a
+duplicate key anywhere, nesting deeper than `MAX_JSON_DEPTH`, a missing, unknown or mistyped key,
+another format or version, messages that do not deserialize or whose tool calls and results do not
+pair, more than `MAX_UNDO_ENTRIES` undo entries or duplicate turn ids among them, and any document
+text ``load_document`` refuses. Memory is bounded by ``max_bytes`` (the JSON parser's own copy of
+the text is a constant factor of it) and by what ``load_document`` allows per document.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, Final, Generic, TypeVar, final
+
+import attrs
+
+from trioloop.protocol.messages import Message, assert_tool_pairing
+from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_SESSION_BYTES",
+    "MAX_UNDO_ENTRIES",
+    "SESSION_FORMAT",
+    "SESSION_VERSION",
+    "SessionFileError",
+    "SessionSnapshot",
+    "UndoRecord",
+    "decode_session",
+    "encode_session",
+]
+
+SESSION_FORMAT: Final = "trioloop-session"
+SESSION_VERSION: Final = 1
+#: Default cap on a session file's size (a document may be up to 5 MiB, and undo keeps several).
+MAX_SESSION_BYTES: Final = 64 * 1024 * 1024
+#: Most undo entries a session file may hold (the default undo history keeps 20).
+MAX_UNDO_ENTRIES: Final = 100
+#: Deepest JSON nesting accepted (a message needs about 6; tool inputs nest further).
+MAX_JSON_DEPTH: Final = 128
+
+_KEYS: Final = frozenset(
+    {"format", "version", "model", "messages", "document", "undo", "undo_max_entries", "last_turn_id", "turn_count"}
+)
+
+D = TypeVar("D")
+
+
+class SessionFileError(ValueError):
+    """A session file that cannot be resumed; the message says why (never echoing its content)."""
+
+
+@final
+@attrs.frozen(kw_only=True)
+class UndoRecord(Generic[D]):
+    """One undo entry: the document as it was before ``turn_id`` changed it."""
+
+    turn_id: str
+    document: D
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SessionSnapshot(Generic[D]):
+    """What a session file holds.
+
+    ``undo`` is oldest first. ``last_turn_id`` is the turn an "undo last turn" would undo; its
+    pre-turn document is the top undo entry's when that entry is the last turn's, and otherwise
+    the live document (the turn changed nothing, or was already undone). ``turn_count`` is how many
+    turns were started, so a resumed session numbers new turns after every id already used.
+    """
+
+    messages: tuple[Message, ...]
+    document: D
+    undo: tuple[UndoRecord[D], ...] = ()
+    undo_max_entries: int = 20
+    last_turn_id: str | None = None
+    turn_count: int = 0
+    model: str | None = None
+
+
+def encode_session(snapshot: SessionSnapshot[D], *, dump_document: Callable[[D], str]) -> bytes:
+    """The session file's bytes (ASCII JSON: every non-ASCII character escaped, so any text survives)."""
+    problems = assert_tool_pairing(snapshot.messages)
+    if problems:
+        raise SessionFileError(f"the conversation is not pairable: {problems[0].kind.value}")
+    value = {
+        "format": SESSION_FORMAT,
+        "version": SESSION_VERSION,
+        "model": snapshot.model,
+        "messages": messages_to_json(snapshot.messages),
+        "document": dump_document(snapshot.document),
+        "undo": [{"turn_id": r.turn_id, "document": dump_document(r.document)} for r in snapshot.undo],
+        "undo_max_entries": snapshot.undo_max_entries,
+        "last_turn_id": snapshot.last_turn_id,
+        "turn_count": snapshot.turn_count,
+    }
+    return (json.dumps(value, ensure_ascii=True, allow_nan=False, indent=1) + "\n").encode("ascii")
+
+
+def decode_session(
+    data: bytes, *, load_document: Callable[[str], D], max_bytes: int = MAX_SESSION_BYTES
+) -> SessionSnapshot[D]:
+    """Read a session file's bytes; raises `SessionFileError` for anything but a valid session."""
+    if not isinstance(data, bytes | bytearray):
+        raise SessionFileError(f"a session file is bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise SessionFileError(f"the session file is larger than {max_bytes} bytes")
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError:
+        raise SessionFileError("the session file is not UTF-8 text") from None
+    value = _parse(text)
+    if not isinstance(value, dict):
+        raise SessionFileError("the session file is not a JSON object")
+    if value.get("format") != SESSION_FORMAT:
+        raise SessionFileError("not a trioloop session file")
+    version = value.get("version")
+    if type(version) is not int or version != SESSION_VERSION:
+        raise SessionFileError(f"session file version {version!r} is not supported (this reads {SESSION_VERSION})")
+    missing = sorted(_KEYS - value.keys())
+    unknown = sorted(value.keys() - _KEYS)
+    if missing or unknown:
+        raise SessionFileError(
+            f"the session file {'lacks' if missing else 'has the unknown key'} {(missing or unknown)[0]!r}"
+        )
+    model = _optional_text(value["model"], "model")
+    messages = _messages(value["messages"])
+    undo_max = value["undo_max_entries"]
+    if type(undo_max) is not int or not 1 <= undo_max <= MAX_UNDO_ENTRIES:
+        raise SessionFileError(f"undo_max_entries must be a whole number from 1 to {MAX_UNDO_ENTRIES}")
+    turn_count = value["turn_count"]
+    if type(turn_count) is not int or turn_count < 0:
+        raise SessionFileError("turn_count must be a whole number, 0 or more")
+    last_turn_id = _optional_text(value["last_turn_id"], "last_turn_id")
+    records = _undo_records(value["undo"], undo_max)
+    document = _document(value["document"], "document", load_document)
+    undo = tuple(
+        UndoRecord(turn_id=turn_id, document=_document(text, f"undo[{i}].document", load_document))
+        for i, (turn_id, text) in enumerate(records)
+    )
+    return SessionSnapshot(
+        messages=messages,
+        document=document,
+        undo=undo,
+        undo_max_entries=undo_max,
+        last_turn_id=last_turn_id,
+        turn_count=turn_count,
+        model=model,
+    )
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in result:
+            raise SessionFileError("the session file repeats a key in one object")
+        result[key] = item
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise SessionFileError(f"the session file holds {name}, which JSON does not have")
+
+
+def _parse(text: str) -> Any:
+    try:
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except SessionFileError:
+        raise
+    except (ValueError, RecursionError):  # the C parser's own recursion guard stops very deep nesting
+        raise SessionFileError("the session file is not valid JSON") from None
+    _check_depth(value)
+    return value
+
+
+def _check_depth(value: Any) -> None:
+    """Refuse nesting deeper than MAX_JSON_DEPTH: iterative, so it never recurses itself."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                raise SessionFileError(f"the session file nests deeper than {MAX_JSON_DEPTH} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
+def _optional_text(value: object, name: str) -> str | None:
+    if value is not None and type(value) is not str:
+        raise SessionFileError(f"{name} must be text or null")
+    return value
+
+
+def _messages(value: object) -> tuple[Message, ...]:
+    try:
+        messages = messages_from_json(value)
+    except SerializationError:
+        raise SessionFileError("the conversation holds a message that is not valid") from None
+    problems = assert_tool_pairing(messages)
+    if problems:
+        first = problems[0]
+        raise SessionFileError(f"the conversation is not pairable: {first.kind.value} at message {first.message_index}")
+    return messages
+
+
+def _undo_records(value: object, undo_max: int) -> list[tuple[str, str]]:
+    if type(value) is not list:
+        raise SessionFileError("undo must be a list")
+    if len(value) > undo_max:
+        raise SessionFileError(f"undo holds {len(value)} entries, more than undo_max_entries ({undo_max})")
+    records: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(value):
+        if type(entry) is not dict or entry.keys() != {"turn_id", "document"}:
+            raise SessionFileError(f"undo[{index}] must be an object with turn_id and document")
+        turn_id, text = entry["turn_id"], entry["document"]
+        if type(turn_id) is not str or not turn_id:
+            raise SessionFileError(f"undo[{index}].turn_id must be non-empty text")
+        if turn_id in seen:
+            raise SessionFileError(f"undo[{index}].turn_id repeats an earlier entry's turn id")
+        seen.add(turn_id)
+        records.append((turn_id, text))
+    return records
+
+
+def _document(value: object, name: str, load_document: Callable[[str], D]) -> D:
+    if type(value) is not str:
+        raise SessionFileError(f"{name} must be text")
+    try:
+        return load_document(value)
+    except Exception as exc:
+        detail = getattr(exc, "message", None)
+        reason = f": {detail}" if isinstance(detail, str) else f" ({type(exc).__name__})"
+        raise SessionFileError(f"{name} is not a valid document{reason}") from None

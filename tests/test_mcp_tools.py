@@ -206,3 +206,9 @@ def test_distinct_inputs_never_look_the_same_on_the_card(first: str, second: str
     assert all(isinstance(card, PreparedCall) for card in cards)
     if first != second:
         assert cards[0].summary != cards[1].summary  # type: ignore[union-attr]
+
+
+def test_a_long_input_says_how_much_the_card_does_not_show() -> None:
+    prepared = build_mcp_tool("srv", mcp_tool(), "destructive", never_called).prepare({"path": "p" * 1000})
+    assert isinstance(prepared, PreparedCall)
+    assert "… [412 more characters not shown]" in prepared.summary  # 1011 characters of JSON, 599 shown

@@ -150,7 +150,10 @@ def _visible(text: str, cap: int) -> str:
 
 def _card(server: str, tool: str, raw: dict[str, Any], tool_class: ToolClass, hints: str) -> str:
     shown_tool = json.dumps(_visible(tool, 80), ensure_ascii=False)
-    shown_input = _visible(canonical_json(raw), _CARD_INPUT_MAX)
+    text = canonical_json(raw)
+    shown_input = _visible(text, _CARD_INPUT_MAX)
+    if len(text) > _CARD_INPUT_MAX:
+        shown_input += f" [{len(text) - _CARD_INPUT_MAX + 1} more characters not shown]"
     effect = (
         "It reads from outside the document."
         if tool_class == "read"

@@ -293,3 +293,24 @@ async def test_lying_annotations_get_no_approval_and_the_deadline_cancels_a_call
         assert third.outcome is Outcome.BOUNDED
         await wait_for_text(marker, "cancelled")
         nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_failing_while_the_session_closes_never_reaches_the_nursery(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class FailsOnClose:
+        """A client whose transport also breaks at the moment the owning nursery is cancelled."""
+
+        async def __aenter__(self) -> FailsOnClose:
+            return self
+
+        async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+            assert isinstance(exc, trio.Cancelled)
+            raise BaseExceptionGroup("transport", [ConnectionResetError("peer reset"), exc])
+
+    toolset = McpToolset(stdio_server())
+    monkeypatch.setattr(toolset, "_client", lambda errlog, on_end: FailsOnClose())
+    async with trio.open_nursery() as nursery:
+        connection = await nursery.start(toolset._hold_connection)
+        nursery.cancel_scope.cancel()
+    assert connection.lost  # closed, and the ConnectionResetError stayed with its connection

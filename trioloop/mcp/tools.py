@@ -26,7 +26,7 @@ from trioloop.loop.tool_runtime import (
     ToolOutcome,
 )
 from trioloop.mcp.servers import ToolClass
-from trioloop.tools.untrusted_text import sanitize_scalar
+from trioloop.tools.untrusted_text import TRUNCATION_MARK, is_stripped_code_point, sanitize_scalar
 
 __all__ = [
     "MAX_SCHEMA_BYTES",
@@ -127,9 +127,33 @@ _CLASS_LINES: Final[Mapping[ToolClass, str]] = {
 }
 
 
+_CARD_ESCAPES: Final = {"\\": "\\\\", "<": "\\<", ">": "\\>"}
+
+
+def _visible(text: str, cap: int) -> str:
+    """``text`` for the card with nothing hidden, so what the reviewer reads is what is sent: a backslash is
+    doubled, ``<`` and ``>`` are escaped (no fence marker), and every invisible or control code point is shown
+    as ``\\u{XXXX}``; a lone backslash therefore always starts an escape. Cut at ``cap`` code points with "…"."""
+    shown: list[str] = []
+    for index, char in enumerate(text):
+        if index == cap:
+            shown[-1] = TRUNCATION_MARK
+            break
+        if char in _CARD_ESCAPES:
+            shown.append(_CARD_ESCAPES[char])
+        elif is_stripped_code_point(char):
+            shown.append(f"\\u{{{ord(char):04X}}}")
+        else:
+            shown.append(char)
+    return "".join(shown)
+
+
 def _card(server: str, tool: str, raw: dict[str, Any], tool_class: ToolClass, hints: str) -> str:
-    shown_tool = json.dumps(sanitize_scalar(tool, 80)[0], ensure_ascii=False)
-    shown_input = sanitize_scalar(canonical_json(raw), _CARD_INPUT_MAX)[0]
+    shown_tool = json.dumps(_visible(tool, 80), ensure_ascii=False)
+    text = canonical_json(raw)
+    shown_input = _visible(text, _CARD_INPUT_MAX)
+    if len(text) > _CARD_INPUT_MAX:
+        shown_input += f" [{len(text) - _CARD_INPUT_MAX + 1} more characters not shown]"
     effect = (
         "It reads from outside the document."
         if tool_class == "read"

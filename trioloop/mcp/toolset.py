@@ -256,6 +256,13 @@ class McpToolset:
                 raise McpConnectionError(
                     f'Cannot connect to MCP server "{self.server.name}" ({_describe(exc)}).'
                 ) from None
+        except BaseExceptionGroup as group:
+            # A cancellation that met the connection's own failure: let the cancellation through, alone, so
+            # the failure of this one connection never reaches the nursery above.
+            _, rest = group.split(Exception)
+            if rest is None:  # pragma: no cover  # a group of Exceptions only is an Exception, handled above
+                raise
+            raise rest from None
         finally:
             connection.lose()
 

@@ -45,6 +45,12 @@ ERROR_BODY_LIMIT: Final = 16 * 1024
 RETRY_AFTER_CEILING: Final = 600.0
 _CLOSE_GRACE: Final = 5.0
 _DRAIN_LIMIT: Final = 1024
+# After the terminal event, the rest of the body (the final chunk terminator, a trailing ping) is read before
+# the response is released, so httpcore can return the connection to the pool; bounded so a server that keeps
+# talking costs at most this much before the connection is dropped instead.
+_TAIL_BYTES: Final = 64 * 1024
+_TAIL_SECONDS: Final = 1.0
+_CONNECTION_SUSPECT: Final = frozenset({ProtocolErrorCode.TRANSPORT, ProtocolErrorCode.MALFORMED_STREAM})
 _RETRY_AFTER_SECONDS = re.compile(r"[0-9]{1,10}(\.[0-9]{1,6})?")
 
 _log = logging.getLogger("trioloop.providers")
@@ -276,8 +282,12 @@ class _Exchange:
             chunks = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
             try:
                 if not 200 <= response.status_code < 300:
-                    return await self._status_failure(response, chunks)
-                return await self._read_stream(chunks)
+                    outcome = await self._status_failure(response, chunks)
+                else:
+                    outcome = await self._read_stream(chunks)
+                if outcome.failure is None or outcome.failure.code not in _CONNECTION_SUSPECT:
+                    await _read_tail(chunks)
+                return outcome
             finally:
                 await _release(response, chunks)
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError) as exc:
@@ -367,6 +377,25 @@ class _Exchange:
                     break
             break
         return bytes(collected[:ERROR_BODY_LIMIT])
+
+
+async def _read_tail(chunks: AsyncGenerator[bytes, None]) -> bool:
+    """Read what is left of a body after its terminal event; True when it ended within the bounds.
+
+    A body read to its end leaves httpcore's connection idle in the pool, so the next request of the
+    session reuses it (no new TCP connect, no new TLS handshake). Too many bytes, too slow, or broken:
+    False, and ``_release`` closes the response, which drops the connection.
+    """
+    left = _TAIL_BYTES
+    with trio.move_on_after(_TAIL_SECONDS):
+        while left >= 0:
+            try:
+                left -= len(await chunks.__anext__())
+            except StopAsyncIteration:
+                return True
+            except (httpx.HTTPError, OSError):
+                return False
+    return False
 
 
 async def _release(response: httpx.Response, chunks: AsyncGenerator[bytes, None]) -> None:

@@ -403,7 +403,8 @@ async def test_a_tool_that_never_reads_the_document_costs_no_copy(
     ]
     final, _ = await drive(steps, Workspace(document=document), registry)
     assert [c.result for c in final.calls] == ["did not look", f"looked at {document.metadata.title}"]
-    assert len(copies) == 1 and copies[0] == document and copies[0] is not document
+    # asked for once; the threat model is deeply immutable, so the "copy" is the shared snapshot itself
+    assert len(copies) == 1 and copies[0] is document
 
 
 async def test_a_late_first_read_still_sees_the_document_as_the_call_started(document: ThreatModel) -> None:

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Final, cast, final
 
 import httpx
@@ -23,6 +23,7 @@ import trio
 from trioloop.protocol.errors import ProtocolError, ProtocolErrorCode
 from trioloop.protocol.events import Aborted, StreamError, StreamEvent, is_terminal
 from trioloop.protocol.preflight import MODEL_TABLE, ModelCapabilities, preflight_request
+from trioloop.protocol.provider import send_events
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers._redact import REDACTED, EventScrubber
 from trioloop.providers.base import AttemptOutcome, Messages, StreamMapper, Transport, WireFormat
@@ -298,17 +299,32 @@ class _Exchange:
             return self.fail(ProtocolErrorCode.TRANSPORT, Messages.REQUEST_FAILED, type(exc).__name__)
 
     async def _forward(self, events: list[StreamEvent]) -> AttemptOutcome | None:
-        """Send events on, key-scrubbed; a terminal error is held back and returned, a stop ends the attempt."""
+        """Send events on, key-scrubbed and together; a terminal error is held back and returned, a stop ends."""
+        out: list[StreamEvent] = []
+        failure: StreamError | None = None
+        stopped = False
         for event in events:
             if isinstance(event, StreamError) and event.terminal:
-                await self._send_all(self._scrubber.flush())
-                return AttemptOutcome(failure=event, committed=self.committed)
-            await self._send_all(self._scrubber.process(event))
+                out += self._scrubber.flush()
+                failure = event
+                break
+            out += self._scrubber.process(event)
             if is_terminal(event):
-                return AttemptOutcome(committed=True)
-        return None
+                stopped = True
+                break
+        await self._send_all(out)
+        if failure is not None:
+            return AttemptOutcome(failure=failure, committed=self.committed)
+        return AttemptOutcome(committed=True) if stopped else None
 
     async def _send_all(self, events: list[StreamEvent]) -> None:
+        if not events:
+            return
+        batch = getattr(self._send, "send_batch", None)
+        if batch is not None:  # all of them with one checkpoint; delivered all or (cancelled first) none
+            await batch(events)
+            self.committed = True
+            return
         for event in events:
             await self._send.send(event)
             self.committed = True
@@ -316,26 +332,31 @@ class _Exchange:
     async def _read_stream(self, chunks: AsyncGenerator[bytes, None]) -> AttemptOutcome:
         decoder = SseDecoder()
         received = 0
-        while True:
-            chunk = b""
-            with trio.move_on_after(self._read_timeout) as waiting:
+        # One gap scope for the whole body, its deadline moved forward at each read (a fresh scope per
+        # read costs about three times as much); the events of one read are forwarded together.
+        with trio.CancelScope() as gap:
+            while True:
+                gap.deadline = trio.current_time() + self._read_timeout
                 try:
                     chunk = await chunks.__anext__()
                 except StopAsyncIteration:
                     break
-            if waiting.cancelled_caught:
-                return self.fail(ProtocolErrorCode.TRANSPORT, Messages.READ_TIMEOUT, "read gap timeout")
-            received += len(chunk)
-            if received > self._max_bytes:
-                return self.fail(ProtocolErrorCode.TRANSPORT, Messages.TOO_LARGE, "response_too_large")
-            try:
-                frames = decoder.feed(chunk)
-            except ProtocolError as exc:
-                return self.fail(exc.code, exc.message)
-            for frame in frames:
-                ended = await self._forward(self._mapper.feed(frame))
+                received += len(chunk)
+                if received > self._max_bytes:
+                    return self.fail(ProtocolErrorCode.TRANSPORT, Messages.TOO_LARGE, "response_too_large")
+                try:
+                    frames = decoder.feed(chunk)
+                except ProtocolError as exc:
+                    return self.fail(exc.code, exc.message)
+                if not frames:
+                    continue
+                feed = self._mapper.feed
+                events = feed(frames[0]) if len(frames) == 1 else [e for frame in frames for e in feed(frame)]
+                ended = await self._forward(events)
                 if ended is not None:
                     return ended
+        if gap.cancelled_caught:
+            return self.fail(ProtocolErrorCode.TRANSPORT, Messages.READ_TIMEOUT, "read gap timeout")
         try:
             frames = decoder.close()
         except ProtocolError as exc:
@@ -433,6 +454,16 @@ class _TerminalGuard(trio.abc.SendChannel[StreamEvent]):
             return
         await self._inner.send(value)
         if is_terminal(value):
+            self.terminal_sent = True
+
+    async def send_batch(self, events: Sequence[StreamEvent]) -> None:
+        """Forward ``events`` up to the first terminal one, in one batch when the consumer takes batches."""
+        if self.terminal_sent:
+            await trio.lowlevel.checkpoint()
+            return
+        cut = next((index + 1 for index, event in enumerate(events) if is_terminal(event)), len(events))
+        await send_events(self._inner, events[:cut])
+        if cut and is_terminal(events[cut - 1]):
             self.terminal_sent = True
 
     async def aclose(self) -> None:

@@ -599,3 +599,22 @@ async def test_scripted_provider_session_uses_one_connection(autojump_clock: tri
             await chat.stream(REQUEST, send)
             assert isinstance(receive.receive_nowait(), MessageStart)
         assert (len(chat.server.requests), chat.server.connections) == (3, 1)
+
+
+@pytest.mark.parametrize("wire", WIRES)
+async def test_an_open_provider_holds_one_connection_for_all_its_requests(
+    wire: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    answer = LoopbackResponse(body=fixture(wire, "text_answer"))
+    async with open_loopback_server(replay([answer] * 5), keep_alive=True) as server:
+        chat = provider(wire, server.url)
+        async with chat:
+            for _ in range(3):
+                assert isinstance((await collect(chat))[-1], MessageStop)
+        assert server.connections == 1
+        for _ in range(2):  # closed again: each request has its own client and connection
+            assert isinstance((await collect(chat))[-1], MessageStop)
+        assert (len(server.requests), server.connections) == (5, 3)
+        async with chat:
+            with pytest.raises(RuntimeError):
+                await chat.__aenter__()

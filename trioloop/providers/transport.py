@@ -15,7 +15,7 @@ import math
 import os
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import Final, cast, final
+from typing import Final, Self, cast, final
 
 import httpx
 import trio
@@ -174,6 +174,7 @@ class HttpTransport:
         self._key = None if api_key is None else ApiKey(api_key)
         self._url = (base_url or wire.default_base_url).rstrip("/") + wire.endpoint
         self._client = client
+        self.held_client: httpx.AsyncClient | None = None  # the provider's own, while it is open (async with)
         self._read_timeout = float(read_timeout)
         self._max_bytes = max_response_bytes
 
@@ -215,7 +216,7 @@ class HttpTransport:
             "accept": "text/event-stream",
             "accept-encoding": "identity",
         }
-        client = self._client
+        client = self._client or self.held_client
         owned = client is None
         if client is None:
             client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
@@ -496,10 +497,26 @@ class HttpChatProvider:
             read_timeout=read_timeout,
             max_response_bytes=max_response_bytes,
         )
+        self._http = http
         self._transport: Transport = http if retry is None else RetryingTransport(http, retry)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._transport!r})"
+
+    async def __aenter__(self) -> Self:
+        """Without an app-supplied client, hold one for the block: its keep-alive connection serves every
+        request (no connect or TLS handshake per iteration). Outside a block, each request has its own."""
+        if self._http.held_client is not None:
+            raise RuntimeError(f"{type(self).__name__} is already open")
+        if self._http._client is None:
+            self._http.held_client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        client, self._http.held_client = self._http.held_client, None
+        if client is not None:
+            with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
+                await client.aclose()
 
     async def stream(
         self,

@@ -94,7 +94,7 @@ def _set_k(k: int) -> None:
     """K tool iterations per turn (the module's functions read K and LIMITS when they run)."""
     global K, LIMITS
     K = k
-    LIMITS = TurnLimits(max_iterations=k + 1, max_tool_calls_per_turn=max(32, k))
+    LIMITS = TurnLimits(max_iterations=k + 1, max_tool_calls_per_turn=max(32, 2 * k))
 
 
 def _call(i: int) -> tuple[str, str, dict[str, Any]]:

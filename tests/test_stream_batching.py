@@ -224,3 +224,40 @@ async def test_stop_from_an_observer_mid_batch_lands_before_the_rest_of_the_batc
         )
     assert state.outcome is not None and state.outcome.value == "cancelled"
     assert state.draft is None or state.draft.plain_text == ""  # no delta of the batch after Stop was applied
+
+
+# -- connection reuse through whole turns --------------------------------------------------------------
+
+
+async def test_turns_and_their_iterations_share_one_connection(autojump_clock: trio.testing.MockClock) -> None:
+    # The tail of each body is read before its terminal event goes on, so neither the next iteration's
+    # request nor the settled turn (which cancels the request task) finds the connection still busy.
+    from trioloop.providers.scripted import ScriptedCall
+    from trioloop.threatmodel.registry import create_ai_tool_registry
+
+    summary = ScriptedCall(id="c1", name="get_document_summary")
+    paced: dict[str, Any] = {"chunk_size": 7, "delay_between_chunks": 0.001}  # the body's end comes in last
+    steps = [
+        ScriptStep(tool_calls=(summary,), **paced),
+        ScriptStep(text="one", **paced),
+        ScriptStep(text="two", **paced),
+        ScriptStep(text="3", **paced),
+    ]
+    registry = create_ai_tool_registry()
+    async with ScriptedProvider(steps) as provider:
+        for turn in range(3):
+            controls = TurnControls()
+
+            def approve(state: TurnState, controls: TurnControls = controls) -> None:
+                if state.phase is Phase.AWAITING_APPROVAL:
+                    controls.approve_batch(tuple(c.id for c in state.current_calls))
+
+            state = await run_turn(
+                TurnRequest(text="go", turn_id=f"t{turn}", model="scripted-1", registry=registry),
+                Workspace(document=ThreatModel()),
+                provider,
+                controls=controls,
+                on_state=approve,
+            )
+            assert state.outcome is not None and state.outcome.value == "completed", state.outcome
+        assert (len(provider.server.requests), provider.server.connections) == (4, 1)

@@ -46,11 +46,12 @@ ERROR_BODY_LIMIT: Final = 16 * 1024
 RETRY_AFTER_CEILING: Final = 600.0
 _CLOSE_GRACE: Final = 5.0
 _DRAIN_LIMIT: Final = 1024
-# After the terminal event, the rest of the body (the final chunk terminator, a trailing ping) is read before
-# the response is released, so httpcore can return the connection to the pool; bounded so a server that keeps
-# talking costs at most this much before the connection is dropped instead.
+# Once the terminal event is decoded, the rest of the body (the final chunk terminator, a trailing ping) is
+# read before that event is sent on and the response released, so httpcore has the connection back in its
+# pool before the consumer can ask for the next request (and before a settled turn cancels this task);
+# bounded so a server that keeps talking costs at most this much before the connection is dropped instead.
 _TAIL_BYTES: Final = 64 * 1024
-_TAIL_SECONDS: Final = 1.0
+_TAIL_SECONDS: Final = 0.5
 _CONNECTION_SUSPECT: Final = frozenset({ProtocolErrorCode.TRANSPORT, ProtocolErrorCode.MALFORMED_STREAM})
 _RETRY_AFTER_SECONDS = re.compile(r"[0-9]{1,10}(\.[0-9]{1,6})?")
 
@@ -299,8 +300,13 @@ class _Exchange:
             _log.debug("provider request failed: %s", type(exc).__name__)
             return self.fail(ProtocolErrorCode.TRANSPORT, Messages.REQUEST_FAILED, type(exc).__name__)
 
-    async def _forward(self, events: list[StreamEvent]) -> AttemptOutcome | None:
-        """Send events on, key-scrubbed and together; a terminal error is held back and returned, a stop ends."""
+    async def _forward(
+        self, events: list[StreamEvent], chunks: AsyncGenerator[bytes, None] | None = None
+    ) -> AttemptOutcome | None:
+        """Send events on, key-scrubbed and together; a terminal error is held back and returned, a stop ends.
+
+        With ``chunks``, the body's tail is read before a terminal batch goes on (see ``_TAIL_BYTES``).
+        """
         out: list[StreamEvent] = []
         failure: StreamError | None = None
         stopped = False
@@ -313,6 +319,8 @@ class _Exchange:
             if is_terminal(event):
                 stopped = True
                 break
+        if chunks is not None and (stopped or (failure is not None and failure.code not in _CONNECTION_SUSPECT)):
+            await _read_tail(chunks)
         await self._send_all(out)
         if failure is not None:
             return AttemptOutcome(failure=failure, committed=self.committed)
@@ -353,7 +361,7 @@ class _Exchange:
                     continue
                 feed = self._mapper.feed
                 events = feed(frames[0]) if len(frames) == 1 else [e for frame in frames for e in feed(frame)]
-                ended = await self._forward(events)
+                ended = await self._forward(events, chunks)
                 if ended is not None:
                     return ended
         if gap.cancelled_caught:

@@ -361,6 +361,7 @@ class _Exchange:
                     continue
                 feed = self._mapper.feed
                 events = feed(frames[0]) if len(frames) == 1 else [e for frame in frames for e in feed(frame)]
+                gap.deadline = math.inf  # the gap bounds the server's silence, not how long the consumer takes
                 ended = await self._forward(events, chunks)
                 if ended is not None:
                     return ended

@@ -27,6 +27,7 @@ import trio
 
 from trioloop.protocol.events import Aborted, StopReason, StreamEvent, is_terminal
 from trioloop.protocol.messages import JsonValue, Message, ToolCallBlock, ToolResultBlock
+from trioloop.protocol.provider import send_events
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.base import WireResponse, map_chunks
@@ -245,12 +246,15 @@ def _is_tool_results(message: Message) -> bool:
 class InProcessProvider:
     """A ``ChatProvider`` with no transport: ``answer(request)`` picks the events, they are sent in order.
 
-    Each event goes through ``await send.send(...)`` exactly as the HTTP provider forwards them, so the
-    consumer side pays the same per-event cost; only sockets, HTTP, SSE parsing and mapping are skipped.
+    By default the whole answer is handed over as one read (``send_events``: one batch when the consumer
+    takes batches), as the HTTP provider forwards the events of one network read; with
+    ``batched=False`` each event goes through its own ``await send.send(...)``. Only sockets, HTTP, SSE
+    parsing and mapping are skipped.
     """
 
-    def __init__(self, answer: Callable[[ChatRequest], Sequence[StreamEvent]]) -> None:
+    def __init__(self, answer: Callable[[ChatRequest], Sequence[StreamEvent]], *, batched: bool = True) -> None:
         self._answer = answer
+        self._batched = batched
         self.requests = 0
 
     async def stream(
@@ -262,6 +266,9 @@ class InProcessProvider:
     ) -> None:
         self.requests += 1
         events = self._answer(request)
+        if cancel_scope is None and self._batched:
+            await send_events(send, events)
+            return
         if cancel_scope is None:
             for event in events:
                 await send.send(event)

@@ -86,6 +86,14 @@ REGISTRY = create_tool_registry(
     ]
 )
 LIMITS = TurnLimits(max_iterations=K + 1)  # K tool iterations plus the final answer
+BATCHED = True  # the in-process provider hands each answer over as one read (see InProcessProvider)
+
+
+def _set_k(k: int) -> None:
+    """K tool iterations per turn (the module's functions read K and LIMITS when they run)."""
+    global K, LIMITS
+    K = k
+    LIMITS = TurnLimits(max_iterations=k + 1, max_tool_calls_per_turn=max(32, 2 * k))
 
 
 def _call(i: int) -> tuple[str, str, dict[str, Any]]:
@@ -118,7 +126,40 @@ async def _trioloop_turns(provider: ChatProvider, document: ThreatModel, turns: 
 
 
 async def trioloop_in_process(document: ThreatModel, turns: int) -> list[Sample]:
-    return await _trioloop_turns(InProcessProvider(answer_in_process), document, turns)
+    return await _trioloop_turns(InProcessProvider(answer_in_process, batched=BATCHED), document, turns)
+
+
+# The shipped read tool: each iteration calls get_entity on the example document (a projection of
+# one element with its flows and threats, fenced as canonical JSON) instead of the fixed-text note.
+_ENTITY_IDS: list[str] = []
+
+
+def _shipped_call(i: int) -> tuple[str, str, dict[str, Any]]:
+    return (f"call_{i}", "get_entity", {"kind": "elements", "id": _ENTITY_IDS[i % len(_ENTITY_IDS)]})
+
+
+def answer_shipped(request: ChatRequest) -> Sequence[StreamEvent]:
+    i = iteration_of(request)
+    return wire_events(calls=[_shipped_call(i)]) if i < K else wire_events(text=FINAL_TEXT)
+
+
+async def trioloop_shipped_read(document: ThreatModel, turns: int) -> list[Sample]:
+    from trioloop.threatmodel.registry import create_ai_tool_registry
+
+    _ENTITY_IDS[:] = [element.id for element in document.elements]
+    registry = create_ai_tool_registry()
+    provider = InProcessProvider(answer_shipped, batched=BATCHED)
+    samples = []
+    for _ in range(turns):
+        async with threat_model_session(
+            document=document, provider=provider, model="scripted-1", tools=registry, limits=LIMITS
+        ) as session:
+            wall, cpu = time.perf_counter(), time.process_time()
+            state = await session.send(PROMPT)
+        samples.append(((time.perf_counter() - wall) / K, (time.process_time() - cpu) / K))
+        if state.outcome is not Outcome.COMPLETED or [c.status for c in state.calls] != [CallStatus.SUCCEEDED] * K:
+            raise RuntimeError(f"unexpected turn: {state.outcome} with {len(state.calls)} calls")
+    return samples
 
 
 async def trioloop_loopback(document: ThreatModel, turns: int) -> list[Sample]:
@@ -168,6 +209,12 @@ def _pydantic_agents() -> dict[str, Any]:
     return {"plain": plain, "streamed": streaming}
 
 
+def _no_request_limit() -> Any:
+    from pydantic_ai.usage import UsageLimits
+
+    return UsageLimits(request_limit=None)  # its default (50 requests) would stop a K = 100 turn
+
+
 async def _drain_events(ctx: Any, events: Any) -> None:
     async for _ in events:
         pass
@@ -178,7 +225,7 @@ async def pydantic_turns(agent: Any, turns: int, *, streamed: bool) -> list[Samp
     handler = _drain_events if streamed else None
     for _ in range(turns):
         wall, cpu = time.perf_counter(), time.process_time()
-        result = await agent.run(PROMPT, event_stream_handler=handler)
+        result = await agent.run(PROMPT, event_stream_handler=handler, usage_limits=_no_request_limit())
         samples.append(((time.perf_counter() - wall) / K, (time.process_time() - cpu) / K))
         if result.output != FINAL_TEXT:
             raise RuntimeError(f"unexpected pydantic-ai output: {result.output!r}")
@@ -195,6 +242,7 @@ def contenders(document: ThreatModel) -> list[Contender]:
     found: list[Contender] = [
         ("trioloop_in_process", lambda n: trio.run(trioloop_in_process, document, n)),
         ("trioloop_loopback_http", lambda n: trio.run(trioloop_loopback, document, n)),
+        ("trioloop_shipped_get_entity", lambda n: trio.run(trioloop_shipped_read, document, n)),
     ]
     try:
         agents = _pydantic_agents()
@@ -229,7 +277,8 @@ def _ratio_rows(stats: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[Any, 
         for clock in ("wall_us", "cpu_us"):
             best = min(stats[p][clock]["median"] for p in peers)
             ratios[clock] = round(best / stats[name][clock]["median"], 2)
-        met = ratios["wall_us"] >= 2.0
+        target = 10.0 if name == "trioloop_in_process" else 2.0
+        met = ratios["wall_us"] >= target
         emit(
             case_record(
                 "loop",
@@ -238,7 +287,7 @@ def _ratio_rows(stats: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[Any, 
                 against="fastest pydantic-ai variant, median per iteration",
                 ratio_wall=ratios["wall_us"],
                 ratio_cpu=ratios["cpu_us"],
-                target=2.0,
+                target=target,
                 met=met,
             )
         )
@@ -249,7 +298,7 @@ def _ratio_rows(stats: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[Any, 
                 "",
                 f"{ratios['cpu_us']}x",
                 "",
-                ">= 2x",
+                f">= {target:g}x",
                 "yes" if met else "NO",
             )
         )
@@ -261,7 +310,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of every contender")
     parser.add_argument("--turns", type=int, default=20, help="turns per contender per round")
     parser.add_argument("--profile", metavar="CONTENDER", help="cProfile one contender instead of timing")
+    parser.add_argument("--k", type=int, default=8, help="tool iterations per turn (default 8)")
+    parser.add_argument(
+        "--per-event", action="store_true", help="in-process provider sends event by event (no batch per read)"
+    )
     args = parser.parse_args(argv)
+    global BATCHED
+    BATCHED = not args.per_event
+    _set_k(args.k)
 
     document = load_thf(PAYMENT_THF)
     found = contenders(document)
@@ -291,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 name,
                 PEERS if name.startswith("pydantic") else (),
                 iterations_per_turn=K,
+                in_process_batched=BATCHED,
                 turns=len(values),
                 per_iteration_wall_us=stats[name]["wall_us"],
                 per_iteration_cpu_us=stats[name]["cpu_us"],
@@ -302,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (name, s["wall_us"]["median"], s["wall_us"]["p99"], s["cpu_us"]["median"], s["cpu_us"]["p99"], "", "")
         for name, s in stats.items()
     ]
-    headers = ("per iteration, K=8", "wall med us", "wall p99", "cpu med us", "cpu p99", "target", "met")
+    headers = (f"per iteration, K={K}", "wall med us", "wall p99", "cpu med us", "cpu p99", "target", "met")
     print_table(headers, [*rows, *ratio_rows])
     return 0
 

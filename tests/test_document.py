@@ -1,6 +1,9 @@
 import contextlib
 import copy
+import json
+import pickle
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
 
@@ -34,7 +37,15 @@ from trioloop.threatmodel import (
 )
 from trioloop.threatmodel._safe_yaml import MAX_DEPTH, MAX_DOCUMENT_BYTES
 from trioloop.threatmodel.action_inputs import MitigationStatusName, SeverityName, StrideCategory
-from trioloop.threatmodel.model import MITIGATION_STATUSES, SECTION_NAMES, SEVERITIES, STRIDE_CATEGORIES, detached_copy
+from trioloop.threatmodel.model import (
+    MITIGATION_STATUSES,
+    SECTION_NAMES,
+    SEVERITIES,
+    STRIDE_CATEGORIES,
+    FrozenDict,
+    FrozenList,
+    detached_copy,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "payment.thf"
@@ -159,6 +170,9 @@ def test_extra_is_copied_and_normalized() -> None:
     element = Element(id="a", type="t", name="A", extra=source)
     source["k"] = "changed"
     assert element.extra == {"k": [1, {"n": [2]}]}
+    assert type(element.extra) is FrozenDict and type(element.extra["k"]) is FrozenList
+    listed = Element(id="a", type="t", name="A", tags=["x"])  # type: ignore[arg-type]
+    assert listed.tags == ("x",) and type(listed.tags) is tuple
 
 
 def test_section_find_and_ids() -> None:
@@ -456,7 +470,7 @@ def test_validate_returns_errors_instead_of_raising() -> None:
     "bad",
     [
         {"elements": (Element(id="a", type="t", name=123),)},  # type: ignore[arg-type]
-        {"elements": (Element(id="a", type="t", name="A", technologies=["x"]),)},  # type: ignore[arg-type]
+        {"elements": (Element(id="a", type="t", name="A", technologies=("x", 1)),)},  # type: ignore[arg-type]
         {"elements": (Element(id="a", type="t", name="A", position=Position(x=float("nan"), y=0)),)},
         {"elements": (Element(id="a", type="t", name="A", extra={"name": "shadow"}),)},
         {"elements": (Element(id="a", type="t", name="A", extra={"when": {1, 2}}),)},
@@ -477,7 +491,7 @@ def test_validate_survives_hostile_values() -> None:
     loop: list[Any] = []
     loop.append(loop)
     model = ThreatModel()
-    object.__setattr__(model, "extra", {"loop": loop})
+    vars(model)["extra"] = {"loop": loop}  # past the sealed fields on purpose: validation must still cope
     assert isinstance(validate_threat_model(model), InvalidShape)
     assert isinstance(validate_threat_model("not a model"), InvalidShape)  # type: ignore[arg-type]
 
@@ -506,22 +520,79 @@ def _objects(value: Any) -> list[Any]:
     return found
 
 
+_DICT_WRITES: tuple[Callable[[Any], object], ...] = (
+    lambda d: d.__setitem__("k", 1),
+    lambda d: d.__delitem__(next(iter(d), "k")),
+    lambda d: d.update({"k": 1}),
+    lambda d: d.setdefault("k", 1),
+    lambda d: d.pop(next(iter(d), "k")),
+    lambda d: d.popitem(),
+    lambda d: d.clear(),
+    lambda d: d.__ior__({"k": 1}),
+)
+_LIST_WRITES: tuple[Callable[[Any], object], ...] = (
+    lambda items: items.__setitem__(0, 1),
+    lambda items: items.__delitem__(0),
+    lambda items: items.append(1),
+    lambda items: items.extend([1]),
+    lambda items: items.insert(0, 1),
+    lambda items: items.pop(),
+    lambda items: items.remove(1),
+    lambda items: items.reverse(),
+    lambda items: items.sort(),
+    lambda items: items.clear(),
+    lambda items: items.__iadd__([1]),
+    lambda items: items.__imul__(2),
+)
+
+
+def _assert_refuses_every_write(item: Any) -> None:
+    if attrs.has(type(item)):
+        for field in attrs.fields(type(item)):
+            with pytest.raises(attrs.exceptions.FrozenInstanceError):
+                object.__setattr__(item, field.name, None)
+            with pytest.raises(attrs.exceptions.FrozenInstanceError):
+                object.__delattr__(item, field.name)
+        return
+    if type(item) is tuple:
+        return
+    assert type(item) in (FrozenDict, FrozenList), type(item)
+    for write in _DICT_WRITES if type(item) is FrozenDict else _LIST_WRITES:
+        with pytest.raises(TypeError, match="read-only"):
+            write(item)
+
+
 @given(model=threat_models())
-@settings(max_examples=60, deadline=None)
-def test_a_detached_copy_is_equal_and_shares_no_mutable_object(model: ThreatModel) -> None:
-    copied = detached_copy(model)
-    assert copied == model and dump_thf(copied) == dump_thf(model)
-    originals = {id(item) for item in _objects(model) if not isinstance(item, tuple) or item}
-    shared = [item for item in _objects(copied) if id(item) in originals and not isinstance(item, tuple)]
-    assert shared == []
+@settings(max_examples=40, deadline=None)
+def test_a_model_is_immutable_all_the_way_down(model: ThreatModel) -> None:
+    before = dump_thf(model)
+    for item in _objects(model):
+        _assert_refuses_every_write(item)
+    assert dump_thf(model) == before
+    assert detached_copy(model) is model  # nothing to detach: a tool shares the snapshot
 
 
-def test_writing_into_a_detached_copy_leaves_the_original_alone() -> None:
+def test_a_frozen_extra_still_loads_dumps_and_compares_equal() -> None:
+    model = load_thf(EXAMPLE)
+    element = Element(id="a", type="t", name="A", extra={"k": [1, {"n": [2, "x"]}], "m": {}})
+    assert element.extra == {"k": [1, {"n": [2, "x"]}], "m": {}}
+    with_extra = attrs.evolve(model, elements=(*model.elements, element), extra={"top": [{"a": 1}]})
+    again = load_thf(dump_thf(with_extra))
+    assert again == with_extra and dump_thf(again) == dump_thf(with_extra)
+    assert hash(again) == hash(with_extra)
+    assert copy.deepcopy(with_extra) == with_extra and pickle.loads(pickle.dumps(with_extra)) == with_extra
+    assert json.loads(json.dumps(element.extra)) == {"k": [1, {"n": [2, "x"]}], "m": {}}
+
+
+def test_writing_into_the_document_is_refused_and_changes_nothing() -> None:
     model = load_thf(EXAMPLE)
     before = dump_thf(model)
-    copied = detached_copy(model)
-    copied.extra["injected"] = True  # type: ignore[index]
-    copied.metadata.extra["injected"] = True  # type: ignore[index]
-    object.__setattr__(copied.metadata, "title", "changed")
-    object.__setattr__(copied.elements[0], "name", "changed")
-    assert dump_thf(model) == before and copied != model
+    with pytest.raises(TypeError):
+        model.extra["injected"] = True  # type: ignore[index]
+    with pytest.raises(TypeError):
+        model.metadata.extra["injected"] = True  # type: ignore[index]
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        object.__setattr__(model.metadata, "title", "changed")
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        object.__setattr__(model.elements[0], "name", "changed")
+    assert dump_thf(model) == before

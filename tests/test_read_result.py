@@ -17,12 +17,15 @@ from trioloop.tools.read_result import (
     TEXT_MAX_CODE_POINTS,
     EntityProjection,
     ReadFailureCode,
+    encode_payload,
     entity_too_large,
     invalid_filter,
     offset_out_of_range,
     paginate,
+    paginate_encoded,
     payload_bytes,
     read_success,
+    read_success_encoded,
     unknown_id,
 )
 from trioloop.tools.untrusted_text import END_MARKER, START_MARKER
@@ -206,3 +209,36 @@ def test_entity_too_large_points_at_the_compact_projection() -> None:
 
 def test_allowlist_holds_only_plain_key_names() -> None:
     assert all(key.isidentifier() and key == key.lower() for key in READ_RESULT_KEYS)
+
+
+_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+_RESULT = st.fixed_dictionaries(
+    {"id": _TEXT, "name": _TEXT},
+    optional={"count": st.integers(-(2**40), 2**40), "flag": st.booleans(), "tags": st.lists(_TEXT, max_size=3)},
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_RESULT, max_size=12), st.integers(min_value=0, max_value=11), st.integers(1, 50), _TEXT)
+def test_an_encoded_page_is_the_canonical_json_of_the_page(
+    results: list[dict[str, Any]], offset: int, limit: int, kind: str
+) -> None:
+    # The page is written from the pieces measured while paging: byte for byte what encoding it whole gives.
+    offset = min(offset, max(len(results) - 1, 0))
+    envelope = {"tool": "search", "kind": kind}
+    payload = paginate(results, offset=offset, limit=limit, envelope=envelope, project=dict)
+    encoded = paginate_encoded(results, offset=offset, limit=limit, envelope=envelope, project=dict)
+    assert encoded.body == canonical_json(payload)
+    assert encoded.size == payload_bytes(payload) == len(encoded.body.encode("utf-8"))
+
+
+def test_an_envelope_nesting_a_results_key_is_refused() -> None:
+    with pytest.raises(RuntimeError):
+        paginate_encoded([], offset=0, limit=5, envelope={"tool": "t", "x": {"results": []}}, project=dict)
+
+
+def test_encoded_success_is_the_same_outcome_as_read_success() -> None:
+    payload = {"kind": "elements", "entity": {"id": "a", "name": 'Ä "quoted" ✓'}}
+    encoded = encode_payload("get_entity", payload)
+    assert encoded.body == canonical_json({**payload, "tool": "get_entity"})
+    assert read_success_encoded(encoded) == read_success("get_entity", payload)

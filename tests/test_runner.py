@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+from trioloop.loop.document import define_document_kind
 from trioloop.loop.limits import TurnLimits
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
@@ -378,17 +379,16 @@ async def test_outer_cancellation_still_settles(document: ThreatModel) -> None:
     assert states[-1].is_settled and states[-1].outcome is Outcome.CANCELLED
 
 
-async def test_a_tool_that_never_reads_the_document_costs_no_copy(
-    document: ThreatModel, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize("immutable", [False, True])
+async def test_a_tool_that_never_reads_the_document_costs_no_copy(document: ThreatModel, immutable: bool) -> None:
     copies: list[ThreatModel] = []
-    real = THREAT_MODEL.private_copy
 
     def counting(model: ThreatModel) -> ThreatModel:
-        copies.append(real(model))
+        copies.append(attrs.evolve(model))
         return copies[-1]
 
-    monkeypatch.setattr(THREAT_MODEL, "private_copy", counting)
+    # A mutable kind copies on a tool's first read; an immutable one (the threat model's own) never copies.
+    kind = THREAT_MODEL if immutable else define_document_kind("threat model", copy_with=counting)
 
     async def ignore(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
         await trio.lowlevel.checkpoint()
@@ -405,9 +405,12 @@ async def test_a_tool_that_never_reads_the_document_costs_no_copy(
         ScriptStep(tool_calls=(ScriptedCall(id="i", name="ignore"), ScriptedCall(id="l", name="look"))),
         ScriptStep(text="ok"),
     ]
-    final, _ = await drive(steps, Workspace(document=document, kind=THREAT_MODEL), registry)
+    final, _ = await drive(steps, Workspace(document=document, kind=kind), registry)
     assert [c.result for c in final.calls] == ["did not look", f"looked at {document.metadata.title}"]
-    assert len(copies) == 1 and copies[0] == document and copies[0] is not document
+    if immutable:
+        assert copies == []
+    else:
+        assert len(copies) == 1 and copies[0] == document and copies[0] is not document
 
 
 async def test_a_late_first_read_still_sees_the_document_as_the_call_started(document: ThreatModel) -> None:

@@ -537,11 +537,14 @@ MUTABLE = {
 
 @pytest.mark.parametrize("case", sorted(MUTABLE))
 async def test_a_read_tool_cannot_change_the_live_document(case: str) -> None:
+    # The document is deeply immutable and the tool shares the live snapshot: the write itself must fail.
     document = load_thf(PAYMENT)  # a private copy: any corruption stays in this test
     before = dump_thf(document)
     result = await one_turn(mutator("bad", MUTABLE[case]), document=document)
-    changed = dump_thf(result.workspace.document) != before
-    record(f"tool mutates its document: {case}", tried=1, held=int(not changed))
+    refused = results_of(result.requests[1])["bad"][0]
+    changed = dump_thf(result.workspace.document) != before or dump_thf(document) != before
+    record(f"tool mutates its document: {case}", tried=1, held=int(not changed and refused.startswith("refused: ")))
+    assert refused in ("refused: TypeError", "refused: FrozenInstanceError"), refused
     assert not changed
 
 

@@ -543,3 +543,79 @@ async def test_a_key_echoed_into_model_output_is_redacted(wire: str, autojump_cl
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
     assert text in (f"Your key is {REDACTED}.", f"Your key is {key[: MIN_HOLD - 1]}{REDACTED}.")
     assert events[-1] == MessageStop(stop_reason=StopReason.TOOL_USE)
+
+
+async def _connects_for(wire: str, responses: list[LoopbackResponse]) -> tuple[list[list[StreamEvent]], int]:
+    """Each response fetched in turn through one app-held client; the TCP connections the server accepted."""
+    async with (
+        open_loopback_server(replay(responses), keep_alive=True) as server,
+        httpx.AsyncClient(trust_env=False) as client,
+    ):
+        chat = provider(wire, server.url, client=client)
+        found = [await collect(chat) for _ in responses]
+        assert len(server.requests) == len(responses)
+        return found, server.connections
+
+
+@pytest.mark.parametrize("wire", WIRES)
+@pytest.mark.parametrize("chunk_size", [None, 7])
+async def test_one_keep_alive_connection_serves_every_request(
+    wire: str, chunk_size: int | None, autojump_clock: trio.testing.MockClock
+) -> None:
+    answer = LoopbackResponse(body=fixture(wire, "text_answer"), chunk_size=chunk_size)
+    refused = _echo_error(wire, 429, "none")
+    found, connects = await _connects_for(wire, [answer, refused, answer, answer])
+    assert connects == 1
+    assert [type(events[-1]) for events in found] == [MessageStop, StreamError, MessageStop, MessageStop]
+
+
+@pytest.mark.parametrize("wire", WIRES)
+async def test_a_long_tail_after_the_terminal_event_drops_the_connection(
+    wire: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    # more than the tail bound after the stop: the client gives up on the body and closes, so the next
+    # request needs a new connection; the answer itself is unaffected.
+    padded = LoopbackResponse(body=fixture(wire, "text_answer") + b": pad\n\n" * 20_000, chunk_size=4096)
+    answer = LoopbackResponse(body=fixture(wire, "text_answer"))
+    found, connects = await _connects_for(wire, [padded, answer])
+    assert connects == 2
+    assert [events[-1] for events in found] == [MessageStop(stop_reason=StopReason.END_TURN)] * 2
+
+
+async def test_a_broken_stream_is_not_reused(autojump_clock: trio.testing.MockClock) -> None:
+    broken = LoopbackResponse(body=b"data: \xff\xfe\n\n" + fixture("anthropic", "text_answer"))
+    answer = LoopbackResponse(body=fixture("anthropic", "text_answer"))
+    found, connects = await _connects_for("anthropic", [broken, answer])
+    assert connects == 2
+    assert isinstance(found[0][-1], StreamError) and found[0][-1].code is ProtocolErrorCode.MALFORMED_STREAM
+    assert isinstance(found[1][-1], MessageStop)
+
+
+async def test_scripted_provider_session_uses_one_connection(autojump_clock: trio.testing.MockClock) -> None:
+    from trioloop.providers.scripted import ScriptedProvider, ScriptStep
+
+    async with ScriptedProvider([ScriptStep(text="one"), ScriptStep(text="two"), ScriptStep(text="three")]) as chat:
+        for _ in range(3):
+            send, receive = trio.open_memory_channel[StreamEvent](math.inf)
+            await chat.stream(REQUEST, send)
+            assert isinstance(receive.receive_nowait(), MessageStart)
+        assert (len(chat.server.requests), chat.server.connections) == (3, 1)
+
+
+@pytest.mark.parametrize("wire", WIRES)
+async def test_an_open_provider_holds_one_connection_for_all_its_requests(
+    wire: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    answer = LoopbackResponse(body=fixture(wire, "text_answer"))
+    async with open_loopback_server(replay([answer] * 5), keep_alive=True) as server:
+        chat = provider(wire, server.url)
+        async with chat:
+            for _ in range(3):
+                assert isinstance((await collect(chat))[-1], MessageStop)
+        assert server.connections == 1
+        for _ in range(2):  # closed again: each request has its own client and connection
+            assert isinstance((await collect(chat))[-1], MessageStop)
+        assert (len(server.requests), server.connections) == (5, 3)
+        async with chat:
+            with pytest.raises(RuntimeError):
+                await chat.__aenter__()

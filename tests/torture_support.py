@@ -30,6 +30,7 @@ from trioloop.loop.tool_runtime import (
 )
 from trioloop.protocol.events import Aborted, StreamEvent, is_terminal
 from trioloop.protocol.messages import ToolCallBlock
+from trioloop.protocol.provider import send_events
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.base import WireFormat, WireResponse
@@ -213,13 +214,13 @@ class WireReplayProvider:
         mapper = self._wire.new_mapper()
         for start in range(0, len(raw), self._chunk):
             await trio.lowlevel.checkpoint()
-            for frame in decoder.feed(raw[start : start + self._chunk]):
-                for event in mapper.feed(frame):
-                    await send.send(event)
-                    if is_terminal(event):
-                        return True
-        for event in mapper.finish():
-            await send.send(event)
+            # The events of one chunk go on together, as the HTTP transport hands over one read.
+            events = [event for frame in decoder.feed(raw[start : start + self._chunk]) for event in mapper.feed(frame)]
+            cut = next((index + 1 for index, event in enumerate(events) if is_terminal(event)), None)
+            await send_events(send, events[:cut])
+            if cut is not None:
+                return True
+        await send_events(send, mapper.finish())
         return True
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
@@ -23,6 +23,7 @@ import attrs
 import trio
 
 from trioloop.loop._machine_text import NOT_TEXT_RESULT
+from trioloop.loop._stream_fold import fold_text_deltas
 from trioloop.loop.document import DocumentKind
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits, budget_exhaustion
 from trioloop.loop.machine import (
@@ -88,7 +89,15 @@ class _StreamItem:
     event: StreamEvent
 
 
-_InboxItem: TypeAlias = TurnInput | _StreamItem | _RequestEnded
+@attrs.frozen
+class _StreamBatch:
+    """The events of one network read, handed over together: one inbox item, one consumer wake-up."""
+
+    attempt: int
+    events: tuple[StreamEvent, ...]
+
+
+_InboxItem: TypeAlias = TurnInput | _StreamItem | _StreamBatch | _RequestEnded
 
 
 class TurnControls:
@@ -177,6 +186,16 @@ class _SendToInbox(trio.abc.SendChannel[StreamEvent]):
         if is_terminal(value):
             self.terminal_sent = True
         self._inbox.send_nowait(_StreamItem(self._attempt, value))
+
+    async def send_batch(self, events: Sequence[StreamEvent]) -> None:
+        """Like ``send`` for each event in turn, with one checkpoint: seen cancelled before any is delivered."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not self.terminal_sent:
+            cut = next((index + 1 for index, event in enumerate(events) if is_terminal(event)), len(events))
+            if cut:
+                self.terminal_sent = is_terminal(events[cut - 1])
+                self._inbox.send_nowait(_StreamBatch(self._attempt, tuple(events[:cut])))
+        await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -283,6 +302,12 @@ class _Turn(Generic[D]):
             if item.attempt != self.attempt:
                 return  # a stale event from a request we already gave up on
             self.handle_stream_event(item.event, nursery)
+            return
+        if isinstance(item, _StreamBatch):
+            for event in fold_text_deltas(item.events):
+                if item.attempt != self.attempt or self.controls.turn_cancelled or self.state.is_settled:
+                    return  # stale (a retry superseded it), or Stop: the rest is never seen, as if cut off
+                self.handle_stream_event(event, nursery)
             return
         self.apply(item)
 

@@ -2,8 +2,9 @@
 
 It exists so the scripted provider and the tests drive the real transport, SSE decoder and mapper
 over a real socket. Every response can be cut into chunks, paced, stalled, truncated or broken off,
-and carry any status and headers (redirects included). One request per connection; the server
-answers ``Connection: close`` so no state leaks from one exchange into the next.
+and carry any status and headers (redirects included). By default one request per connection (the
+server answers ``Connection: close``); with ``keep_alive=True`` a connection serves request after
+request, as a real API does, and ``LoopbackServer.connections`` counts the TCP connections accepted.
 """
 
 from __future__ import annotations
@@ -108,11 +109,13 @@ def replay(responses: Iterable[LoopbackResponse], *, fallback: LoopbackResponse 
 class LoopbackServer:
     """A running server: its ``url`` and every request it has received, in order."""
 
-    def __init__(self, handler: LoopbackHandler, port: int) -> None:
+    def __init__(self, handler: LoopbackHandler, port: int, *, keep_alive: bool = False) -> None:
         self._handler = handler
+        self._keep_alive = keep_alive
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.requests: list[LoopbackRequest] = []
+        self.connections = 0
 
     def __repr__(self) -> str:
         return f"LoopbackServer(url={self.url!r}, requests={len(self.requests)})"
@@ -121,18 +124,23 @@ class LoopbackServer:
         async with trio.open_nursery() as nursery:
             while True:
                 stream = await listener.accept()
+                self.connections += 1
                 nursery.start_soon(self._connection, stream)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
         try:
-            request = await self._read_request(conn, stream)
-            if request is None:
-                return
-            self.requests.append(request)
-            answer = self._handler(request)
-            response = await answer if inspect.isawaitable(answer) else answer
-            await self._write_response(conn, stream, response)
+            while True:
+                request = await self._read_request(conn, stream)
+                if request is None:
+                    return
+                self.requests.append(request)
+                answer = self._handler(request)
+                response = await answer if inspect.isawaitable(answer) else answer
+                await self._write_response(conn, stream, response)
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
             pass
         finally:
@@ -165,7 +173,8 @@ class LoopbackServer:
     ) -> None:
         pieces = response.pieces()
         headers = [(k, v) for k, v in response.headers if k.lower() not in ("connection", "content-length")]
-        headers.append(("connection", "close"))
+        if not self._keep_alive:
+            headers.append(("connection", "close"))
         if response.content_length:
             headers.append(("content-length", str(sum(len(p) for p in pieces))))
         await stream.send_all(conn.send(h11.Response(status_code=response.status, headers=headers)))
@@ -196,14 +205,14 @@ class LoopbackServer:
 
 
 @asynccontextmanager
-async def open_loopback_server(handler: LoopbackHandler) -> AsyncIterator[LoopbackServer]:
-    """Serve ``handler`` on an ephemeral 127.0.0.1 port until the block exits."""
+async def open_loopback_server(handler: LoopbackHandler, *, keep_alive: bool = False) -> AsyncIterator[LoopbackServer]:
+    """Serve ``handler`` on an ephemeral 127.0.0.1 port until the block exits (see the module for ``keep_alive``)."""
     sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     await sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     listener = trio.SocketListener(sock)
-    server = LoopbackServer(handler, sock.getsockname()[1])
+    server = LoopbackServer(handler, sock.getsockname()[1], keep_alive=keep_alive)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(server.serve, listener)

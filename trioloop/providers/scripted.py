@@ -156,7 +156,7 @@ class ScriptedProvider:
             raise RuntimeError("ScriptedProvider is already running")
         stack = AsyncExitStack()
         try:
-            server = await stack.enter_async_context(open_loopback_server(self._answer))
+            server = await stack.enter_async_context(open_loopback_server(self._answer, keep_alive=True))
             client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(30.0, read=None))
             stack.push_async_callback(self._close_client, client)
             self._provider = HttpChatProvider(

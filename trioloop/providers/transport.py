@@ -14,8 +14,8 @@ import logging
 import math
 import os
 import re
-from collections.abc import AsyncGenerator, Mapping
-from typing import Final, cast, final
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Final, Self, cast, final
 
 import httpx
 import trio
@@ -29,6 +29,7 @@ from trioloop.protocol.preflight import (
     preflight_request,
     unknown_model_warning,
 )
+from trioloop.protocol.provider import send_events
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers._redact import REDACTED, EventScrubber
 from trioloop.providers.base import AttemptOutcome, Messages, StreamMapper, Transport, WireFormat
@@ -51,6 +52,13 @@ ERROR_BODY_LIMIT: Final = 16 * 1024
 RETRY_AFTER_CEILING: Final = 600.0
 _CLOSE_GRACE: Final = 5.0
 _DRAIN_LIMIT: Final = 1024
+# Once the terminal event is decoded, the rest of the body (the final chunk terminator, a trailing ping) is
+# read before that event is sent on and the response released, so httpcore has the connection back in its
+# pool before the consumer can ask for the next request (and before a settled turn cancels this task);
+# bounded so a server that keeps talking costs at most this much before the connection is dropped instead.
+_TAIL_BYTES: Final = 64 * 1024
+_TAIL_SECONDS: Final = 0.5
+_CONNECTION_SUSPECT: Final = frozenset({ProtocolErrorCode.TRANSPORT, ProtocolErrorCode.MALFORMED_STREAM})
 _RETRY_AFTER_SECONDS = re.compile(r"[0-9]{1,10}(\.[0-9]{1,6})?")
 
 _log = logging.getLogger("trioloop.providers")
@@ -182,6 +190,7 @@ class HttpTransport:
         self._key = None if api_key is None else ApiKey(api_key)
         self._url = _endpoint_url(base_url or wire.default_base_url, wire.endpoint)
         self._client = client
+        self.held_client: httpx.AsyncClient | None = None  # the provider's own, while it is open (async with)
         self._read_timeout = float(read_timeout)
         self._max_bytes = max_response_bytes
 
@@ -223,7 +232,7 @@ class HttpTransport:
             "accept": "text/event-stream",
             "accept-encoding": "identity",
         }
-        client = self._client
+        client = self._client or self.held_client
         owned = client is None
         if client is None:
             client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
@@ -291,8 +300,12 @@ class _Exchange:
             chunks = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
             try:
                 if not 200 <= response.status_code < 300:
-                    return await self._status_failure(response, chunks)
-                return await self._read_stream(chunks)
+                    outcome = await self._status_failure(response, chunks)
+                else:
+                    outcome = await self._read_stream(chunks)
+                if outcome.failure is None or outcome.failure.code not in _CONNECTION_SUSPECT:
+                    await _read_tail(chunks)
+                return outcome
             finally:
                 await _release(response, chunks)
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError) as exc:
@@ -302,18 +315,40 @@ class _Exchange:
             _log.debug("provider request failed: %s", type(exc).__name__)
             return self.fail(ProtocolErrorCode.TRANSPORT, Messages.REQUEST_FAILED, type(exc).__name__)
 
-    async def _forward(self, events: list[StreamEvent]) -> AttemptOutcome | None:
-        """Send events on, key-scrubbed; a terminal error is held back and returned, a stop ends the attempt."""
+    async def _forward(
+        self, events: list[StreamEvent], chunks: AsyncGenerator[bytes, None] | None = None
+    ) -> AttemptOutcome | None:
+        """Send events on, key-scrubbed and together; a terminal error is held back and returned, a stop ends.
+
+        With ``chunks``, the body's tail is read before a terminal batch goes on (see ``_TAIL_BYTES``).
+        """
+        out: list[StreamEvent] = []
+        failure: StreamError | None = None
+        stopped = False
         for event in events:
             if isinstance(event, StreamError) and event.terminal:
-                await self._send_all(self._scrubber.flush())
-                return AttemptOutcome(failure=event, committed=self.committed)
-            await self._send_all(self._scrubber.process(event))
+                out += self._scrubber.flush()
+                failure = event
+                break
+            out += self._scrubber.process(event)
             if is_terminal(event):
-                return AttemptOutcome(committed=True)
-        return None
+                stopped = True
+                break
+        if chunks is not None and (stopped or (failure is not None and failure.code not in _CONNECTION_SUSPECT)):
+            await _read_tail(chunks)
+        await self._send_all(out)
+        if failure is not None:
+            return AttemptOutcome(failure=failure, committed=self.committed)
+        return AttemptOutcome(committed=True) if stopped else None
 
     async def _send_all(self, events: list[StreamEvent]) -> None:
+        if not events:
+            return
+        batch = getattr(self._send, "send_batch", None)
+        if batch is not None:  # all of them with one checkpoint; delivered all or (cancelled first) none
+            await batch(events)
+            self.committed = True
+            return
         for event in events:
             await self._send.send(event)
             self.committed = True
@@ -321,26 +356,32 @@ class _Exchange:
     async def _read_stream(self, chunks: AsyncGenerator[bytes, None]) -> AttemptOutcome:
         decoder = SseDecoder()
         received = 0
-        while True:
-            chunk = b""
-            with trio.move_on_after(self._read_timeout) as waiting:
+        # One gap scope for the whole body, its deadline moved forward at each read (a fresh scope per
+        # read costs about three times as much); the events of one read are forwarded together.
+        with trio.CancelScope() as gap:
+            while True:
+                gap.deadline = trio.current_time() + self._read_timeout
                 try:
                     chunk = await chunks.__anext__()
                 except StopAsyncIteration:
                     break
-            if waiting.cancelled_caught:
-                return self.fail(ProtocolErrorCode.TRANSPORT, Messages.READ_TIMEOUT, "read gap timeout")
-            received += len(chunk)
-            if received > self._max_bytes:
-                return self.fail(ProtocolErrorCode.TRANSPORT, Messages.TOO_LARGE, "response_too_large")
-            try:
-                frames = decoder.feed(chunk)
-            except ProtocolError as exc:
-                return self.fail(exc.code, exc.message)
-            for frame in frames:
-                ended = await self._forward(self._mapper.feed(frame))
+                received += len(chunk)
+                if received > self._max_bytes:
+                    return self.fail(ProtocolErrorCode.TRANSPORT, Messages.TOO_LARGE, "response_too_large")
+                try:
+                    frames = decoder.feed(chunk)
+                except ProtocolError as exc:
+                    return self.fail(exc.code, exc.message)
+                if not frames:
+                    continue
+                feed = self._mapper.feed
+                events = feed(frames[0]) if len(frames) == 1 else [e for frame in frames for e in feed(frame)]
+                gap.deadline = math.inf  # the gap bounds the server's silence, not how long the consumer takes
+                ended = await self._forward(events, chunks)
                 if ended is not None:
                     return ended
+        if gap.cancelled_caught:
+            return self.fail(ProtocolErrorCode.TRANSPORT, Messages.READ_TIMEOUT, "read gap timeout")
         try:
             frames = decoder.close()
         except ProtocolError as exc:
@@ -384,6 +425,25 @@ class _Exchange:
         return bytes(collected[:ERROR_BODY_LIMIT])
 
 
+async def _read_tail(chunks: AsyncGenerator[bytes, None]) -> bool:
+    """Read what is left of a body after its terminal event; True when it ended within the bounds.
+
+    A body read to its end leaves httpcore's connection idle in the pool, so the next request of the
+    session reuses it (no new TCP connect, no new TLS handshake). Too many bytes, too slow, or broken:
+    False, and ``_release`` closes the response, which drops the connection.
+    """
+    left = _TAIL_BYTES
+    with trio.move_on_after(_TAIL_SECONDS):
+        while left >= 0:
+            try:
+                left -= len(await chunks.__anext__())
+            except StopAsyncIteration:
+                return True
+            except (httpx.HTTPError, OSError):
+                return False
+    return False
+
+
 async def _release(response: httpx.Response, chunks: AsyncGenerator[bytes, None]) -> None:
     """Close the response, then run its byte generator to its end.
 
@@ -421,6 +481,16 @@ class _TerminalGuard(trio.abc.SendChannel[StreamEvent]):
         if is_terminal(value):
             self.terminal_sent = True
 
+    async def send_batch(self, events: Sequence[StreamEvent]) -> None:
+        """Forward ``events`` up to the first terminal one, in one batch when the consumer takes batches."""
+        if self.terminal_sent:
+            await trio.lowlevel.checkpoint()
+            return
+        cut = next((index + 1 for index, event in enumerate(events) if is_terminal(event)), len(events))
+        await send_events(self._inner, events[:cut])
+        if cut and is_terminal(events[cut - 1]):
+            self.terminal_sent = True
+
     async def aclose(self) -> None:
         """Never closes the consumer's channel: the provider contract leaves that to the caller."""
         await trio.lowlevel.checkpoint()
@@ -452,10 +522,26 @@ class HttpChatProvider:
             read_timeout=read_timeout,
             max_response_bytes=max_response_bytes,
         )
+        self._http = http
         self._transport: Transport = http if retry is None else RetryingTransport(http, retry)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._transport!r})"
+
+    async def __aenter__(self) -> Self:
+        """Without an app-supplied client, hold one for the block: its keep-alive connection serves every
+        request (no connect or TLS handshake per iteration). Outside a block, each request has its own."""
+        if self._http.held_client is not None:
+            raise RuntimeError(f"{type(self).__name__} is already open")
+        if self._http._client is None:
+            self._http.held_client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        client, self._http.held_client = self._http.held_client, None
+        if client is not None:
+            with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
+                await client.aclose()
 
     async def stream(
         self,

@@ -271,6 +271,9 @@ class _Dumper(yaml.SafeDumper):
 
 
 _Dumper.add_representer(str, _represent_str)
+# A document's `extra` holds read-only dict and list subclasses (model.FrozenDict, model.FrozenList).
+_Dumper.add_multi_representer(dict, yaml.SafeDumper.represent_dict)
+_Dumper.add_multi_representer(list, yaml.SafeDumper.represent_list)
 
 
 def dump_yaml(data: Any) -> str:

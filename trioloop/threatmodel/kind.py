@@ -14,13 +14,17 @@ __all__ = ["THREAT_MODEL", "ThreatModelKind"]
 
 @final
 class ThreatModelKind:
-    """`DocumentKind[ThreatModel]`: `validate_threat_model`, `detached_copy`, value equality, a `.thf` diff."""
+    """`DocumentKind[ThreatModel]`: `validate_threat_model`, value equality, a `.thf` diff.
+
+    A `ThreatModel` is immutable all the way down (sealed attrs classes, tuples, frozen ``extra``), so the
+    kind declares it immutable: every tool shares the snapshot its call started from, and no copy is made.
+    """
 
     name = "threat model"
 
     @property
     def immutable(self) -> bool:
-        return False
+        return True
 
     def validate(self, document: ThreatModel) -> str | None:
         problem = validate_threat_model(document)

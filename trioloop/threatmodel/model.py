@@ -1,15 +1,15 @@
 """The in-memory threat model: frozen attrs values for a `.thf` document.
 
-Every class is immutable (`attrs.frozen`, keyword-only, slotted); lists are tuples and keys this
-module does not know are kept in `extra` so that load -> dump -> load loses nothing. Optional scalars
+Every class is immutable all the way down (`attrs.frozen`, keyword-only, and sealed: even
+``object.__setattr__`` raises); lists are tuples and keys this module does not know are kept in
+`extra`, a FrozenDict, so that load -> dump -> load loses nothing and a tool can share the document. Optional scalars
 default to None. This module only describes shapes; parsing lives in `thf`, checks in `validation`.
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, NoReturn, final
 
 import attrs
 
@@ -22,6 +22,8 @@ __all__ = [
     "DataFlow",
     "Diagram",
     "Element",
+    "FrozenDict",
+    "FrozenList",
     "Group",
     "Layer",
     "Metadata",
@@ -65,29 +67,123 @@ SEVERITIES: Final = ("critical", "high", "medium", "low", "info")
 MITIGATION_STATUSES: Final = ("not_started", "in_progress", "mitigated", "accepted", "transferred")
 
 
-def _plain_copy(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {key: _plain_copy(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain_copy(item) for item in value]
-    return value
+@final
+class FrozenDict(dict[str, Any]):
+    """A read-only ``dict``: what `extra` holds at every level, so a document is immutable all the way down.
 
-
-def _extra_converter(value: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Deep-copy `extra` into plain dicts and lists we own.
-
-    The copy detaches the value from the caller's objects, and turning tuples into lists makes an
-    in-memory value equal to what the same data reads back as from YAML.
+    It is a ``dict`` (equal to a plain dict with the same items, written by YAML and JSON as a mapping),
+    but every mutating method raises ``TypeError``. Nested mappings are FrozenDicts and sequences
+    FrozenLists, so a value built in memory equals the same data read back from a file (and plain data).
     """
-    return {} if value is None else {key: _plain_copy(item) for key, item in value.items()}
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("a document's extra data is read-only; build a new value instead")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenDict:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenDict, (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({dict.__repr__(self)})"
+
+
+@final
+class FrozenList(list[Any]):
+    """A read-only ``list``, for the sequences inside `extra`: equal to a plain list, refusing every change."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("a document's extra data is read-only; build a new value instead")
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+    append = clear = extend = insert = pop = remove = reverse = sort = _refuse
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self))
+
+    def __copy__(self) -> FrozenList:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenList:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenList, (list(self),))
+
+    def __repr__(self) -> str:
+        return f"FrozenList({list.__repr__(self)})"
+
+
+_EMPTY: Final = FrozenDict()
+
+
+def _frozen(value: Any) -> Any:
+    kind = type(value)
+    if kind in _SCALARS or kind is FrozenDict or kind is FrozenList:
+        return value
+    if isinstance(value, Mapping):
+        return FrozenDict({key: _frozen(item) for key, item in value.items()})
+    if isinstance(value, list | tuple):
+        return FrozenList([_frozen(item) for item in value])
+    if isinstance(value, set | frozenset):
+        return frozenset(value)  # not data a .thf file holds (validation refuses it), but not writable either
+    return value  # another value (a YAML date, bytes): not data a .thf file holds; validation refuses it
+
+
+def _extra_converter(value: Mapping[str, Any] | None) -> FrozenDict:
+    """`extra` as a FrozenDict of frozen values, detached from the caller's objects (shared when already frozen)."""
+    if value is None or (not value and isinstance(value, Mapping)):
+        return _EMPTY
+    frozen: FrozenDict = _frozen(value)
+    return frozen
 
 
 def _extra() -> Any:
-    # extra is left out of hashing (a dict is unhashable) but kept in equality.
-    return attrs.field(factory=dict, converter=_extra_converter, hash=False)
+    # extra is left out of hashing (kept out as when it was a plain dict) but kept in equality.
+    return attrs.field(factory=FrozenDict, converter=_extra_converter, hash=False)
 
 
-@attrs.frozen(kw_only=True)
+def _tuple() -> Any:
+    # A list given for a sequence field becomes a tuple: no section or list of text can be appended to.
+    return attrs.field(default=(), converter=tuple)
+
+
+@final
+class _Sealed:
+    """Set on each model class for each field: ``object.__setattr__`` and ``object.__delattr__`` raise.
+
+    The model classes keep their values in the instance ``__dict__`` (attrs writes it directly in
+    ``__init__``); a data descriptor with no ``__get__`` leaves reads to that dict at full speed and
+    turns the one write a frozen attrs class does not stop, ``object.__setattr__``, into an error.
+    """
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __set__(self, instance: object, value: object) -> NoReturn:
+        raise attrs.exceptions.FrozenInstanceError()
+
+    def __delete__(self, instance: object) -> NoReturn:
+        raise attrs.exceptions.FrozenInstanceError()
+
+
+@attrs.frozen(kw_only=True, slots=False)
 class Position:
     """A canvas position."""
 
@@ -95,7 +191,7 @@ class Position:
     y: float
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class Size:
     """A canvas size."""
 
@@ -103,7 +199,7 @@ class Size:
     height: float
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class Viewport:
     """A diagram's saved pan and zoom."""
 
@@ -112,7 +208,7 @@ class Viewport:
     zoom: float
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class Mitigation:
     """How a threat is being handled; `status` is normally one of MITIGATION_STATUSES."""
 
@@ -121,7 +217,7 @@ class Mitigation:
     extra: Mapping[str, Any] = _extra()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class Metadata:
     """Document metadata. `threat_analysis_enabled` is tri-state: None means never set."""
 
@@ -134,7 +230,7 @@ class Metadata:
     extra: Mapping[str, Any] = _extra()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class Element:
     """A component on the diagram (process, data store, external entity, ...)."""
 
@@ -145,17 +241,17 @@ class Element:
     subtype: str | None = None
     icon: str | None = None
     description: str | None = None
-    technologies: tuple[str, ...] = ()
+    technologies: tuple[str, ...] = _tuple()
     layer: str | None = None
     group: str | None = None
     position: Position | None = None
-    tags: tuple[str, ...] = ()
-    stores: tuple[str, ...] = ()
+    tags: tuple[str, ...] = _tuple()
+    stores: tuple[str, ...] = _tuple()
     encryption: str | None = None
     extra: Mapping[str, Any] = _extra()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class DataFlow:
     """A directed flow of data between two elements (YAML keys `from` / `to`)."""
 
@@ -164,26 +260,26 @@ class DataFlow:
     target: str
     name: str | None = None
     protocol: str | None = None
-    data: tuple[str, ...] = ()
+    data: tuple[str, ...] = _tuple()
     authenticated: bool = False
     encrypted: bool | None = None
     flow_number: int | None = None
     extra: Mapping[str, Any] = _extra()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class TrustBoundary:
     """A named region; `contains` lists element ids."""
 
     id: str
     name: str
-    contains: tuple[str, ...] = ()
+    contains: tuple[str, ...] = _tuple()
     position: Position | None = None
     size: Size | None = None
     extra: Mapping[str, Any] = _extra()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class Threat:
     """A threat against an element and/or a data flow; a valid threat targets at least one."""
 
@@ -198,7 +294,7 @@ class Threat:
     extra: Mapping[str, Any] = _extra()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class Layer:
     """An architectural layer elements can belong to."""
 
@@ -208,7 +304,7 @@ class Layer:
     extra: Mapping[str, Any] = _extra()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class Group:
     """A grouping of elements; groups nest through `parent` and must not form a cycle."""
 
@@ -220,7 +316,7 @@ class Group:
     extra: Mapping[str, Any] = _extra()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class Relationship:
     """A non-data relationship between two elements (YAML keys `from` / `to`)."""
 
@@ -233,7 +329,7 @@ class Relationship:
     extra: Mapping[str, Any] = _extra()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class Diagram:
     """A saved view of the model."""
 
@@ -248,20 +344,20 @@ class Diagram:
 Entity = Element | DataFlow | TrustBoundary | Threat | Layer | Group | Relationship | Diagram
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class ThreatModel:
     """A whole `.thf` document. `extra` holds unknown top-level keys (including unknown sections)."""
 
     version: str = SUPPORTED_VERSION
     metadata: Metadata = attrs.field(factory=Metadata)
-    elements: tuple[Element, ...] = ()
-    data_flows: tuple[DataFlow, ...] = ()
-    trust_boundaries: tuple[TrustBoundary, ...] = ()
-    threats: tuple[Threat, ...] = ()
-    layers: tuple[Layer, ...] = ()
-    groups: tuple[Group, ...] = ()
-    relationships: tuple[Relationship, ...] = ()
-    diagrams: tuple[Diagram, ...] = ()
+    elements: tuple[Element, ...] = _tuple()
+    data_flows: tuple[DataFlow, ...] = _tuple()
+    trust_boundaries: tuple[TrustBoundary, ...] = _tuple()
+    threats: tuple[Threat, ...] = _tuple()
+    layers: tuple[Layer, ...] = _tuple()
+    groups: tuple[Group, ...] = _tuple()
+    relationships: tuple[Relationship, ...] = _tuple()
+    diagrams: tuple[Diagram, ...] = _tuple()
     extra: Mapping[str, Any] = _extra()
 
     def section(self, name: str) -> tuple[Entity, ...]:
@@ -283,46 +379,38 @@ class ThreatModel:
         return frozenset(entity.id for entity in self.section(section))
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_MODEL_CLASSES: Final[tuple[type, ...]] = (
+    Position,
+    Size,
+    Viewport,
+    Mitigation,
+    Metadata,
+    Element,
+    DataFlow,
+    TrustBoundary,
+    Threat,
+    Layer,
+    Group,
+    Relationship,
+    Diagram,
+    ThreatModel,
+)
+for _cls in _MODEL_CLASSES:
+    for _field in attrs.fields(_cls):
+        setattr(_cls, _field.name, _Sealed(_field.name))
 
-
-def detached_copy(model: ThreatModel) -> ThreatModel:
-    """An equal document that shares no object with ``model``.
-
-    Frozen attrs stop ordinary assignment, but not ``object.__setattr__`` or a write into an ``extra``
-    dict; a tool is handed a detached copy, so whatever it does to it can reach neither the live
-    document nor the undo snapshot. Faster than ``copy.deepcopy`` because it knows the shapes.
-    """
-    copied: ThreatModel = _detached(model)
-    return copied
-
-
-#: Values that are immutable all the way down: a copy may share them.
+#: Values that are immutable all the way down.
 _SCALARS: frozenset[type] = frozenset({str, int, float, bool, type(None)})
 
 
-def _detached(value: Any) -> Any:
-    kind = type(value)
-    if kind in _SCALARS:
-        return value
-    if kind is tuple:
-        items = [_detached(item) for item in value]
-        # A tuple whose items all came back as themselves holds nothing mutable: share it (fewer
-        # objects to build, and to free when the tool is done with its copy).
-        return value if all(map(operator.is_, items, value)) else tuple(items)
-    if kind is list:
-        return [_detached(item) for item in value]
-    if kind is set:
-        return {_detached(item) for item in value}
-    if isinstance(value, Mapping):
-        return {key: _detached(item) for key, item in value.items()}
-    names = _FIELD_NAMES.get(kind)
-    if names is None:
-        if not attrs.has(kind):
-            return value  # another immutable scalar (a YAML date, bytes): nothing to detach
-        names = _FIELD_NAMES[kind] = tuple(field.name for field in attrs.fields(kind))
-    fresh = object.__new__(kind)
-    for name in names:
-        item = getattr(value, name)
-        object.__setattr__(fresh, name, item if type(item) in _SCALARS else _detached(item))
-    return fresh
+def detached_copy(model: ThreatModel) -> ThreatModel:
+    """A document equal to ``model`` that nothing a tool does to it can change: ``model`` itself.
+
+    The document is deeply immutable: every class refuses ``object.__setattr__``, every sequence is a
+    tuple and every ``extra`` a FrozenDict of frozen values (FrozenDicts, FrozenLists, scalars), so a
+    tool can share the live snapshot (no copy to make or free) and a write into it raises instead of
+    leaking into the live document or the undo history. What no Python object can stop
+    (``vars(entity)[...] = ...``, ``dict.__setitem__`` on a FrozenDict, ctypes) is deliberate
+    sabotage, not a tool's mistake.
+    """
+    return model

@@ -44,12 +44,13 @@ from trioloop.tools.read_result import (
     READ_RESULT_MAX_BYTES,
     SCALAR_MAX_CODE_POINTS,
     EntityProjection,
+    encode_payload,
     entity_too_large,
     invalid_filter,
     offset_out_of_range,
-    paginate,
-    payload_bytes,
+    paginate_encoded,
     read_success,
+    read_success_encoded,
     unknown_id,
 )
 from trioloop.tools.untrusted_text import END_MARKER, START_MARKER, quote_untrusted, sanitize_scalar
@@ -419,11 +420,10 @@ def _run_get_entity(request: GetEntityInput, ctx: ToolExecutionContext[ThreatMod
     entity = document.find(request.kind, request.id)
     if entity is None:
         return unknown_id(request.kind, request.id, len(document.section(request.kind)))
-    payload = {"kind": request.kind, "entity": _full(entity, document).build()}
-    size = payload_bytes({**payload, "tool": GET_ENTITY})
-    if size > READ_RESULT_MAX_BYTES:
-        return entity_too_large(request.kind, request.id, size)
-    return read_success(GET_ENTITY, payload)
+    encoded = encode_payload(GET_ENTITY, {"kind": request.kind, "entity": _full(entity, document).build()})
+    if encoded.size > READ_RESULT_MAX_BYTES:
+        return entity_too_large(request.kind, request.id, encoded.size)
+    return read_success_encoded(encoded)
 
 
 def _set_filters(request: SearchEntitiesInput) -> list[tuple[str, Any]]:
@@ -446,14 +446,14 @@ def _run_search_entities(
     )
     if matches and request.offset >= len(matches):
         return offset_out_of_range(kind, request.offset, len(matches))
-    payload = paginate(
+    encoded = paginate_encoded(
         matches,
         offset=request.offset,
         limit=request.limit,
         envelope={"tool": SEARCH_ENTITIES, "kind": kind},
         project=lambda entity: _compact(entity).build(),
     )
-    return read_success(SEARCH_ENTITIES, payload)
+    return read_success_encoded(encoded)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,14 +469,14 @@ def _run_search_catalog(request: SearchCatalogInput, _: ToolExecutionContext[Thr
     )
     if entries and request.offset >= len(entries):
         return offset_out_of_range("components", request.offset, len(entries))
-    payload = paginate(
+    encoded = paginate_encoded(
         entries,
         offset=request.offset,
         limit=request.limit,
         envelope={"tool": SEARCH_COMPONENT_CATALOG},
         project=_catalog_entry,
     )
-    return read_success(SEARCH_COMPONENT_CATALOG, payload)
+    return read_success_encoded(encoded)
 
 
 def _summarize_search_catalog(request: SearchCatalogInput) -> str:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Literal, TypeAlias, TypeVar, final
 
 from trioloop.loop.canonical import canonical_json
 from trioloop.loop.tool_runtime import ToolOutcome
-from trioloop.tools.untrusted_text import fence, quote_untrusted, sanitize_scalar
+from trioloop.tools.untrusted_text import fence_canonical, quote_untrusted, sanitize_scalar
 
 __all__ = [
     "DEFAULT_PAGE_LIMIT",
@@ -25,15 +25,19 @@ __all__ = [
     "READ_RESULT_MAX_BYTES",
     "SCALAR_MAX_CODE_POINTS",
     "TEXT_MAX_CODE_POINTS",
+    "EncodedPayload",
     "EntityProjection",
     "ReadFailureCode",
     "StoppedBy",
+    "encode_payload",
     "entity_too_large",
     "invalid_filter",
     "offset_out_of_range",
     "paginate",
+    "paginate_encoded",
     "payload_bytes",
     "read_success",
+    "read_success_encoded",
     "unknown_id",
 ]
 
@@ -206,19 +210,38 @@ class EntityProjection:
         return clean
 
 
+@final
+class EncodedPayload:
+    """A read payload written once as its canonical JSON line, with that line's size in UTF-8 bytes."""
+
+    __slots__ = ("body", "size")
+
+    def __init__(self, body: str, size: int | None = None) -> None:
+        self.body = body
+        self.size = len(body.encode("utf-8")) if size is None else size
+
+
 def payload_bytes(payload: Mapping[str, Any]) -> int:
     """The size the cap is measured in: UTF-8 bytes of the canonical JSON line, markers excluded."""
     return len(canonical_json(dict(payload)).encode("utf-8"))
 
 
+def encode_payload(tool: str, payload: Mapping[str, Any]) -> EncodedPayload:
+    """The payload with `"tool"` added, as canonical JSON: measure it and fence it without encoding again."""
+    return EncodedPayload(canonical_json({**payload, "tool": tool}))
+
+
 def read_success(tool: str, payload: Mapping[str, Any]) -> ToolOutcome[Any]:
     """Fence a payload (adding `"tool"`) as an ok outcome; it never carries a document."""
-    full = {**payload, "tool": tool}
-    size = payload_bytes(full)
-    if size > READ_RESULT_MAX_BYTES:
+    return read_success_encoded(encode_payload(tool, payload))
+
+
+def read_success_encoded(encoded: EncodedPayload) -> ToolOutcome[Any]:
+    """``read_success`` for a payload already encoded (by ``encode_payload`` or ``paginate_encoded``)."""
+    if encoded.size > READ_RESULT_MAX_BYTES:
         # Every caller bounds its payload first; reaching this is a bug, not a document problem.
-        raise RuntimeError(f"read payload of {size} bytes exceeds the {READ_RESULT_MAX_BYTES}-byte cap")
-    return ToolOutcome.success(fence(full))
+        raise RuntimeError(f"read payload of {encoded.size} bytes exceeds the {READ_RESULT_MAX_BYTES}-byte cap")
+    return ToolOutcome.success(fence_canonical(encoded.body))
 
 
 def _page(*, offset: int, limit: int, returned: int, total: int, stopped_by: StoppedBy) -> dict[str, Any]:
@@ -246,8 +269,35 @@ def paginate(
     `envelope` (including `"tool"`) is measured with the page, so the returned payload as a whole fits.
     The caller has already refused an offset past the end.
     """
+    return _paginate(items, offset=offset, limit=limit, envelope=envelope, project=project)[0]
+
+
+def paginate_encoded(
+    items: Sequence[T],
+    *,
+    offset: int,
+    limit: int,
+    envelope: Mapping[str, Any],
+    project: Callable[[T], Mapping[str, Any]],
+) -> EncodedPayload:
+    """``paginate``'s page as canonical JSON, each result encoded once (the one it was measured with)."""
+    return _paginate(items, offset=offset, limit=limit, envelope=envelope, project=project)[1]
+
+
+_RESULTS_SLOT: Final = '"results":[]'
+
+
+def _paginate(
+    items: Sequence[T],
+    *,
+    offset: int,
+    limit: int,
+    envelope: Mapping[str, Any],
+    project: Callable[[T], Mapping[str, Any]],
+) -> tuple[dict[str, Any], EncodedPayload]:
     total = len(items)
     results: list[Mapping[str, Any]] = []
+    pieces: list[str] = []  # each accepted result's canonical JSON, as measured
     used = 0  # UTF-8 bytes of the accepted results' JSON, without separators
     stopped_by: StoppedBy = "end"
     for index in range(offset, total):
@@ -255,7 +305,8 @@ def paginate(
             stopped_by = "limit"
             break
         projected = project(items[index])
-        piece = len(canonical_json(dict(projected)).encode("utf-8"))
+        piece_text = canonical_json(dict(projected))
+        piece = len(piece_text.encode("utf-8"))
         count = len(results) + 1
         # "bytes" is as long as the longest stop reason, so the real page can only be the same size or smaller.
         trial_page = _page(offset=offset, limit=limit, returned=count, total=total, stopped_by="bytes")
@@ -264,9 +315,19 @@ def paginate(
             stopped_by = "bytes"
             break
         results.append(projected)
+        pieces.append(piece_text)
         used += piece
     page = _page(offset=offset, limit=limit, returned=len(results), total=total, stopped_by=stopped_by)
-    return {**envelope, "page": page, "results": [dict(item) for item in results]}
+    payload = {**envelope, "page": page, "results": [dict(item) for item in results]}
+    # The whole page is the frame with its empty results array filled in by the pieces already written:
+    # in canonical JSON an unescaped '"results":' can only be a key, and the page object has it once
+    # (an envelope nesting another "results" key is refused rather than guessed at).
+    frame_text = canonical_json({**envelope, "page": page, "results": []})
+    if frame_text.count(_RESULTS_SLOT) != 1:
+        raise RuntimeError("a page envelope must not nest a results key")
+    body = frame_text.replace(_RESULTS_SLOT, '"results":[' + ",".join(pieces) + "]")
+    size = len(frame_text.encode("utf-8")) + used + max(len(pieces) - 1, 0)
+    return payload, EncodedPayload(body, size)
 
 
 def _failure(code: ReadFailureCode, message: str) -> ToolOutcome[Any]:

@@ -18,6 +18,7 @@ __all__ = [
     "START_MARKER",
     "TRUNCATION_MARK",
     "fence",
+    "fence_canonical",
     "is_stripped_code_point",
     "quote_untrusted",
     "sanitize_scalar",
@@ -83,7 +84,11 @@ def fence(payload: Mapping[str, Any]) -> str:
     Raises ValueError if the JSON could spell a marker or break the line, which only an unsanitized string
     can cause: that is a bug in the caller, and refusing is safer than fencing it.
     """
-    body = canonical_json(dict(payload))
+    return fence_canonical(canonical_json(dict(payload)))
+
+
+def fence_canonical(body: str) -> str:
+    """``fence`` for a payload already written as its canonical JSON line (so it is encoded only once)."""
     if "<<<" in body or ">>>" in body or len(body.splitlines()) != 1:
         raise ValueError("payload holds unsanitized text; every document string must pass sanitize_scalar")
     return f"{START_MARKER}\n{body}\n{END_MARKER}"

@@ -1,0 +1,263 @@
+"""The events of one network read reach the reducer together; consecutive text deltas fold into one step.
+
+Behaviour, not timing: how many batches the transport hands over, how many states an iteration
+publishes, and that folding never changes what the reducer decides.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trioloop.loop import TurnLimits, create_tool_registry
+from trioloop.loop._stream_fold import fold_text_deltas
+from trioloop.loop.machine import Cancel, Phase, Submit, TurnInput, TurnState, reduce_turn
+from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.protocol import (
+    MessageStart,
+    MessageStop,
+    StopReason,
+    StreamError,
+    StreamEvent,
+    TextDelta,
+    ToolCallComplete,
+    ToolCallInputDelta,
+    ToolCallStart,
+    Usage,
+)
+from trioloop.protocol.provider import send_events
+from trioloop.providers import AnthropicProvider
+from trioloop.providers._loopback import LoopbackResponse, open_loopback_server, replay
+from trioloop.providers.anthropic import ANTHROPIC_WIRE
+from trioloop.providers.base import WireResponse
+from trioloop.providers.scripted import ScriptedProvider, ScriptStep
+from trioloop.threatmodel import THREAT_MODEL, ThreatModel
+
+# -- folding: a pure function, checked against the reducer --------------------------------------------
+
+
+def _reduce(inputs: Sequence[TurnInput], state: TurnState) -> TurnState:
+    for item in inputs:
+        state = reduce_turn(state, item)
+    return state
+
+
+_SUBMITTED = reduce_turn(
+    TurnState.idle(),
+    Submit(turn_id="t", text="go", base_messages=(), tool_set=create_tool_registry([]), limits=TurnLimits(), now_ms=0),
+)
+
+_texts = st.text(max_size=6)
+_events = st.lists(
+    st.one_of(
+        _texts.map(lambda text: TextDelta(text=text)),
+        _texts.map(lambda text: TextDelta(text=text)),  # twice as likely: runs of deltas are the point
+        st.builds(ToolCallStart, id=st.sampled_from(["a", "b"]), name=st.just("nope")),
+        st.builds(ToolCallInputDelta, id=st.sampled_from(["a", "b"]), partial_json=_texts),
+        st.builds(ToolCallComplete, id=st.sampled_from(["a", "b"]), name=st.just("nope"), input=st.just({})),
+        st.builds(Usage, input_tokens=st.integers(0, 9), output_tokens=st.integers(0, 9)),
+        st.just(StreamError(code="malformed_stream", message="one bad frame", terminal=False)),
+    ),
+    max_size=30,
+)
+_endings: st.SearchStrategy[list[TurnInput]] = st.sampled_from(
+    [
+        [MessageStop(stop_reason=StopReason.END_TURN)],
+        [MessageStop(stop_reason=StopReason.TOOL_USE)],
+        [MessageStop(stop_reason=StopReason.MAX_TOKENS)],
+        [Cancel(reason="stop")],
+        [],
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_events, _endings, st.integers(0, 30))
+def test_folding_a_read_never_changes_what_the_reducer_decides(
+    events: list[StreamEvent], ending: list[TurnInput], split: int
+) -> None:
+    # Any prefix of the stream may already have been reduced; the rest arrives as one read.
+    started = reduce_turn(_SUBMITTED, MessageStart(model="m"))
+    before = _reduce(events[:split], started)
+    one_by_one = _reduce(events[split:], before)
+    folded = _reduce(fold_text_deltas(events[split:]), before)
+    assert folded.draft is not None and one_by_one.draft is not None
+    assert folded.draft.plain_text == one_by_one.draft.plain_text
+    assert (folded.phase, folded.calls, folded.violations, folded.messages) == (
+        one_by_one.phase,
+        one_by_one.calls,
+        one_by_one.violations,
+        one_by_one.messages,
+    )
+    if ending:  # once the draft is closed, the states are equal outright (an open draft keeps its pieces)
+        assert _reduce(ending, folded) == _reduce(ending, one_by_one)
+
+
+@given(_events)
+@settings(max_examples=200, deadline=None)
+def test_fold_joins_exactly_the_runs_of_text_deltas(events: list[StreamEvent]) -> None:
+    folded = list(fold_text_deltas(events))
+    assert [e for e in folded if not isinstance(e, TextDelta)] == [e for e in events if not isinstance(e, TextDelta)]
+    assert "".join(e.text for e in folded if isinstance(e, TextDelta)) == "".join(
+        e.text for e in events if isinstance(e, TextDelta)
+    )
+    assert not any(isinstance(a, TextDelta) and isinstance(b, TextDelta) for a, b in itertools.pairwise(folded))
+    if not any(isinstance(a, TextDelta) and isinstance(b, TextDelta) for a, b in itertools.pairwise(events)):
+        assert fold_text_deltas(events) is events  # nothing to fold: no new list
+
+
+# -- the transport hands over one batch per network read ------------------------------------------
+
+
+class _Recorder(trio.abc.SendChannel[StreamEvent]):
+    """A batch-taking consumer that remembers how the events arrived."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[tuple[StreamEvent, ...]] = []
+
+    async def send(self, value: StreamEvent) -> None:
+        await trio.lowlevel.checkpoint()
+        self.arrivals.append((value,))
+
+    async def send_batch(self, events: Sequence[StreamEvent]) -> None:
+        await trio.lowlevel.checkpoint()
+        self.arrivals.append(tuple(events))
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+def _body(text: str) -> bytes:
+    return ANTHROPIC_WIRE.render_stream(WireResponse(model="m", text=text, text_piece=4))
+
+
+@pytest.mark.parametrize("chunk_size", [None, 64])
+async def test_the_events_of_one_read_arrive_as_one_batch(
+    chunk_size: int | None, autojump_clock: trio.testing.MockClock
+) -> None:
+    body = _body("x" * 400)  # 100 text deltas
+    recorder = _Recorder()
+    response = LoopbackResponse(body=body, chunk_size=chunk_size)
+    async with open_loopback_server(replay([response])) as server:
+        await AnthropicProvider("k", base_url=server.url, retry=None).stream(_request(), recorder)
+    events = [event for arrival in recorder.arrivals for event in arrival]
+    assert sum(isinstance(e, TextDelta) for e in events) == 100 and isinstance(events[-1], MessageStop)
+    if chunk_size is None:
+        assert len(recorder.arrivals) == 1  # the whole body came in one read
+    else:
+        assert 1 < len(recorder.arrivals) <= math.ceil(len(body) / chunk_size)
+
+
+async def test_a_consumer_without_batches_still_gets_every_event_in_order() -> None:
+    send, receive = trio.open_memory_channel[StreamEvent](math.inf)
+    events = [TextDelta(text="a"), TextDelta(text="b"), MessageStop(stop_reason=StopReason.END_TURN)]
+    await send_events(send, events)
+    assert [receive.receive_nowait() for _ in events] == events
+
+
+def _request() -> Any:
+    from trioloop.protocol import ChatRequest, Message
+
+    return ChatRequest(model="claude-sonnet-4-5", messages=(Message.user("hi"),))
+
+
+# -- the runner: a bounded number of state rebuilds per iteration ------------------------------------
+
+
+class _OneRead:
+    """An in-process provider whose whole answer is one read: ``deltas`` text deltas, handed over together."""
+
+    def __init__(self, deltas: int) -> None:
+        self._deltas = deltas
+
+    async def stream(
+        self, request: Any, send: trio.abc.SendChannel[StreamEvent], *, cancel_scope: trio.CancelScope | None = None
+    ) -> None:
+        text = [TextDelta(text="y") for _ in range(self._deltas)]
+        await send_events(send, [MessageStart(model="m"), *text, MessageStop(stop_reason=StopReason.END_TURN)])
+
+
+async def _states_for(deltas: int) -> int:
+    seen: list[TurnState] = []
+    state = await run_turn(
+        TurnRequest(text="go", turn_id="t1", model="m"),
+        Workspace(document=ThreatModel(), kind=THREAT_MODEL),
+        _OneRead(deltas),
+        on_state=seen.append,
+    )
+    assert state.draft is not None and state.draft.plain_text == "y" * deltas
+    return len(seen)
+
+
+async def test_an_iteration_publishes_the_same_number_of_states_however_many_deltas(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    assert await _states_for(1) == await _states_for(10_000)
+
+
+async def test_stop_from_an_observer_mid_batch_lands_before_the_rest_of_the_batch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    controls = TurnControls()
+    seen: list[TurnState] = []
+
+    def observe(state: TurnState) -> None:
+        seen.append(state)
+        if state.phase is Phase.STREAMING:
+            controls.stop()  # the first streaming state: MessageStart, the batch's first event
+
+    async with ScriptedProvider([ScriptStep(text="z" * 4000)]) as provider:
+        state = await run_turn(
+            TurnRequest(text="go", turn_id="t1", model="scripted-1"),
+            Workspace(document=ThreatModel(), kind=THREAT_MODEL),
+            provider,
+            controls=controls,
+            on_state=observe,
+        )
+    assert state.outcome is not None and state.outcome.value == "cancelled"
+    assert state.draft is None or state.draft.plain_text == ""  # no delta of the batch after Stop was applied
+
+
+# -- connection reuse through whole turns --------------------------------------------------------------
+
+
+async def test_turns_and_their_iterations_share_one_connection(autojump_clock: trio.testing.MockClock) -> None:
+    # The tail of each body is read before its terminal event goes on, so neither the next iteration's
+    # request nor the settled turn (which cancels the request task) finds the connection still busy.
+    from trioloop.providers.scripted import ScriptedCall
+    from trioloop.threatmodel.registry import create_ai_tool_registry
+
+    summary = ScriptedCall(id="c1", name="get_document_summary")
+    paced: dict[str, Any] = {"chunk_size": 7, "delay_between_chunks": 0.001}  # the body's end comes in last
+    steps = [
+        ScriptStep(tool_calls=(summary,), **paced),
+        ScriptStep(text="one", **paced),
+        ScriptStep(text="two", **paced),
+        ScriptStep(text="3", **paced),
+    ]
+    registry = create_ai_tool_registry()
+    async with ScriptedProvider(steps) as provider:
+        for turn in range(3):
+            controls = TurnControls()
+
+            def approve(state: TurnState, controls: TurnControls = controls) -> None:
+                if state.phase is Phase.AWAITING_APPROVAL:
+                    controls.approve_batch(tuple(c.id for c in state.current_calls))
+
+            state = await run_turn(
+                TurnRequest(text="go", turn_id=f"t{turn}", model="scripted-1", registry=registry),
+                Workspace(document=ThreatModel(), kind=THREAT_MODEL),
+                provider,
+                controls=controls,
+                on_state=approve,
+            )
+            assert state.outcome is not None and state.outcome.value == "completed", state.outcome
+        assert (len(provider.server.requests), provider.server.connections) == (4, 1)

@@ -451,6 +451,7 @@ class ReviewPanel(QWidget):
                 card.approve_clicked.connect(self._on_approve)
                 card.deny_clicked.connect(self._on_deny)
                 self._card_layout.insertWidget(self._card_layout.count() - 1, card)
+                card.show()  # now, not on Qt's queued show: a call can arrive already awaiting review
                 self._cards[call.id] = card
             card.show_call(call, reviewable=reviewable)
 

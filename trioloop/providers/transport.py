@@ -30,7 +30,7 @@ from trioloop.protocol.preflight import (
     unknown_model_warning,
 )
 from trioloop.protocol.tools import ChatRequest
-from trioloop.providers._redact import REDACTED, EventScrubber
+from trioloop.providers._redact import REDACTED, EventScrubber, mask_key_in_logs
 from trioloop.providers.base import AttemptOutcome, Messages, StreamMapper, Transport, WireFormat
 from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryingTransport, RetryPolicy
 from trioloop.providers.sse import SseDecoder
@@ -205,6 +205,7 @@ class HttpTransport:
                 Messages.NO_API_KEY,
                 f"Set {self._wire.env_var} or pass api_key to the provider.",
             )
+        mask_key_in_logs(key)
         try:
             allowed = self._url_allowed()
         except httpx.InvalidURL:

@@ -2,29 +2,38 @@
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import trio
 from rich.console import Console
 from rich.text import Text
 
 from trioloop._demo_view import ApproveMode, TurnView, document_diff, outcome_line
-from trioloop.loop.machine import TurnState
+from trioloop.loop.machine import Outcome, TurnState
 from trioloop.loop.session import Session
+from trioloop.protocol.preflight import lookup_model, unknown_model_warning
 from trioloop.protocol.provider import ChatProvider
+from trioloop.providers.retry import RetryNotice
 from trioloop.providers.scripted import ScriptedProvider
 from trioloop.threatmodel import ThfError, ThreatModel, dump_thf, load_thf
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 
-__all__ = ["DEFAULT_DEMO_FILE", "run_chat", "run_demo"]
+__all__ = ["DEFAULT_DEMO_FILE", "DEFAULT_MODELS", "run_chat", "run_demo"]
 
 _SOURCE_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
 _PACKAGED_EXAMPLE = Path(__file__).resolve().parent / "_data" / "payment.thf"  # in a wheel install
 DEFAULT_DEMO_FILE = _SOURCE_EXAMPLE if _SOURCE_EXAMPLE.exists() else _PACKAGED_EXAMPLE
 _KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+_BASE_URL_ENV = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL"}
+DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4.1"}
+_LOCAL_PLACEHOLDER_KEY = "no-key-needed-locally"  # local servers (Ollama, llama.cpp) ignore the key
+EXIT_USAGE, EXIT_TURN_FAILED, EXIT_INTERRUPTED = 2, 3, 130
 
 
 def _console() -> Console:
@@ -105,27 +114,107 @@ def run_demo(
     return trio.run(_demo, path, mode, Path(out) if out else None, undo, prompt)
 
 
-def _real_provider(name: str, key: str) -> ChatProvider:
-    if name == "anthropic":
-        from trioloop.providers.anthropic import AnthropicProvider
+def _warn(text: str) -> None:
+    Console(stderr=True, highlight=False).print(Text(text), style="yellow")
 
-        return AnthropicProvider(api_key=key)
+
+def _show_retry(notice: RetryNotice) -> None:
+    _warn(notice.describe())
+
+
+def _real_provider(
+    name: str, key: str, base_url: str | None = None, thinking_budget: int | None = None
+) -> ChatProvider:
+    if name == "anthropic":
+        from trioloop.providers.anthropic import AnthropicProvider, AnthropicRequestOptions
+
+        options = AnthropicRequestOptions(thinking_budget_tokens=thinking_budget)
+        return AnthropicProvider(api_key=key, base_url=base_url, options=options, on_retry=_show_retry)
     from trioloop.providers.openai import OpenAIProvider
 
-    return OpenAIProvider(api_key=key)
+    return OpenAIProvider(api_key=key, base_url=base_url, on_retry=_show_retry)
 
 
-async def _chat(path: Path, provider_name: str, model: str, mode: ApproveMode, prompt: Callable[[str], str]) -> int:
+def _host(base_url: str | None, provider_name: str) -> str:
+    default = {"anthropic": "api.anthropic.com", "openai": "api.openai.com"}[provider_name]
+    if base_url is None:
+        return default
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL:
+        return base_url
+    return f"{url.host}:{url.port}" if url.port else url.host
+
+
+def _checked_base_url(base_url: str | None) -> tuple[str | None, str | None]:
+    """The base URL, or an error line: it must parse, and be https unless it points at this machine."""
+    if base_url is None:
+        return None, None
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL:
+        return None, f"error: --base-url is not a URL: {base_url}"
+    if url.scheme == "https" and url.host:
+        return base_url, None
+    if url.scheme == "http" and _is_local(url.host):
+        return base_url, None
+    return None, f"error: --base-url must be https, or http to this machine only: {base_url}"
+
+
+def _is_local(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _turn_failure(state: TurnState, host: str) -> str | None:
+    """The failed turn's error naming the host and the cause, with the redacted provider message."""
+    if state.outcome is not Outcome.FAILED or state.error is None:
+        return None
+    detail = f" ({state.error.provider_detail})" if state.error.provider_detail else ""
+    return f"error: {host}: {state.error.message}{detail}"
+
+
+async def _chat(
+    path: Path,
+    provider_name: str,
+    model: str | None,
+    mode: ApproveMode,
+    prompt: Callable[[str], str],
+    base_url: str | None = None,
+    thinking_budget: int | None = None,
+) -> int:
     console = _console()
+    # Everything that can be checked is checked before the first prompt: URL, key, model, options.
+    base_url, problem = _checked_base_url(base_url or os.environ.get(_BASE_URL_ENV[provider_name]) or None)
+    if problem is not None:
+        _error(problem)
+        return EXIT_USAGE
     key = os.environ.get(_KEY_ENV[provider_name], "")
+    if not key and base_url is not None and _is_local(httpx.URL(base_url).host):
+        key = _LOCAL_PLACEHOLDER_KEY
     if not key:
         _error(f"error: set {_KEY_ENV[provider_name]} to use --provider {provider_name}")
-        return 2
+        return EXIT_USAGE
+    if thinking_budget is not None and (provider_name != "anthropic" or thinking_budget < 1024):
+        _error("error: --thinking-budget needs --provider anthropic and at least 1024 tokens")
+        return EXIT_USAGE
+    model = model or DEFAULT_MODELS[provider_name]
+    if lookup_model(model, provider=provider_name) is None:
+        _warn(f"warning: {unknown_model_warning(model)}")
+    logging.getLogger("trioloop").addHandler(logging.NullHandler())  # the CLI says it; no stray log line
     document = _load(path)
     if document is None:
         return 1
-    session = Session(document=document, provider=_real_provider(provider_name, key), model=model)
+    host = _host(base_url, provider_name)
+    provider = _real_provider(provider_name, key, base_url, thinking_budget)
+    session = Session(document=document, provider=provider, model=model)
+    console.print(Text(f"{provider_name} {model} at {host}", style="dim"))
     console.print(Text("Type a request; an empty line or Ctrl-D ends the chat.", style="dim"))
+    failed = False
     while True:
         try:
             text = await trio.to_thread.run_sync(prompt, "you> ", abandon_on_cancel=True)
@@ -136,16 +225,40 @@ async def _chat(path: Path, provider_name: str, model: str, mode: ApproveMode, p
         before = session.document
         state = await _one_turn(session, TurnView(console, session, mode, prompt), text)
         _report(console, session, state, before)
+        failure = _turn_failure(state, host)
+        if failure is not None:
+            failed = True
+            _error(failure)
+        _show_usage(console, state)
     path_out = path.with_suffix(".chat.thf")
     if session.document != document:
         await trio.Path(path_out).write_text(dump_thf(session.document), encoding="utf-8")
         console.print(Text(f"Wrote {path_out}"))
-    return 0
+    return EXIT_TURN_FAILED if failed else 0
 
 
-def run_chat(file: str, provider: str, model: str, mode: ApproveMode, prompt: Callable[[str], str] = input) -> int:
+def _show_usage(console: Console, state: TurnState) -> None:
+    usage = state.usage
+    if not (usage.input_tokens or usage.output_tokens):
+        return
+    cache = ""
+    if usage.cache_read_input_tokens or usage.cache_creation_input_tokens:
+        cache = f" (cache: {usage.cache_read_input_tokens} read, {usage.cache_creation_input_tokens} written)"
+    console.print(Text(f"tokens: {usage.input_tokens} in{cache}, {usage.output_tokens} out", style="dim"))
+
+
+def run_chat(
+    file: str,
+    provider: str,
+    model: str | None,
+    mode: ApproveMode,
+    prompt: Callable[[str], str] = input,
+    *,
+    base_url: str | None = None,
+    thinking_budget: int | None = None,
+) -> int:
     try:
-        return trio.run(_chat, Path(file), provider, model, mode, prompt)
+        return trio.run(_chat, Path(file), provider, model, mode, prompt, base_url, thinking_budget)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED

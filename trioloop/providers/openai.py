@@ -44,7 +44,7 @@ from trioloop.providers.base import (
     notice,
     split_text,
 )
-from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryNotice, RetryPolicy
 from trioloop.providers.sse import SseFrame
 from trioloop.providers.transport import (
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -576,6 +576,7 @@ class OpenAIProvider(HttpChatProvider):
         retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
         model_table: Mapping[str, ModelCapabilities] = MODEL_TABLE,
         options: OpenAIRequestOptions | None = None,
+        on_retry: Callable[[RetryNotice], None] | None = None,
     ) -> None:
         """``options`` overrides the request fields ``OpenAIRequestOptions.for_base_url`` picks."""
         super().__init__(
@@ -587,4 +588,5 @@ class OpenAIProvider(HttpChatProvider):
             max_response_bytes=max_response_bytes,
             retry=retry,
             model_table=model_table,
+            on_retry=on_retry,
         )

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Final, cast, final
 
 import httpx
@@ -30,9 +30,10 @@ from trioloop.protocol.preflight import (
     unknown_model_warning,
 )
 from trioloop.protocol.tools import ChatRequest
+from trioloop.providers._network import describe_network_failure
 from trioloop.providers._redact import REDACTED, EventScrubber, mask_key_in_logs
 from trioloop.providers.base import AttemptOutcome, Messages, StreamMapper, Transport, WireFormat
-from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryingTransport, RetryPolicy
+from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryingTransport, RetryNotice, RetryPolicy
 from trioloop.providers.sse import SseDecoder
 
 __all__ = [
@@ -298,7 +299,7 @@ class _Exchange:
                 await _release(response, chunks)
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError) as exc:
             _log.debug("provider connection failed: %s", type(exc).__name__)
-            return self.fail(ProtocolErrorCode.TRANSPORT, Messages.NETWORK, type(exc).__name__)
+            return self.fail(ProtocolErrorCode.TRANSPORT, Messages.NETWORK, describe_network_failure(exc))
         except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
             _log.debug("provider request failed: %s", type(exc).__name__)
             return self.fail(ProtocolErrorCode.TRANSPORT, Messages.REQUEST_FAILED, type(exc).__name__)
@@ -441,6 +442,7 @@ class HttpChatProvider:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
         model_table: Mapping[str, ModelCapabilities] = MODEL_TABLE,
+        on_retry: Callable[[RetryNotice], None] | None = None,
     ) -> None:
         self._wire = wire
         self._table = model_table
@@ -453,7 +455,7 @@ class HttpChatProvider:
             read_timeout=read_timeout,
             max_response_bytes=max_response_bytes,
         )
-        self._transport: Transport = http if retry is None else RetryingTransport(http, retry)
+        self._transport: Transport = http if retry is None else RetryingTransport(http, retry, on_retry)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._transport!r})"

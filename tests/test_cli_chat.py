@@ -158,3 +158,27 @@ async def test_configuration_is_checked_before_the_first_prompt(
 
     assert await _chat(PAYMENT, "openai", None, "none", never) == EXIT_USAGE
     assert problem in capsys.readouterr().err
+
+
+async def test_usage_with_cache_tokens_is_shown_per_turn_and_for_the_session(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], autojump_clock: trio.testing.MockClock
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    body = (
+        (FIXTURES / "anthropic" / "text_answer.sse")
+        .read_bytes()
+        .replace(b'"input_tokens":12,', b'"input_tokens":2,"cache_read_input_tokens":10,')
+    )
+    answers = iter(["first", "second"])
+
+    def prompt(label: str) -> str:
+        try:
+            return next(answers)
+        except StopIteration:
+            raise EOFError from None
+
+    async with open_loopback_server(replay([LoopbackResponse(body=body)] * 2)) as server:
+        assert await _chat(PAYMENT, "anthropic", "claude-sonnet-4-5", "none", prompt, server.url) == 0
+    out = capsys.readouterr().out
+    assert "tokens: 12 in (cache: 10 read, 0 written), 9 out; session: 12 in (cache: 10 read, 0 written)" in out
+    assert "session: 24 in (cache: 20 read, 0 written), 18 out" in out

@@ -17,6 +17,7 @@ from rich.text import Text
 from trioloop._demo_view import ApproveMode, TurnView, document_diff, outcome_line
 from trioloop.loop.machine import Outcome, TurnState
 from trioloop.loop.session import Session
+from trioloop.protocol.events import Usage
 from trioloop.protocol.preflight import lookup_model, unknown_model_warning
 from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.retry import RetryNotice
@@ -215,6 +216,7 @@ async def _chat(
     console.print(Text(f"{provider_name} {model} at {host}", style="dim"))
     console.print(Text("Type a request; an empty line or Ctrl-D ends the chat.", style="dim"))
     failed = False
+    totals = Usage()
     while True:
         try:
             text = await trio.to_thread.run_sync(prompt, "you> ", abandon_on_cancel=True)
@@ -229,7 +231,8 @@ async def _chat(
         if failure is not None:
             failed = True
             _error(failure)
-        _show_usage(console, state)
+        totals = _added(totals, state.usage)
+        _show_usage(console, state.usage, totals)
     path_out = path.with_suffix(".chat.thf")
     if session.document != document:
         await trio.Path(path_out).write_text(dump_thf(session.document), encoding="utf-8")
@@ -237,14 +240,27 @@ async def _chat(
     return EXIT_TURN_FAILED if failed else 0
 
 
-def _show_usage(console: Console, state: TurnState) -> None:
-    usage = state.usage
-    if not (usage.input_tokens or usage.output_tokens):
-        return
+def _added(a: Usage, b: Usage) -> Usage:
+    return Usage(
+        input_tokens=a.input_tokens + b.input_tokens,
+        output_tokens=a.output_tokens + b.output_tokens,
+        cache_read_input_tokens=a.cache_read_input_tokens + b.cache_read_input_tokens,
+        cache_creation_input_tokens=a.cache_creation_input_tokens + b.cache_creation_input_tokens,
+    )
+
+
+def _usage_text(usage: Usage) -> str:
     cache = ""
     if usage.cache_read_input_tokens or usage.cache_creation_input_tokens:
         cache = f" (cache: {usage.cache_read_input_tokens} read, {usage.cache_creation_input_tokens} written)"
-    console.print(Text(f"tokens: {usage.input_tokens} in{cache}, {usage.output_tokens} out", style="dim"))
+    return f"{usage.input_tokens} in{cache}, {usage.output_tokens} out"
+
+
+def _show_usage(console: Console, turn: Usage, totals: Usage) -> None:
+    """The turn's tokens (cache reads and writes apart) and the session's running totals."""
+    if not (turn.input_tokens or turn.output_tokens):
+        return
+    console.print(Text(f"tokens: {_usage_text(turn)}; session: {_usage_text(totals)}", style="dim"))
 
 
 def run_chat(

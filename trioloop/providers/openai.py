@@ -237,8 +237,14 @@ class OpenAIStreamMapper:
             )
 
     def _delta(self, delta: Mapping[str, Any], out: list[StreamEvent]) -> None:
-        reasoning: list[str] = [_text(delta.get(field)) for field in _REASONING_FIELDS]
         content = delta.get("content")
+        if type(content) is str and len(delta) == 1:  # the common chunk: answer text and nothing else
+            if content:
+                if not self._started:
+                    self._start(out)
+                out.append(TextDelta(text=content))
+            return
+        reasoning: list[str] = [_text(delta.get(field)) for field in _REASONING_FIELDS]
         if isinstance(content, list):
             content = _parts_text(content, reasoning)
         elif content is not None and not isinstance(content, str):

@@ -440,3 +440,14 @@ def test_thinking_text_is_scrubbed_of_the_key_like_answer_text() -> None:
     ]
     assert KEY not in repr(out)
     assert "".join(e.text for e in out if isinstance(e, ThinkingDelta)) == "I see [redacted-key] here"
+
+
+def test_deeply_nested_thinking_parts_neither_crash_nor_leak_into_the_answer() -> None:
+    part: Any = [{"type": "text", "text": "deep"}]
+    for _ in range(300):
+        part = [{"type": "thinking", "thinking": part}]
+    chunk = {"choices": [{"index": 0, "delta": {"content": [*part, {"type": "text", "text": "ok"}]}}]}
+    body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+    events = map_chunks(OpenAIStreamMapper(), [body])
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["ok"]
+    assert isinstance(events[-1], MessageStop)

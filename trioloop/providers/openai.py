@@ -109,7 +109,10 @@ _REASONING_FIELDS: Final = ("reasoning_content", "reasoning")
 _REASONING_PARTS: Final = frozenset({"thinking", "reasoning"})
 
 
-def _parts_text(parts: list[Any], reasoning: list[str]) -> str:
+_PART_DEPTH: Final = 4
+
+
+def _parts_text(parts: list[Any], reasoning: list[str], depth: int = 0) -> str:
     """The answer text of a list-typed ``content``; reasoning parts go to ``reasoning`` instead.
 
     Mistral's reasoning models stream ``[{"type": "thinking", "thinking": [{"type": "text", ...}]},
@@ -129,8 +132,8 @@ def _parts_text(parts: list[Any], reasoning: list[str]) -> str:
             inner = part.get(kind)
             if isinstance(inner, str):
                 reasoning.append(inner)
-            elif isinstance(inner, list):
-                reasoning.append(_parts_text(inner, reasoning))
+            elif isinstance(inner, list) and depth < _PART_DEPTH:  # hostile nesting stops here
+                reasoning.append(_parts_text(inner, reasoning, depth + 1))
             else:
                 reasoning.append(_text(part.get("text")))
     return "".join(answer)

@@ -1,130 +1,184 @@
-"""`trioloop chat` saves after every turn that changed the document, and on Ctrl-C at any point."""
+"""`trioloop chat` says what went wrong: host and cause, retry progress, exit codes, checks before the prompt."""
 
 from __future__ import annotations
 
-import os
+import argparse
+import socket
+import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
+import trio.testing
 
-from trioloop._commands import chat_session
-from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
-from trioloop.threatmodel import load_thf
+from trioloop._commands import _chat
+from trioloop.cli import EXIT_TURN_FAILED, EXIT_USAGE, _build_parser, main
+from trioloop.providers._loopback import LoopbackResponse, open_loopback_server, replay
+from trioloop.providers._network import describe_network_failure
 
 PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
-COMMENT = "# kept by hand: this comment must survive every save\n"
+FIXTURES = Path(__file__).parent / "fixtures" / "providers"
+KEY = "sk-cli-canary-0123456789abcdef"
 
 
-def add_threat(cid: str, title: str) -> ScriptStep:
-    threat = {"title": title, "category": "Spoofing", "severity": "medium", "element": "psp"}
-    return ScriptStep(
-        text=f"Proposing {title}.", tool_calls=(ScriptedCall(id=cid, name="add_threat", input={"threat": threat}),)
-    )
+@pytest.fixture(autouse=True)
+def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
 
 
-def _read(path: Path) -> bytes:
-    with open(path, "rb") as file:  # a plain read: these tests run no other task while they check
-        return file.read()
+def one_request(seen: list[str] | None = None, read: Callable[[], str] | None = None) -> Callable[[str], str]:
+    """A prompt answering one request, then Ctrl-D; ``read`` records what was on screen at the first prompt."""
+    answers: Iterator[str] = iter(["summarize the model"])
 
-
-def answers(*replies: str | BaseException) -> Callable[[str], str]:
-    """A prompt that gives each reply in turn (raising it when it is an exception), then EOF."""
-    queue: Iterator[str | BaseException] = iter(replies)
-
-    def prompt(_: str) -> str:
-        reply = next(queue, EOFError())
-        if isinstance(reply, BaseException):
-            raise reply
-        return reply
+    def prompt(label: str) -> str:
+        if seen is not None and read is not None and not seen:
+            seen.append(read())
+        try:
+            return next(answers)
+        except StopIteration:
+            raise EOFError from None
 
     return prompt
 
 
-def interrupted(error: BaseException) -> bool:
-    """A KeyboardInterrupt, alone or inside the exception groups Trio's nurseries wrap it in."""
-    if isinstance(error, BaseExceptionGroup):
-        return error.subgroup(KeyboardInterrupt) is not None
-    return isinstance(error, KeyboardInterrupt)
+async def closed_port() -> int:
+    sock = trio.socket.socket()
+    await sock.bind(("127.0.0.1", 0))
+    port: int = sock.getsockname()[1]
+    sock.close()
+    return port
 
 
-@pytest.fixture
-def thf(tmp_path: Path) -> Path:
-    path = tmp_path / "model.thf"
-    path.write_text(COMMENT + PAYMENT.read_text(encoding="utf-8"), encoding="utf-8")
-    return path
+def test_version_and_help_on_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("trioloop ")
+    parser = _build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in [("trioloop", parser), *subparsers.choices.items()]:
+        for action in sub._actions:
+            if not isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+                assert action.help, (name, action.dest)
 
 
-async def test_each_turn_that_changes_the_document_is_saved_in_place(
-    thf: Path, capsys: pytest.CaptureFixture[str]
+async def test_no_connection_names_host_and_cause_and_exits_3(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], autojump_clock: trio.testing.MockClock
 ) -> None:
-    steps = [add_threat("c1", "First"), ScriptStep(text="ok"), ScriptStep(text="just talk")]
-    seen: list[int] = []
-    base = len(load_thf(thf).threats)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    port = await closed_port()
+    code = await _chat(PAYMENT, "openai", "gpt-4.1", "none", one_request(), f"http://127.0.0.1:{port}/v1")
+    err = capsys.readouterr().err
+    assert code == EXIT_TURN_FAILED
+    assert f"127.0.0.1:{port}" in err and "connection refused" in err
+    assert "retrying in 0.5 s, attempt 2 of 3" in err and "attempt 3 of 3" in err
+    assert KEY not in err
 
-    def prompt(text: str) -> str:
-        seen.append(len(load_thf(thf).threats) - base)  # what is on disk when the user is asked again
-        return answers("add one", "thanks")(text) if len(seen) == 1 else ["thanks", ""][len(seen) - 2]
 
-    async with ScriptedProvider(steps) as provider:
-        assert await chat_session(thf, provider, "scripted-1", "safe", prompt) == 0
-    assert seen == [0, 1, 1]  # saved right after the first turn, before the next prompt
+async def test_a_529_storm_shows_progress_then_the_status(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], autojump_clock: trio.testing.MockClock
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    overloaded = LoopbackResponse(
+        status=529,
+        headers=(("content-type", "application/json"),),
+        body=b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}',
+    )
+    async with open_loopback_server(replay([], fallback=overloaded)) as server:
+        code = await _chat(PAYMENT, "anthropic", None, "none", one_request(), server.url)
+    err = capsys.readouterr().err
+    assert code == EXIT_TURN_FAILED and len(server.requests) >= 3  # the turn may also re-request
+    assert "HTTP 529, retrying in 0.5 s, attempt 2 of 3" in err
+    assert "HTTP 529, retrying in 1 s, attempt 3 of 3" in err
+    assert f"127.0.0.1:{server.port}" in err and "overloaded_error: Overloaded" in err
+
+
+async def test_tls_to_a_plain_http_server_is_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], autojump_clock: trio.testing.MockClock
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    async with open_loopback_server(replay([])) as server:
+        code = await _chat(PAYMENT, "openai", "gpt-4.1", "none", one_request(), f"https://127.0.0.1:{server.port}/v1")
+    assert code == EXIT_TURN_FAILED
+    assert "TLS handshake failed" in capsys.readouterr().err
+
+
+def test_dns_and_certificate_causes_are_named() -> None:
+    def wrapped(cause: BaseException) -> httpx.ConnectError:
+        error = httpx.ConnectError(str(cause))
+        error.__cause__ = cause
+        return error
+
+    assert describe_network_failure(wrapped(socket.gaierror(-2, "Name or service not known"))).startswith(
+        "DNS lookup failed"
+    )
+    assert describe_network_failure(wrapped(ssl.SSLCertVerificationError("bad cert"))).startswith(
+        "TLS certificate verification failed"
+    )
+    group = ExceptionGroup("all attempts failed", [ConnectionRefusedError(111, "refused")])
+    assert describe_network_failure(wrapped(group)).startswith("connection refused")
+    assert describe_network_failure(httpx.ConnectTimeout("slow")).startswith("timed out while connecting")
+
+
+async def test_local_server_needs_no_key_and_an_unknown_model_warns_before_the_prompt(
+    capsys: pytest.CaptureFixture[str], autojump_clock: trio.testing.MockClock
+) -> None:
+    answer = LoopbackResponse(body=(FIXTURES / "compat" / "tgi_no_done.sse").read_bytes())
+    seen: list[str] = []
+    async with open_loopback_server(replay([answer])) as server:
+        code = await _chat(
+            PAYMENT, "openai", "qwen2.5:7b", "none", one_request(seen, lambda: capsys.readouterr().err), server.url
+        )
+    assert code == 0
+    assert seen and 'warning: Model "qwen2.5:7b" is not in trioloop\'s model table' in seen[0]
+    assert server.requests[0].header("authorization") == "Bearer no-key-needed-locally"
+
+
+@pytest.mark.parametrize(
+    ("base_url", "key", "problem"),
+    [
+        ("http://example.com/v1", KEY, "must be https"),
+        ("https://api.example.com/v1", None, "set OPENAI_API_KEY"),
+    ],
+)
+async def test_configuration_is_checked_before_the_first_prompt(
+    base_url: str,
+    key: str | None,
+    problem: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if key is not None:
+        monkeypatch.setenv("OPENAI_API_KEY", key)
+    monkeypatch.setenv("OPENAI_BASE_URL", base_url)  # the environment variable is read like --base-url
+
+    def never(label: str) -> str:
+        raise AssertionError("prompted despite a configuration error")
+
+    assert await _chat(PAYMENT, "openai", None, "none", never) == EXIT_USAGE
+    assert problem in capsys.readouterr().err
+
+
+async def test_usage_with_cache_tokens_is_shown_per_turn_and_for_the_session(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], autojump_clock: trio.testing.MockClock
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    body = (
+        (FIXTURES / "anthropic" / "text_answer.sse")
+        .read_bytes()
+        .replace(b'"input_tokens":12,', b'"input_tokens":2,"cache_read_input_tokens":10,')
+    )
+    answers = iter(["first", "second"])
+
+    def prompt(label: str) -> str:
+        try:
+            return next(answers)
+        except StopIteration:
+            raise EOFError from None
+
+    async with open_loopback_server(replay([LoopbackResponse(body=body)] * 2)) as server:
+        assert await _chat(PAYMENT, "anthropic", "claude-sonnet-4-5", "none", prompt, server.url) == 0
     out = capsys.readouterr().out
-    assert out.count(f"Saved {thf}") == 1  # the talk-only turn changed nothing, so no second save
-    text = _read(thf).decode()
-    assert text.startswith(COMMENT) and "title: First" in text
-
-
-async def test_out_receives_the_saves_and_the_source_is_untouched(thf: Path, tmp_path: Path) -> None:
-    original = _read(thf)
-    out = tmp_path / "edited.thf"
-    async with ScriptedProvider([add_threat("c1", "First"), ScriptStep(text="ok")]) as provider:
-        assert await chat_session(thf, provider, "scripted-1", "safe", answers("add"), out=out) == 0
-    assert _read(thf) == original
-    assert _read(out).decode().startswith(COMMENT)
-    assert len(load_thf(out).threats) == len(load_thf(thf).threats) + 1
-
-
-async def test_ctrl_c_at_the_prompt_or_mid_turn_keeps_every_committed_change(
-    thf: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # The first call is approved and commits; Ctrl-C arrives at the second call's review card.
-    steps = [add_threat("c1", "First"), add_threat("c2", "Second"), ScriptStep(text="unreached")]
-    base = len(load_thf(thf).threats)
-    with pytest.raises(BaseException) as caught:
-        async with ScriptedProvider(steps) as provider:
-            await chat_session(thf, provider, "scripted-1", "ask", answers("add two", "a", KeyboardInterrupt()))
-    assert interrupted(caught.value)
-    threats = load_thf(thf).threats
-    assert len(threats) == base + 1 and threats[-1].title == "First"
-    assert f"Saved {thf}" in capsys.readouterr().out
-    assert _read(thf).decode().startswith(COMMENT)
-
-
-async def test_a_failed_save_is_reported_and_leaves_the_file(
-    thf: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    original = _read(thf)
-
-    def full(*args: object) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "replace", full)
-    async with ScriptedProvider([add_threat("c1", "First"), ScriptStep(text="ok")]) as provider:
-        assert await chat_session(thf, provider, "scripted-1", "safe", answers("add")) == 0
-    monkeypatch.undo()
-    assert _read(thf) == original
-    assert "could not save" in capsys.readouterr().err
-
-
-def test_trio_delivers_ctrl_c_to_the_loop(thf: Path) -> None:
-    # The same path through trio.run, as `trioloop chat` runs it.
-    async def main() -> int:
-        async with ScriptedProvider([add_threat("c1", "First"), ScriptStep(text="ok")]) as provider:
-            return await chat_session(thf, provider, "scripted-1", "safe", answers("add", KeyboardInterrupt()))
-
-    with pytest.raises(BaseException) as caught:
-        trio.run(main)
-    assert interrupted(caught.value)
-    assert len(load_thf(thf).threats) == len(load_thf(PAYMENT).threats) + 1
+    assert "tokens: 12 in (cache: 10 read, 0 written), 9 out; session: 12 in (cache: 10 read, 0 written)" in out
+    assert "session: 24 in (cache: 20 read, 0 written), 18 out" in out

@@ -70,13 +70,23 @@ def anthropic_payloads() -> st.SearchStrategy[dict[str, Any]]:
         ]
     )
     block = st.fixed_dictionaries(
-        {"type": maybe(st.sampled_from(["text", "tool_use", "thinking"]))},
-        optional={"id": ids, "name": names, "text": maybe(st.text(max_size=8)), "input": json_like},
+        {"type": maybe(st.sampled_from(["text", "tool_use", "thinking", "redacted_thinking"]))},
+        optional={
+            "id": ids,
+            "name": names,
+            "text": maybe(st.text(max_size=8)),
+            "input": json_like,
+            "thinking": maybe(st.text(max_size=8)),
+            "signature": maybe(st.text(max_size=8)),
+            "data": maybe(st.text(max_size=8)),
+        },
     )
     delta = st.fixed_dictionaries(
-        {"type": maybe(st.sampled_from(["text_delta", "input_json_delta", "signature_delta"]))},
+        {"type": maybe(st.sampled_from(["text_delta", "input_json_delta", "thinking_delta", "signature_delta"]))},
         optional={
             "text": maybe(st.text(max_size=8)),
+            "thinking": maybe(st.text(max_size=8)),
+            "signature": maybe(st.text(max_size=8)),
             "partial_json": arguments,
             "stop_reason": maybe(
                 st.sampled_from(["end_turn", "tool_use", "max_tokens", "refusal", "pause_turn", None])
@@ -108,18 +118,24 @@ def anthropic_payloads() -> st.SearchStrategy[dict[str, Any]]:
 
 def openai_payloads() -> st.SearchStrategy[dict[str, Any]]:
     fragment = st.fixed_dictionaries(
-        {"index": indexes},
+        {},
         optional={
+            "index": indexes,  # Ollama before 0.4.7 sent none
             "id": ids,
             "type": st.just("function"),
             "function": maybe(st.fixed_dictionaries({}, optional={"name": names, "arguments": arguments})),
         },
     )
+    part = st.fixed_dictionaries(
+        {"type": maybe(st.sampled_from(["text", "thinking", "image_url"]))},
+        optional={"text": maybe(st.text(max_size=8)), "thinking": maybe(st.lists(json_like, max_size=2))},
+    )
     delta = st.fixed_dictionaries(
         {},
         optional={
             "role": st.just("assistant"),
-            "content": maybe(st.text(max_size=8)),
+            "content": maybe(st.text(max_size=8) | st.lists(part, max_size=3)),
+            "reasoning_content": maybe(st.text(max_size=8)),
             "tool_calls": maybe(st.lists(fragment, max_size=3)),
         },
     )

@@ -7,6 +7,7 @@ named after it (Gemini's OpenAI endpoint, vLLM, TGI, llama.cpp, Ollama, Mistral,
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from trioloop.protocol import (
 )
 from trioloop.providers import AnthropicProvider, OpenAIProvider
 from trioloop.providers._loopback import LoopbackResponse, open_loopback_server, replay
+from trioloop.providers._redact import EventScrubber
 from trioloop.providers.anthropic import AnthropicRequestOptions, AnthropicStreamMapper, build_anthropic_body
 from trioloop.providers.base import Messages, map_chunks
 from trioloop.providers.openai import OpenAIRequestOptions, OpenAIStreamMapper
@@ -397,3 +399,55 @@ def test_cache_breakpoints_on_system_tools_and_prefix() -> None:
         (i, block["type"]) for i, m in enumerate(body["messages"]) for block in m["content"] if "cache_control" in block
     ]
     assert marked == [(2, "text")]  # the newest message: the whole prefix before it is reread from cache
+
+
+# -- case 13: the key never reaches a log line, header echoes included -------------------------------
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "openai"])
+async def test_key_echoed_in_headers_is_masked_in_debug_logs(
+    wire: str, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    body = (PROVIDERS / wire / "text_answer.sse").read_bytes()
+    echo = (("content-type", "text/event-stream"), ("x-echo-key", KEY), ("x-echo-auth", f"Bearer {KEY}"))
+    rejected = LoopbackResponse(status=401, headers=echo, body=f'{{"error": {{"message": "bad key {KEY}"}}}}'.encode())
+    responses = [LoopbackResponse(headers=echo, body=body), rejected]
+    with caplog.at_level(logging.DEBUG):
+        async with open_loopback_server(replay(responses)) as server:
+            if wire == "anthropic":
+                chat: HttpChatProvider = AnthropicProvider(KEY, base_url=server.url, retry=None)
+            else:
+                chat = OpenAIProvider(KEY, base_url=server.url + "/v1", retry=None)
+            await collect(chat)
+            failed = await collect(chat)
+            logging.getLogger("trioloop.providers").debug("echo %s and %r", KEY, {"key": KEY})
+    assert isinstance(failed[-1], StreamError) and KEY not in repr(failed)
+    messages = [record.getMessage() for record in caplog.records]
+    headers = [m for m in messages if "receive_response_headers.complete" in m]
+    assert headers and all("[redacted-key]" in m for m in headers)  # the echo was logged, masked
+    assert not any(KEY in m for m in messages)
+    assert KEY not in caplog.text
+
+
+def test_thinking_text_is_scrubbed_of_the_key_like_answer_text() -> None:
+    scrubber = EventScrubber(KEY)
+    half = len(KEY) // 2
+    out = [
+        *scrubber.process(ThinkingDelta(text=f"I see {KEY[:half]}")),
+        *scrubber.process(ThinkingDelta(text=f"{KEY[half:]} here")),
+        *scrubber.process(ThinkingComplete(block=ThinkingBlock(thinking=f"I see {KEY} here", signature="s"))),
+        *scrubber.process(ThinkingComplete(block=RedactedThinkingBlock(data=KEY))),
+    ]
+    assert KEY not in repr(out)
+    assert "".join(e.text for e in out if isinstance(e, ThinkingDelta)) == "I see [redacted-key] here"
+
+
+def test_deeply_nested_thinking_parts_neither_crash_nor_leak_into_the_answer() -> None:
+    part: Any = [{"type": "text", "text": "deep"}]
+    for _ in range(300):
+        part = [{"type": "thinking", "thinking": part}]
+    chunk = {"choices": [{"index": 0, "delta": {"content": [*part, {"type": "text", "text": "ok"}]}}]}
+    body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+    events = map_chunks(OpenAIStreamMapper(), [body])
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["ok"]
+    assert isinstance(events[-1], MessageStop)

@@ -7,11 +7,15 @@ from trioloop.protocol import (
     Message,
     MessageStart,
     MessageStop,
+    RedactedThinkingBlock,
     SerializationError,
     StopReason,
     StreamError,
     TextBlock,
     TextDelta,
+    ThinkingBlock,
+    ThinkingComplete,
+    ThinkingDelta,
     ToolCallBlock,
     ToolCallComplete,
     ToolCallInputDelta,
@@ -33,15 +37,29 @@ blocks = st.one_of(
     st.builds(TextBlock, text=st.text(max_size=20)),
     st.builds(ToolCallBlock, id=st.text(max_size=8), name=st.text(max_size=8), input=json_values),
     st.builds(ToolResultBlock, call_id=st.text(max_size=8), content=st.text(max_size=20), is_error=st.booleans()),
+    st.builds(ThinkingBlock, thinking=st.text(max_size=20), signature=st.text(max_size=8)),
+    st.builds(RedactedThinkingBlock, data=st.text(max_size=20)),
+)
+thinking_blocks = st.one_of(
+    st.builds(ThinkingBlock, thinking=st.text(max_size=20), signature=st.text(max_size=8)),
+    st.builds(RedactedThinkingBlock, data=st.text(max_size=20)),
 )
 messages = st.builds(Message, role=st.sampled_from(["user", "assistant"]), content=st.lists(blocks, max_size=4))
 events = st.one_of(
     st.builds(MessageStart, model=st.text(max_size=8)),
     st.builds(TextDelta, text=st.text(max_size=20)),
+    st.builds(ThinkingDelta, text=st.text(max_size=20)),
+    st.builds(ThinkingComplete, block=thinking_blocks),
     st.builds(ToolCallStart, id=st.text(max_size=8), name=st.text(max_size=8)),
     st.builds(ToolCallInputDelta, id=st.text(max_size=8), partial_json=st.text(max_size=8)),
     st.builds(ToolCallComplete, id=st.text(max_size=8), name=st.text(max_size=8), input=json_values),
-    st.builds(Usage, input_tokens=st.integers(0, 10**6), output_tokens=st.integers(0, 10**6)),
+    st.builds(
+        Usage,
+        input_tokens=st.integers(0, 10**6),
+        output_tokens=st.integers(0, 10**6),
+        cache_read_input_tokens=st.integers(0, 10**6),
+        cache_creation_input_tokens=st.integers(0, 10**6),
+    ),
     st.builds(MessageStop, stop_reason=st.sampled_from(list(StopReason))),
     st.builds(
         StreamError,

@@ -2,30 +2,40 @@
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import httpx
 import trio
 from rich.console import Console
 from rich.text import Text
 
 from trioloop._demo_view import ApproveMode, TurnView, document_diff, outcome_line
-from trioloop.loop.machine import TurnState
+from trioloop.loop.machine import Outcome, TurnState
 from trioloop.loop.session import Session
+from trioloop.protocol.events import Usage
+from trioloop.protocol.preflight import lookup_model, unknown_model_warning
 from trioloop.protocol.provider import ChatProvider
+from trioloop.providers.retry import RetryNotice
 from trioloop.providers.scripted import ScriptedProvider
 from trioloop.threatmodel import ThfError, ThfFile, ThreatModel, load_thf_file, save_thf
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop.threatmodel.session import threat_model_session
 
-__all__ = ["DEFAULT_DEMO_FILE", "chat_session", "run_chat", "run_demo"]
+__all__ = ["DEFAULT_DEMO_FILE", "DEFAULT_MODELS", "chat_session", "run_chat", "run_demo"]
 
 _SOURCE_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
 _PACKAGED_EXAMPLE = Path(__file__).resolve().parent / "_data" / "payment.thf"  # in a wheel install
 DEFAULT_DEMO_FILE = _SOURCE_EXAMPLE if _SOURCE_EXAMPLE.exists() else _PACKAGED_EXAMPLE
 _KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+_BASE_URL_ENV = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL"}
+DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4.1"}
+_LOCAL_PLACEHOLDER_KEY = "no-key-needed-locally"  # local servers (Ollama, llama.cpp) ignore the key
+EXIT_USAGE, EXIT_TURN_FAILED, EXIT_INTERRUPTED = 2, 3, 130
 
 
 def _console() -> Console:
@@ -128,34 +138,106 @@ def run_demo(
     return trio.run(_demo, path, mode, Path(out) if out else None, undo, prompt)
 
 
-def _real_provider(name: str, key: str) -> ChatProvider:
-    if name == "anthropic":
-        from trioloop.providers.anthropic import AnthropicProvider
+def _warn(text: str) -> None:
+    Console(stderr=True, highlight=False).print(Text(text), style="yellow")
 
-        return AnthropicProvider(api_key=key)
+
+def _show_retry(notice: RetryNotice) -> None:
+    _warn(notice.describe())
+
+
+def _real_provider(
+    name: str, key: str, base_url: str | None = None, thinking_budget: int | None = None
+) -> ChatProvider:
+    if name == "anthropic":
+        from trioloop.providers.anthropic import AnthropicProvider, AnthropicRequestOptions
+
+        options = AnthropicRequestOptions(thinking_budget_tokens=thinking_budget)
+        return AnthropicProvider(api_key=key, base_url=base_url, options=options, on_retry=_show_retry)
     from trioloop.providers.openai import OpenAIProvider
 
-    return OpenAIProvider(api_key=key)
+    return OpenAIProvider(api_key=key, base_url=base_url, on_retry=_show_retry)
 
 
 McpOptions = tuple[Sequence[str], str | None]
 """``--mcp`` command lines and the ``--mcp-config`` file, if any."""
 
 
+def _host(base_url: str | None, provider_name: str) -> str:
+    default = {"anthropic": "api.anthropic.com", "openai": "api.openai.com"}[provider_name]
+    if base_url is None:
+        return default
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL:
+        return base_url
+    return f"{url.host}:{url.port}" if url.port else url.host
+
+
+def _checked_base_url(base_url: str | None) -> tuple[str | None, str | None]:
+    """The base URL, or an error line: it must parse, and be https unless it points at this machine."""
+    if base_url is None:
+        return None, None
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL:
+        return None, f"error: --base-url is not a URL: {base_url}"
+    if url.scheme == "https" and url.host:
+        return base_url, None
+    if url.scheme == "http" and _is_local(url.host):
+        return base_url, None
+    return None, f"error: --base-url must be https, or http to this machine only: {base_url}"
+
+
+def _is_local(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _turn_failure(state: TurnState, host: str) -> str | None:
+    """The failed turn's error naming the host and the cause, with the redacted provider message."""
+    if state.outcome is not Outcome.FAILED or state.error is None:
+        return None
+    detail = f" ({state.error.provider_detail})" if state.error.provider_detail else ""
+    return f"error: {host}: {state.error.message}{detail}"
+
+
 async def _chat(
     path: Path,
     provider_name: str,
-    model: str,
+    model: str | None,
     mode: ApproveMode,
     prompt: Callable[[str], str],
-    out: Path | None,
+    base_url: str | None = None,
+    thinking_budget: int | None = None,
     mcp_servers: McpOptions = ((), None),
+    out: Path | None = None,
 ) -> int:
+    # Everything that can be checked is checked before the first prompt: URL, key, model, options.
+    base_url, problem = _checked_base_url(base_url or os.environ.get(_BASE_URL_ENV[provider_name]) or None)
+    if problem is not None:
+        _error(problem)
+        return EXIT_USAGE
     key = os.environ.get(_KEY_ENV[provider_name], "")
+    if not key and base_url is not None and _is_local(httpx.URL(base_url).host):
+        key = _LOCAL_PLACEHOLDER_KEY
     if not key:
         _error(f"error: set {_KEY_ENV[provider_name]} to use --provider {provider_name}")
-        return 2
-    return await chat_session(path, _real_provider(provider_name, key), model, mode, prompt, out, mcp_servers)
+        return EXIT_USAGE
+    if thinking_budget is not None and (provider_name != "anthropic" or thinking_budget < 1024):
+        _error("error: --thinking-budget needs --provider anthropic and at least 1024 tokens")
+        return EXIT_USAGE
+    model = model or DEFAULT_MODELS[provider_name]
+    if lookup_model(model, provider=provider_name) is None:
+        _warn(f"warning: {unknown_model_warning(model)}")
+    logging.getLogger("trioloop").addHandler(logging.NullHandler())  # the CLI says it; no stray log line
+    host = _host(base_url, provider_name)
+    provider = _real_provider(provider_name, key, base_url, thinking_budget)
+    return await chat_session(path, provider, model, mode, prompt, out, mcp_servers, host=host)
 
 
 async def chat_session(
@@ -166,11 +248,14 @@ async def chat_session(
     prompt: Callable[[str], str],
     out: Path | None = None,
     mcp_servers: McpOptions = ((), None),
+    *,
+    host: str = "the provider",
 ) -> int:
     """The chat loop over any provider, with the tools of any MCP servers named.
 
     After every turn that changed the document it is saved (to ``out``, else in place), and on Ctrl-C at
-    any point whatever the settled tools committed is saved."""
+    any point whatever the settled tools committed is saved. Exit status: 0, or `EXIT_TURN_FAILED` when a
+    turn failed, 1 when the document or an MCP server could not be loaded."""
     console = _console()
     loaded = _load(path)
     if loaded is None:
@@ -179,30 +264,47 @@ async def chat_session(
     async with threat_model_session(document=loaded.model, provider=provider, model=model) as session:
         if not await _add_mcp_servers(session, mcp_servers):
             return 1  # servers that did start close with the session
-        console.print(
-            Text(
-                f"Type a request; an empty line or Ctrl-D ends the chat. Changes are saved to {saver.target}.",
-                style="dim",
-            )
-        )
+        console.print(Text(f"{model} at {host}; changes are saved to {saver.target}", style="dim"))
         try:
-            while True:
-                try:
-                    text = await trio.to_thread.run_sync(prompt, "you> ", abandon_on_cancel=True)
-                except EOFError:
-                    break
-                if not text.strip():
-                    break
-                before = session.document
-                state = await _one_turn(session, TurnView(console, session, mode, prompt), text)
-                _report(console, session, state, before)
-                saver.save(session.document)
+            failed = await _chat_loop(console, session, mode, prompt, host, saver)
         except BaseException:
             # Ctrl-C (trio may deliver it inside an exception group) or any other end: the document only
             # ever holds whole, committed tool results, so what it holds now is worth keeping.
             saver.save(session.document)
             raise
-    return 0
+    return EXIT_TURN_FAILED if failed else 0
+
+
+async def _chat_loop(
+    console: Console,
+    session: Session[ThreatModel],
+    mode: ApproveMode,
+    prompt: Callable[[str], str],
+    host: str,
+    saver: _Saver,
+) -> bool:
+    """Turns until an empty line or Ctrl-D; True when any turn failed."""
+    console.print(Text("Type a request; an empty line or Ctrl-D ends the chat.", style="dim"))
+    failed = False
+    totals = Usage()
+    while True:
+        try:
+            text = await trio.to_thread.run_sync(prompt, "you> ", abandon_on_cancel=True)
+        except EOFError:
+            break
+        if not text.strip():
+            break
+        before = session.document
+        state = await _one_turn(session, TurnView(console, session, mode, prompt), text)
+        _report(console, session, state, before)
+        saver.save(session.document)
+        failure = _turn_failure(state, host)
+        if failure is not None:
+            failed = True
+            _error(failure)
+        totals = _added(totals, state.usage)
+        _show_usage(console, state.usage, totals)
+    return failed
 
 
 async def _add_mcp_servers(session: Session[ThreatModel], mcp_servers: McpOptions) -> bool:
@@ -236,26 +338,55 @@ async def _add_mcp_servers(session: Session[ThreatModel], mcp_servers: McpOption
     return False
 
 
+def _added(a: Usage, b: Usage) -> Usage:
+    return Usage(
+        input_tokens=a.input_tokens + b.input_tokens,
+        output_tokens=a.output_tokens + b.output_tokens,
+        cache_read_input_tokens=a.cache_read_input_tokens + b.cache_read_input_tokens,
+        cache_creation_input_tokens=a.cache_creation_input_tokens + b.cache_creation_input_tokens,
+    )
+
+
+def _usage_text(usage: Usage) -> str:
+    cache = ""
+    if usage.cache_read_input_tokens or usage.cache_creation_input_tokens:
+        cache = f" (cache: {usage.cache_read_input_tokens} read, {usage.cache_creation_input_tokens} written)"
+    return f"{usage.input_tokens} in{cache}, {usage.output_tokens} out"
+
+
+def _show_usage(console: Console, turn: Usage, totals: Usage) -> None:
+    """The turn's tokens (cache reads and writes apart) and the session's running totals."""
+    if not (turn.input_tokens or turn.output_tokens):
+        return
+    console.print(Text(f"tokens: {_usage_text(turn)}; session: {_usage_text(totals)}", style="dim"))
+
+
 def run_chat(
     file: str,
     provider: str,
-    model: str,
+    model: str | None,
     mode: ApproveMode,
     prompt: Callable[[str], str] = input,
-    out: str | None = None,
     *,
     mcp: Sequence[str] = (),
     mcp_config: str | None = None,
+    base_url: str | None = None,
+    thinking_budget: int | None = None,
+    out: str | None = None,
 ) -> int:
     try:
         return trio.run(
-            _chat, Path(file), provider, model, mode, prompt, Path(out) if out else None, (tuple(mcp), mcp_config)
+            _chat,
+            Path(file),
+            provider,
+            model,
+            mode,
+            prompt,
+            base_url,
+            thinking_budget,
+            (tuple(mcp), mcp_config),
+            Path(out) if out else None,
         )
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
-    except BaseExceptionGroup as group:
-        if group.subgroup(KeyboardInterrupt) is None:
-            raise
-        print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED

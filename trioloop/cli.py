@@ -1,11 +1,14 @@
 """The `trioloop` command line: one function per subcommand, wired up by `_build_parser`.
 
-Exit codes: 0 success, 1 the document is invalid, 2 usage error or a file that cannot be read.
+Exit codes: 0 success, 1 the document is invalid, 2 usage or configuration error (a file that cannot
+be read, no API key, a refused base URL), 3 a chat turn failed (the AI provider could not be reached or
+answered with an error), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +23,8 @@ __all__ = ["main"]
 EXIT_OK: Final = 0
 EXIT_INVALID: Final = 1
 EXIT_USAGE: Final = 2
+EXIT_TURN_FAILED: Final = 3
+EXIT_INTERRUPTED: Final = 130
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -53,15 +58,43 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from trioloop._commands import run_chat
 
     return run_chat(
-        args.file, args.provider, args.model, args.approve, out=args.out, mcp=args.mcp, mcp_config=args.mcp_config
+        args.file,
+        args.provider,
+        args.model,
+        args.approve,
+        mcp=args.mcp,
+        mcp_config=args.mcp_config,
+        out=args.out,
+        base_url=args.base_url,
+        thinking_budget=args.thinking_budget,
     )
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("trioloop")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trioloop",
         description="A bounded, cancellable, reviewable AI tool loop over a threat model.",
+        epilog="exit codes: 0 ok, 1 invalid document, 2 usage or configuration error, 3 a chat turn failed, "
+        "130 interrupted",
     )
+    parser.add_argument("--version", action="version", version=f"trioloop {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     validate = commands.add_parser("validate", help="check a .thf threat model file")
     validate.add_argument("file", metavar="FILE", help="path to the .thf file")
@@ -81,9 +114,36 @@ def _build_parser() -> argparse.ArgumentParser:
 
     chat = commands.add_parser("chat", help="edit a .thf file with a real model (needs an API key)")
     chat.add_argument("file", metavar="FILE", help="the .thf file to edit")
-    chat.add_argument("--provider", choices=("anthropic", "openai"), required=True)
-    chat.add_argument("--model", required=True, help="model id, e.g. claude-sonnet-4-5 or gpt-4.1")
-    chat.add_argument("--approve", choices=("ask", "safe", "none"), default="ask")
+    chat.add_argument(
+        "--provider",
+        choices=("anthropic", "openai"),
+        required=True,
+        help="the API to speak: anthropic (Messages API) or openai (Chat Completions, also any "
+        "OpenAI-compatible server: Ollama, vLLM, llama.cpp, LiteLLM, Azure, Gemini)",
+    )
+    chat.add_argument(
+        "--model",
+        help="model id (default: claude-sonnet-4-5 for anthropic, gpt-4.1 for openai); a model trioloop "
+        "does not know is used with a warning",
+    )
+    chat.add_argument(
+        "--base-url",
+        metavar="URL",
+        help="the API's base URL, e.g. http://localhost:11434/v1 for Ollama (default: $ANTHROPIC_BASE_URL / "
+        "$OPENAI_BASE_URL, else the provider's own); https, or http to this machine only",
+    )
+    chat.add_argument(
+        "--thinking-budget",
+        metavar="TOKENS",
+        type=_positive_int,
+        help="anthropic only: turn on extended thinking with this many budget tokens (at least 1024)",
+    )
+    chat.add_argument(
+        "--approve",
+        choices=("ask", "safe", "none"),
+        default="ask",
+        help="ask at each card (default); approve every non-destructive call and deny the rest; deny all",
+    )
     chat.add_argument(
         "--mcp",
         metavar='"COMMAND ARGS"',

@@ -9,6 +9,7 @@ occurrence it completes, so the joined output never contains the key. At most th
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Final, final
 
 import attrs
@@ -17,12 +18,24 @@ from trioloop.protocol.events import (
     MessageStart,
     StreamEvent,
     TextDelta,
+    ThinkingComplete,
+    ThinkingDelta,
     ToolCallComplete,
     ToolCallInputDelta,
     ToolCallStart,
 )
+from trioloop.protocol.messages import RedactedThinkingBlock, ThinkingBlock
 
-__all__ = ["MIN_HOLD", "REDACTED", "EventScrubber", "StreamRedactor", "scrub_json"]
+__all__ = [
+    "MASKED_LOGGERS",
+    "MIN_HOLD",
+    "REDACTED",
+    "EventScrubber",
+    "KeyLogFilter",
+    "StreamRedactor",
+    "mask_key_in_logs",
+    "scrub_json",
+]
 
 REDACTED: Final = "[redacted-key]"
 MIN_HOLD: Final = 4
@@ -104,11 +117,13 @@ class EventScrubber:
 
     key: str
     _text: StreamRedactor = attrs.field(init=False)
+    _thinking: StreamRedactor = attrs.field(init=False)
     _arguments: StreamRedactor = attrs.field(init=False)
     _arguments_id: str | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self._text = StreamRedactor(self.key)
+        self._thinking = StreamRedactor(self.key)
         self._arguments = StreamRedactor(self.key)
 
     def _clean(self, text: str) -> str:
@@ -117,18 +132,22 @@ class EventScrubber:
     def process(self, event: StreamEvent) -> list[StreamEvent]:
         """``event`` made safe, preceded by any held text it must not overtake (possibly none at all)."""
         if isinstance(event, TextDelta):
-            out = self._flush_arguments()
+            out = self._flush_arguments() + self._flush_thinking()
             text = self._text.push(event.text)
             return [*out, TextDelta(text=text)] if text else out
+        if isinstance(event, ThinkingDelta):
+            out = self._flush_text() + self._flush_arguments()
+            text = self._thinking.push(event.text)
+            return [*out, ThinkingDelta(text=text)] if text else out
         if isinstance(event, ToolCallInputDelta):
             call_id = self._clean(event.id)
-            out = self._flush_text()
+            out = self._flush_text() + self._flush_thinking()
             if self._arguments_id != call_id:
                 out += self._flush_arguments()
                 self._arguments_id = call_id
             fragment = self._arguments.push(event.partial_json)
             return [*out, ToolCallInputDelta(id=call_id, partial_json=fragment)] if fragment else out
-        out = self._flush_text() + self._flush_arguments()
+        out = self._flush_text() + self._flush_thinking() + self._flush_arguments()
         if isinstance(event, MessageStart):
             out.append(MessageStart(model=self._clean(event.model)) if self.key in event.model else event)
         elif isinstance(event, ToolCallStart):
@@ -139,19 +158,92 @@ class EventScrubber:
                     id=self._clean(event.id), name=self._clean(event.name), input=scrub_json(event.input, self.key)
                 )
             )
+        elif isinstance(event, ThinkingComplete):
+            block = event.block
+            if isinstance(block, ThinkingBlock):
+                clean: ThinkingBlock | RedactedThinkingBlock = ThinkingBlock(
+                    thinking=self._clean(block.thinking), signature=self._clean(block.signature)
+                )
+            else:
+                clean = RedactedThinkingBlock(data=self._clean(block.data))
+            out.append(event if clean == block else ThinkingComplete(block=clean))
         else:
             out.append(event)
         return out
 
     def flush(self) -> list[StreamEvent]:
         """Everything still held, as events; call before ending the stream another way (a held-back error)."""
-        return self._flush_text() + self._flush_arguments()
+        return self._flush_text() + self._flush_thinking() + self._flush_arguments()
 
     def _flush_text(self) -> list[StreamEvent]:
         text = self._text.flush()
         return [TextDelta(text=text)] if text else []
 
+    def _flush_thinking(self) -> list[StreamEvent]:
+        text = self._thinking.flush()
+        return [ThinkingDelta(text=text)] if text else []
+
     def _flush_arguments(self) -> list[StreamEvent]:
         fragment = self._arguments.flush()
         call_id, self._arguments_id = self._arguments_id, None
         return [ToolCallInputDelta(id=call_id, partial_json=fragment)] if fragment and call_id is not None else []
+
+
+MASKED_LOGGERS: Final = (
+    "httpx",
+    "httpcore",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "httpcore.socks",
+    "trioloop",
+    "trioloop.providers",
+)
+"""Where the key could reach a log line. A logger filter sees only records made on that very logger,
+so httpcore's per-module loggers are named one by one."""
+
+
+@final
+class KeyLogFilter(logging.Filter):
+    """Masks every registered key in a record's formatted message (its args included), then lets it pass.
+
+    With httpcore's debug logging on, a server that echoes the key in a response header would otherwise
+    put it in a ``receive_response_headers`` line.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("trioloop-key-mask")
+        self._keys: frozenset[str] = frozenset()
+
+    def add(self, key: str) -> None:
+        if key and key not in self._keys:
+            self._keys = self._keys | {key}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        keys = self._keys
+        if not keys:
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:  # a record whose args do not format: logging reports it; nothing to mask here
+            return True
+        masked = message
+        for key in keys:
+            if key in masked:
+                masked = masked.replace(key, REDACTED)
+        if masked is not message:
+            record.msg, record.args = masked, None
+        return True
+
+
+_KEY_FILTER: Final = KeyLogFilter()
+
+
+def mask_key_in_logs(key: str) -> None:
+    """Register ``key`` with the filter on every logger in ``MASKED_LOGGERS`` (installed once, idempotent)."""
+    _KEY_FILTER.add(key)
+    for name in MASKED_LOGGERS:
+        logger = logging.getLogger(name)
+        if _KEY_FILTER not in logger.filters:
+            logger.addFilter(_KEY_FILTER)

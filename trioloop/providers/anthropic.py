@@ -52,7 +52,7 @@ from trioloop.providers.base import (
     notice,
     split_text,
 )
-from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryNotice, RetryPolicy
 from trioloop.providers.sse import SseFrame
 from trioloop.providers.transport import (
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -618,6 +618,7 @@ class AnthropicProvider(HttpChatProvider):
         retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
         model_table: Mapping[str, ModelCapabilities] = MODEL_TABLE,
         options: AnthropicRequestOptions | None = None,
+        on_retry: Callable[[RetryNotice], None] | None = None,
     ) -> None:
         """``options`` turns on extended thinking (opt-in) or off prompt caching (on by default)."""
         super().__init__(
@@ -629,4 +630,5 @@ class AnthropicProvider(HttpChatProvider):
             max_response_bytes=max_response_bytes,
             retry=retry,
             model_table=model_table,
+            on_retry=on_retry,
         )

@@ -265,8 +265,12 @@ class NoticeFolder:
         self._folded = 0
 
     def admit(self, events: list[StreamEvent]) -> list[StreamEvent]:
-        if not self._folded and not any(isinstance(e, StreamError) for e in events):
-            return events
+        if not self._folded:
+            for event in events:
+                if type(event) is StreamError:
+                    break
+            else:
+                return events
         out: list[StreamEvent] = []
         for event in events:
             if isinstance(event, StreamError):

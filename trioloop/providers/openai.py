@@ -44,7 +44,7 @@ from trioloop.providers.base import (
     notice,
     split_text,
 )
-from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryNotice, RetryPolicy
 from trioloop.providers.sse import SseFrame
 from trioloop.providers.transport import (
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -109,7 +109,10 @@ _REASONING_FIELDS: Final = ("reasoning_content", "reasoning")
 _REASONING_PARTS: Final = frozenset({"thinking", "reasoning"})
 
 
-def _parts_text(parts: list[Any], reasoning: list[str]) -> str:
+_PART_DEPTH: Final = 4
+
+
+def _parts_text(parts: list[Any], reasoning: list[str], depth: int = 0) -> str:
     """The answer text of a list-typed ``content``; reasoning parts go to ``reasoning`` instead.
 
     Mistral's reasoning models stream ``[{"type": "thinking", "thinking": [{"type": "text", ...}]},
@@ -129,8 +132,8 @@ def _parts_text(parts: list[Any], reasoning: list[str]) -> str:
             inner = part.get(kind)
             if isinstance(inner, str):
                 reasoning.append(inner)
-            elif isinstance(inner, list):
-                reasoning.append(_parts_text(inner, reasoning))
+            elif isinstance(inner, list) and depth < _PART_DEPTH:  # hostile nesting stops here
+                reasoning.append(_parts_text(inner, reasoning, depth + 1))
             else:
                 reasoning.append(_text(part.get("text")))
     return "".join(answer)
@@ -237,8 +240,14 @@ class OpenAIStreamMapper:
             )
 
     def _delta(self, delta: Mapping[str, Any], out: list[StreamEvent]) -> None:
-        reasoning: list[str] = [_text(delta.get(field)) for field in _REASONING_FIELDS]
         content = delta.get("content")
+        if type(content) is str and len(delta) == 1:  # the common chunk: answer text and nothing else
+            if content:
+                if not self._started:
+                    self._start(out)
+                out.append(TextDelta(text=content))
+            return
+        reasoning: list[str] = [_text(delta.get(field)) for field in _REASONING_FIELDS]
         if isinstance(content, list):
             content = _parts_text(content, reasoning)
         elif content is not None and not isinstance(content, str):
@@ -576,6 +585,7 @@ class OpenAIProvider(HttpChatProvider):
         retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
         model_table: Mapping[str, ModelCapabilities] = MODEL_TABLE,
         options: OpenAIRequestOptions | None = None,
+        on_retry: Callable[[RetryNotice], None] | None = None,
     ) -> None:
         """``options`` overrides the request fields ``OpenAIRequestOptions.for_base_url`` picks."""
         super().__init__(
@@ -587,4 +597,5 @@ class OpenAIProvider(HttpChatProvider):
             max_response_bytes=max_response_bytes,
             retry=retry,
             model_table=model_table,
+            on_retry=on_retry,
         )

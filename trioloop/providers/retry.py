@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Final, final
 
 import attrs
 import trio
 
-from trioloop.protocol.events import StreamEvent
+from trioloop.protocol.events import StreamError, StreamEvent
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import AttemptOutcome, Transport, is_retriable
 
-__all__ = ["DEFAULT_RETRY_POLICY", "RetryPolicy", "RetryingTransport"]
+__all__ = ["DEFAULT_RETRY_POLICY", "RetryNotice", "RetryPolicy", "RetryingTransport", "retry_label"]
 
 _log = logging.getLogger("trioloop.providers")
 
@@ -61,12 +62,43 @@ DEFAULT_RETRY_POLICY: Final = RetryPolicy()
 
 
 @final
+@attrs.frozen(kw_only=True)
+class RetryNotice:
+    """A failed attempt about to be retried: what failed, how long the wait is, which attempt comes next."""
+
+    failure: StreamError
+    wait: float
+    next_attempt: int
+    max_attempts: int
+
+    def describe(self) -> str:
+        """E.g. ``HTTP 529, retrying in 2 s, attempt 2 of 4``."""
+        label = retry_label(self.failure)
+        return f"{label}, retrying in {self.wait:g} s, attempt {self.next_attempt} of {self.max_attempts}"
+
+
+def retry_label(failure: StreamError) -> str:
+    """The short name of a failure: ``HTTP 529`` from its detail, else the network cause, else its message."""
+    detail = failure.provider_detail or ""
+    if detail.startswith("HTTP "):
+        return detail.split(":", 1)[0]
+    return detail or failure.message
+
+
+@final
 class RetryingTransport:
     """A ``Transport`` that re-runs ``inner`` on transient failures, within ``policy``."""
 
-    def __init__(self, inner: Transport, policy: RetryPolicy = DEFAULT_RETRY_POLICY) -> None:
+    def __init__(
+        self,
+        inner: Transport,
+        policy: RetryPolicy = DEFAULT_RETRY_POLICY,
+        on_retry: Callable[[RetryNotice], None] | None = None,
+    ) -> None:
+        """``on_retry`` is told before each wait, so a UI can show progress instead of silence."""
         self._inner = inner
         self._policy = policy
+        self._on_retry = on_retry
 
     def __repr__(self) -> str:
         return f"RetryingTransport({self._inner!r}, {self._policy!r})"
@@ -91,5 +123,11 @@ class RetryingTransport:
                 failure.code.value,
                 wait,
             )
+            if self._on_retry is not None:
+                self._on_retry(
+                    RetryNotice(
+                        failure=failure, wait=wait, next_attempt=attempt + 1, max_attempts=self._policy.max_attempts
+                    )
+                )
             await trio.sleep(wait)
             attempt += 1

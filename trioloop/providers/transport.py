@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Final, Self, cast, final
 
 import httpx
@@ -31,9 +31,10 @@ from trioloop.protocol.preflight import (
 )
 from trioloop.protocol.provider import send_events
 from trioloop.protocol.tools import ChatRequest
-from trioloop.providers._redact import REDACTED, EventScrubber
+from trioloop.providers._network import describe_network_failure
+from trioloop.providers._redact import REDACTED, EventScrubber, mask_key_in_logs
 from trioloop.providers.base import AttemptOutcome, Messages, StreamMapper, Transport, WireFormat
-from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryingTransport, RetryPolicy
+from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryingTransport, RetryNotice, RetryPolicy
 from trioloop.providers.sse import SseDecoder
 
 __all__ = [
@@ -214,6 +215,7 @@ class HttpTransport:
                 Messages.NO_API_KEY,
                 f"Set {self._wire.env_var} or pass api_key to the provider.",
             )
+        mask_key_in_logs(key)
         try:
             allowed = self._url_allowed()
         except httpx.InvalidURL:
@@ -310,7 +312,7 @@ class _Exchange:
                 await _release(response, chunks)
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError) as exc:
             _log.debug("provider connection failed: %s", type(exc).__name__)
-            return self.fail(ProtocolErrorCode.TRANSPORT, Messages.NETWORK, type(exc).__name__)
+            return self.fail(ProtocolErrorCode.TRANSPORT, Messages.NETWORK, describe_network_failure(exc))
         except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
             _log.debug("provider request failed: %s", type(exc).__name__)
             return self.fail(ProtocolErrorCode.TRANSPORT, Messages.REQUEST_FAILED, type(exc).__name__)
@@ -510,6 +512,7 @@ class HttpChatProvider:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         retry: RetryPolicy | None = DEFAULT_RETRY_POLICY,
         model_table: Mapping[str, ModelCapabilities] = MODEL_TABLE,
+        on_retry: Callable[[RetryNotice], None] | None = None,
     ) -> None:
         self._wire = wire
         self._table = model_table
@@ -523,7 +526,7 @@ class HttpChatProvider:
             max_response_bytes=max_response_bytes,
         )
         self._http = http
-        self._transport: Transport = http if retry is None else RetryingTransport(http, retry)
+        self._transport: Transport = http if retry is None else RetryingTransport(http, retry, on_retry)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._transport!r})"

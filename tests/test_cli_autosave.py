@@ -1,0 +1,130 @@
+"""`trioloop chat` saves after every turn that changed the document, and on Ctrl-C at any point."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from trioloop._commands import chat_session
+from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.threatmodel import load_thf
+
+PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
+COMMENT = "# kept by hand: this comment must survive every save\n"
+
+
+def add_threat(cid: str, title: str) -> ScriptStep:
+    threat = {"title": title, "category": "Spoofing", "severity": "medium", "element": "psp"}
+    return ScriptStep(
+        text=f"Proposing {title}.", tool_calls=(ScriptedCall(id=cid, name="add_threat", input={"threat": threat}),)
+    )
+
+
+def _read(path: Path) -> bytes:
+    with open(path, "rb") as file:  # a plain read: these tests run no other task while they check
+        return file.read()
+
+
+def answers(*replies: str | BaseException) -> Callable[[str], str]:
+    """A prompt that gives each reply in turn (raising it when it is an exception), then EOF."""
+    queue: Iterator[str | BaseException] = iter(replies)
+
+    def prompt(_: str) -> str:
+        reply = next(queue, EOFError())
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    return prompt
+
+
+def interrupted(error: BaseException) -> bool:
+    """A KeyboardInterrupt, alone or inside the exception groups Trio's nurseries wrap it in."""
+    if isinstance(error, BaseExceptionGroup):
+        return error.subgroup(KeyboardInterrupt) is not None
+    return isinstance(error, KeyboardInterrupt)
+
+
+@pytest.fixture
+def thf(tmp_path: Path) -> Path:
+    path = tmp_path / "model.thf"
+    path.write_text(COMMENT + PAYMENT.read_text(encoding="utf-8"), encoding="utf-8")
+    return path
+
+
+async def test_each_turn_that_changes_the_document_is_saved_in_place(
+    thf: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    steps = [add_threat("c1", "First"), ScriptStep(text="ok"), ScriptStep(text="just talk")]
+    seen: list[int] = []
+    base = len(load_thf(thf).threats)
+
+    def prompt(text: str) -> str:
+        seen.append(len(load_thf(thf).threats) - base)  # what is on disk when the user is asked again
+        return answers("add one", "thanks")(text) if len(seen) == 1 else ["thanks", ""][len(seen) - 2]
+
+    async with ScriptedProvider(steps) as provider:
+        assert await chat_session(thf, provider, "scripted-1", "safe", prompt) == 0
+    assert seen == [0, 1, 1]  # saved right after the first turn, before the next prompt
+    out = capsys.readouterr().out
+    assert out.count(f"Saved {thf}") == 1  # the talk-only turn changed nothing, so no second save
+    text = _read(thf).decode()
+    assert text.startswith(COMMENT) and "title: First" in text
+
+
+async def test_out_receives_the_saves_and_the_source_is_untouched(thf: Path, tmp_path: Path) -> None:
+    original = _read(thf)
+    out = tmp_path / "edited.thf"
+    async with ScriptedProvider([add_threat("c1", "First"), ScriptStep(text="ok")]) as provider:
+        assert await chat_session(thf, provider, "scripted-1", "safe", answers("add"), out=out) == 0
+    assert _read(thf) == original
+    assert _read(out).decode().startswith(COMMENT)
+    assert len(load_thf(out).threats) == len(load_thf(thf).threats) + 1
+
+
+async def test_ctrl_c_at_the_prompt_or_mid_turn_keeps_every_committed_change(
+    thf: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The first call is approved and commits; Ctrl-C arrives at the second call's review card.
+    steps = [add_threat("c1", "First"), add_threat("c2", "Second"), ScriptStep(text="unreached")]
+    base = len(load_thf(thf).threats)
+    with pytest.raises(BaseException) as caught:
+        async with ScriptedProvider(steps) as provider:
+            await chat_session(thf, provider, "scripted-1", "ask", answers("add two", "a", KeyboardInterrupt()))
+    assert interrupted(caught.value)
+    threats = load_thf(thf).threats
+    assert len(threats) == base + 1 and threats[-1].title == "First"
+    assert f"Saved {thf}" in capsys.readouterr().out
+    assert _read(thf).decode().startswith(COMMENT)
+
+
+async def test_a_failed_save_is_reported_and_leaves_the_file(
+    thf: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = _read(thf)
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    async with ScriptedProvider([add_threat("c1", "First"), ScriptStep(text="ok")]) as provider:
+        assert await chat_session(thf, provider, "scripted-1", "safe", answers("add")) == 0
+    monkeypatch.undo()
+    assert _read(thf) == original
+    assert "could not save" in capsys.readouterr().err
+
+
+def test_trio_delivers_ctrl_c_to_the_loop(thf: Path) -> None:
+    # The same path through trio.run, as `trioloop chat` runs it.
+    async def main() -> int:
+        async with ScriptedProvider([add_threat("c1", "First"), ScriptStep(text="ok")]) as provider:
+            return await chat_session(thf, provider, "scripted-1", "safe", answers("add", KeyboardInterrupt()))
+
+    with pytest.raises(BaseException) as caught:
+        trio.run(main)
+    assert interrupted(caught.value)
+    assert len(load_thf(thf).threats) == len(load_thf(PAYMENT).threats) + 1

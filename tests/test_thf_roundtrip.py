@@ -153,7 +153,7 @@ def _file_and_edits(draw: st.DrawFn) -> tuple[ThfFile, list[ThreatModel]]:
     return file, models
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_file_and_edits())
 def test_an_edit_rewrites_only_the_changed_entities_and_reads_back(case: tuple[ThfFile, list[ThreatModel]]) -> None:
     file, models = case

@@ -153,7 +153,7 @@ def _file_and_edits(draw: st.DrawFn) -> tuple[ThfFile, list[ThreatModel]]:
     return file, models
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_file_and_edits())
 def test_an_edit_rewrites_only_the_changed_entities_and_reads_back(case: tuple[ThfFile, list[ThreatModel]]) -> None:
     file, models = case
@@ -227,3 +227,14 @@ def test_save_is_atomic_and_returns_the_file_for_the_next_save(tmp_path: Path, m
     written = save_thf(path, edited, file)
     assert path.read_text(encoding="utf-8") == written.text and load_thf(path) == edited
     assert "# Threat model of the shop (kept by hand)." in written.text
+
+
+def test_a_section_emptied_then_refilled_over_successive_saves() -> None:
+    file = load_thf_file((ROOT / "tests" / "fixtures" / "thf_valid_base.thf").read_text(encoding="utf-8"))
+    threat = file.model.threats[0]
+    emptied = file.updated(attrs.evolve(file.model, threats=()))
+    assert "threats: []\n" in emptied.text
+    one = emptied.updated(attrs.evolve(emptied.model, threats=(threat,)))
+    two = one.updated(attrs.evolve(one.model, threats=(threat, attrs.evolve(threat, id="t9"))))
+    assert load_thf(one.text) == one.model and load_thf(two.text) == two.model
+    assert two.text.startswith(file.text.split("threats:")[0])  # everything before the section is as it was

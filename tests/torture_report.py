@@ -27,6 +27,7 @@ FILES = (
     ("test_torture_tools.py", "Tool faults"),
     ("test_torture_hostile.py", "Hostile documents and tool inputs"),
     ("test_fuzz_streams.py", "Stream fuzzing (SSE framer and both mappers)"),
+    ("test_torture_writes.py", "Write failures (documents, session files, transcripts)"),
 )
 
 

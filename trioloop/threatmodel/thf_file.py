@@ -211,7 +211,7 @@ def _patch(layout: Layout, old: ThreatModel, new: ThreatModel) -> Layout | None:
             continue
         if not _present(new, top.key):
             continue
-        if top.key in _SECTIONS and top.items is not None:
+        if top.key in _SECTIONS and top.items:  # None or empty: rewrite the section whole
             patched = _patch_section(out, lines, top, before, after)
             if patched is not None:
                 tops.append(patched)

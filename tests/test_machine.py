@@ -43,6 +43,7 @@ from trioloop.loop import (
     tool_field,
 )
 from trioloop.loop._machine_state import CallRecord, Log
+from trioloop.loop._machine_text import NOT_RUN_TEXT
 from trioloop.loop._machine_tables import INITIAL_CALL_STATUSES
 from trioloop.protocol import (
     Aborted,
@@ -266,25 +267,21 @@ def test_the_table_wins_over_a_handler_that_disagrees(monkeypatch: pytest.Monkey
 
 def _status_scenarios() -> list[list[TurnInput]]:
     approve_c1 = [submit(), *iteration(call("c1"), call("c2", target="db")), ApproveCall(call_id="c1")]
+    both = [*approve_c1, ApproveCall(call_id="c2")]
     twins = [submit(), *iteration(call("c1"), call("c2")), DenyCall(call_id="c1"), ApproveCall(call_id="c2")]
     return [
         [
             *approve_c1,
+            DenyCall(call_id="c2"),
             StartCall(call_id="c1", now_ms=1),
             CallSettled(call_id="c1", outcome=ToolOutcome.success("ok"), now_ms=2),
-            DenyCall(call_id="c2"),
             Advance(now_ms=3),
             *iteration(stop="end_turn"),
             UndoTurn(),
         ],
-        [
-            *approve_c1,
-            StartCall(call_id="c1", now_ms=1),
-            CallSettled(call_id="c1", outcome=ToolOutcome.failure("x"), now_ms=2),
-        ],
-        [*approve_c1, StartCall(call_id="c2", now_ms=1)],  # pending -> failed (refused start)
-        [*approve_c1, StartCall(call_id="c1", now_ms=1), Cancel()],  # running -> denied; pending -> denied
-        [*approve_c1, Cancel()],  # approved -> denied
+        [*both, StartCall(call_id="c1", now_ms=1), CallSettled(call_id="c1", outcome=ToolOutcome.failure("x"), now_ms=2)],
+        [*both, StartCall(call_id="c1", now_ms=1), Cancel()],  # running -> denied; approved -> denied
+        [*approve_c1, Cancel()],  # approved -> denied; pending -> denied
         [*twins, StartCall(call_id="c2", now_ms=1)],  # approved -> failed (denied_replay)
         [submit(), *iteration(call("r1", "read"), call("x1", "nope"), call("b1", target=""))],
         [submit(TurnLimits(max_tool_calls_per_iteration=1)), *iteration(call("c1"), call("c2"))],
@@ -512,26 +509,45 @@ def test_deadline_cancel_settles_bounded_with_the_time_limit_notice() -> None:
 
 
 def test_settling_marks_every_unfinished_call_not_run_and_answers_it() -> None:
-    state = start(call("c1"), call("c2", target="db"), call("c3", target="x"))
-    state = run([ApproveBatch(call_ids=("c1", "c2")), StartCall(call_id="c1", now_ms=1), Cancel()], state)
-    records = {c.id: c for c in state.calls}
-    assert {c.status for c in records.values()} == {CallStatus.DENIED}
-    assert {c.denial_reason for c in records.values()} == {DenialReason.TURN_CANCELLED}
-    assert "discarded" in (records["c1"].result or "")  # it was running
-    assert (records["c2"].result or "").startswith("Not run")  # approved, never started
-    assert (records["c3"].result or "").startswith("Not run")  # never approved
-    assert settled_and_pairable(state)
-    assert set(results(state)) == {"c1", "c2", "c3"}
+    three = start(call("c1"), call("c2", target="db"), call("c3", target="x"))
+    waiting = run([ApproveBatch(call_ids=("c1",)), Cancel()], three)  # c1 approved, c2 and c3 undecided
+    running = run([ApproveBatch(call_ids=("c1", "c2", "c3")), StartCall(call_id="c1", now_ms=1), Cancel()], three)
+    for state in (waiting, running):
+        records = {c.id: c for c in state.calls}
+        assert {c.status for c in records.values()} == {CallStatus.DENIED}
+        assert {c.denial_reason for c in records.values()} == {DenialReason.TURN_CANCELLED}
+        assert (records["c2"].result or "").startswith("Not run")  # never started
+        assert (records["c3"].result or "").startswith("Not run")
+        assert settled_and_pairable(state)
+        assert set(results(state)) == {"c1", "c2", "c3"}
+    approved, was_running = waiting.call("c1"), running.call("c1")
+    assert approved is not None and approved.result == NOT_RUN_TEXT  # approved, never started
+    assert was_running is not None and "discarded" in (was_running.result or "")
 
 
-def test_approve_call_grants_and_executes_even_with_others_pending() -> None:
+def test_approve_call_grants_but_the_iteration_executes_only_once_decided() -> None:
     state = reduce_turn(start(call("c1"), call("c2", target="db")), ApproveCall(call_id="c1"))
-    assert state.phase is Phase.EXECUTING
+    assert state.phase is Phase.AWAITING_APPROVAL
     assert status(state, "c1") is CallStatus.APPROVED and status(state, "c2") is CallStatus.PENDING
     assert [g.call_id for g in state.grants] == ["c1"]
-    # Still approvable while executing.
-    later = reduce_turn(execute(state, "c1"), ApproveCall(call_id="c2"))
-    assert status(later, "c2") is CallStatus.APPROVED
+    # Nothing starts while c2 awaits its decision.
+    early = reduce_turn(state, StartCall(call_id="c1", now_ms=1))
+    assert status(early, "c1") is CallStatus.APPROVED and kinds(early)[-1] is Violation.NO_GRANT
+    decided = reduce_turn(state, ApproveCall(call_id="c2"))
+    assert decided.phase is Phase.EXECUTING and status(decided, "c2") is CallStatus.APPROVED
+
+
+@pytest.mark.parametrize("order", ["approve_then_deny", "deny_then_approve"])
+def test_twin_calls_run_the_same_whatever_the_click_order(order: str) -> None:
+    """Two identical calls, one approved and one denied: the sticky denial wins either way."""
+    state = start(call("c1"), call("c2"))
+    clicks: list[TurnInput] = [ApproveCall(call_id="c1"), DenyCall(call_id="c2")]
+    state = run(clicks if order == "approve_then_deny" else clicks[::-1], state)
+    assert state.phase is Phase.EXECUTING
+    state = reduce_turn(state, StartCall(call_id="c1", now_ms=1))
+    assert status(state, "c1") is CallStatus.FAILED and kinds(state)[-1] is Violation.DENIED_REPLAY
+    assert status(state, "c2") is CallStatus.DENIED
+    assert reduce_turn(state, Advance(now_ms=2)).phase is Phase.REQUESTING
 
 
 def test_approve_of_a_non_pending_call_is_a_no_op() -> None:
@@ -617,10 +633,10 @@ def test_call_settled_for_a_call_that_is_not_running_is_a_violation() -> None:
 
 
 def test_advance_waits_for_every_call_of_the_iteration() -> None:
-    state = reduce_turn(start(call("c1"), call("c2", target="db")), ApproveCall(call_id="c1"))
-    state = execute(state, "c1")
-    assert reduce_turn(state, Advance(now_ms=5)) is state  # c2 still pending
-    state = run([DenyCall(call_id="c2"), Advance(now_ms=5)], state)
+    state = run([ApproveCall(call_id="c1"), DenyCall(call_id="c2")], start(call("c1"), call("c2", target="db")))
+    state = reduce_turn(state, StartCall(call_id="c1", now_ms=1))
+    assert reduce_turn(state, Advance(now_ms=5)) is state  # c1 still running
+    state = run([CallSettled(call_id="c1", outcome=ToolOutcome.success("ran c1"), now_ms=2), Advance(now_ms=5)], state)
     assert state.phase is Phase.REQUESTING and state.iteration == 2 and state.budget.iterations_started == 2
     answered = results(state)
     assert answered["c1"] == ToolResultBlock(call_id="c1", content="ran c1", is_error=False)

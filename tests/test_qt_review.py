@@ -317,10 +317,13 @@ def test_a_scripted_turn_reviewed_by_clicking(app: QApplication, document: Threa
         assert "You: Tidy the model" in answer and "I propose two edits." in answer
 
         click(rename.approve_button)
+        run.until_status("c1", CallStatus.APPROVED)
+        # A decided iteration: nothing runs while the other call still waits for its own decision.
+        assert clear.approve_button.isEnabled()
+        assert panel.state is not None and panel.state.phase is Phase.AWAITING_APPROVAL
+        click(clear.deny_button)
         run.until_status("c1", CallStatus.SUCCEEDED)
         assert rename.status_label.text() == "Applied"
-        assert clear.approve_button.isEnabled()  # the other call still waits for its own decision
-        click(clear.deny_button)
         run.until_settled()
 
         state = panel.state
@@ -357,14 +360,15 @@ def test_approve_all_safe_leaves_the_destructive_call_pending(app: QApplication,
         run.send("Edit")
         run.until_phase(Phase.AWAITING_APPROVAL)
         click(panel.approve_safe_button)
-        run.until_status("c1", CallStatus.SUCCEEDED)
-        run.until_status("c3", CallStatus.SUCCEEDED)
+        run.until_status("c1", CallStatus.APPROVED)
+        run.until_status("c3", CallStatus.APPROVED)
 
         destructive = panel.cards["c2"]
         assert destructive.call.status is CallStatus.PENDING
         assert destructive.approve_button.isEnabled()
         assert not panel.approve_safe_button.isEnabled()  # nothing safe is left to approve
         click(destructive.deny_button)
+        run.until_status("c3", CallStatus.SUCCEEDED)
         run.until_settled()
 
         metadata = panel.session.document.metadata
@@ -524,7 +528,7 @@ def test_demo_turn_mid_review_screenshot_and_bounded_notice(
         run.until(lambda: panel.state is not None and panel.state.iteration == 2, "the second iteration")
         run.until_phase(Phase.AWAITING_APPROVAL)
         click(panel.cards["toolu_03"].approve_button)
-        run.until_status("toolu_03", CallStatus.SUCCEEDED)
+        run.until_status("toolu_03", CallStatus.APPROVED)
         assert panel.state is not None and panel.state.is_live
 
         target = SCREENSHOT if os.environ.get("TRIOLOOP_WRITE_SCREENSHOT") == "1" else tmp_path / "qt-review.png"
@@ -535,8 +539,9 @@ def test_demo_turn_mid_review_screenshot_and_bounded_notice(
         # The reader puts the view's cursor at the top; later text must still land at the end, in order.
         panel.answer_view.moveCursor(QTextCursor.MoveOperation.Start)
         click(panel.approve_safe_button)
-        run.until_status("toolu_04", CallStatus.SUCCEEDED)
+        run.until_status("toolu_04", CallStatus.APPROVED)
         click(panel.cards["toolu_05"].deny_button)
+        run.until_status("toolu_04", CallStatus.SUCCEEDED)
         run.until(lambda: panel.card("toolu_07") is not None, "the corrected call")
         run.until_phase(Phase.AWAITING_APPROVAL)
         click(panel.cards["toolu_07"].approve_button)

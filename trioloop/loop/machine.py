@@ -376,7 +376,10 @@ def _approve(state: TurnState, grants: tuple[Grant, ...]) -> TurnState:
         return state
     granted = {g.call_id for g in grants}
     calls = tuple(_moved(c, CallStatus.APPROVED) if c.id in granted else c for c in state.calls)
-    return attrs.evolve(state, calls=calls, grants=state.grants + grants, phase=Phase.EXECUTING)
+    state = attrs.evolve(state, calls=calls, grants=state.grants + grants)
+    # A decided iteration: nothing approved starts while another call of the iteration awaits a
+    # decision, so the order of the clicks never changes what runs.
+    return state if _has_pending(state) else attrs.evolve(state, phase=Phase.EXECUTING)
 
 
 def _on_approve_call(state: TurnState, cmd: ApproveCall) -> TurnState:

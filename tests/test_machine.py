@@ -43,8 +43,8 @@ from trioloop.loop import (
     tool_field,
 )
 from trioloop.loop._machine_state import CallRecord, Log
-from trioloop.loop._machine_text import NOT_RUN_TEXT
 from trioloop.loop._machine_tables import INITIAL_CALL_STATUSES
+from trioloop.loop._machine_text import NOT_RUN_TEXT
 from trioloop.protocol import (
     Aborted,
     Message,
@@ -279,7 +279,11 @@ def _status_scenarios() -> list[list[TurnInput]]:
             *iteration(stop="end_turn"),
             UndoTurn(),
         ],
-        [*both, StartCall(call_id="c1", now_ms=1), CallSettled(call_id="c1", outcome=ToolOutcome.failure("x"), now_ms=2)],
+        [
+            *both,
+            StartCall(call_id="c1", now_ms=1),
+            CallSettled(call_id="c1", outcome=ToolOutcome.failure("x"), now_ms=2),
+        ],
         [*both, StartCall(call_id="c1", now_ms=1), Cancel()],  # running -> denied; approved -> denied
         [*approve_c1, Cancel()],  # approved -> denied; pending -> denied
         [*twins, StartCall(call_id="c2", now_ms=1)],  # approved -> failed (denied_replay)

@@ -265,6 +265,9 @@ def test_the_table_wins_over_a_handler_that_disagrees(monkeypatch: pytest.Monkey
 # -- call-status edges ---------------------------------------------------------------------------------
 
 
+FAILED = ToolOutcome.failure("x")
+
+
 def _status_scenarios() -> list[list[TurnInput]]:
     approve_c1 = [submit(), *iteration(call("c1"), call("c2", target="db")), ApproveCall(call_id="c1")]
     both = [*approve_c1, ApproveCall(call_id="c2")]

@@ -515,6 +515,15 @@ def test_deadline_cancel_settles_bounded_with_the_time_limit_notice() -> None:
     assert settled_and_pairable(state)
 
 
+def test_review_timeout_cancel_settles_bounded_with_its_own_notice() -> None:
+    state = run(
+        [ApproveCall(call_id="c1"), Cancel(reason="review_timeout")], start(call("c1"), call("c2", target="db"))
+    )
+    assert state.outcome is Outcome.BOUNDED and "review" in state.notices[-1]
+    assert {c.status for c in state.calls} == {CallStatus.DENIED}
+    assert settled_and_pairable(state)
+
+
 def test_settling_marks_every_unfinished_call_not_run_and_answers_it() -> None:
     three = start(call("c1"), call("c2", target="db"), call("c3", target="x"))
     waiting = run([ApproveBatch(call_ids=("c1",)), Cancel()], three)  # c1 approved, c2 and c3 undecided

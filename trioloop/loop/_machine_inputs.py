@@ -141,13 +141,17 @@ class Retry:
     now_ms: int = attrs.field(validator=_now)
 
 
+_CANCEL_REASONS: Final = ("stop", "deadline", "review_timeout")
+
+
 @final
 @attrs.frozen(kw_only=True)
 class Cancel:
-    """End the turn now: ``"stop"`` (the user) settles cancelled, ``"deadline"`` settles bounded."""
+    """End the turn now: ``"stop"`` (the user) settles cancelled; ``"deadline"`` and ``"review_timeout"``
+    (no decision on the review cards in time) settle bounded."""
 
-    reason: Literal["stop", "deadline"] = attrs.field(
-        default="stop", validator=attrs.validators.in_(("stop", "deadline"))
+    reason: Literal["stop", "deadline", "review_timeout"] = attrs.field(
+        default="stop", validator=attrs.validators.in_(_CANCEL_REASONS)
     )
 
 
@@ -251,7 +255,7 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
         ),
         Advance: (InputKind.ADVANCE, lambda c: _is_ms(c.now_ms)),
         Retry: (InputKind.RETRY, lambda c: _is_ms(c.now_ms)),
-        Cancel: (InputKind.CANCEL, lambda c: _is_str(c.reason) and c.reason in ("stop", "deadline")),
+        Cancel: (InputKind.CANCEL, lambda c: _is_str(c.reason) and c.reason in _CANCEL_REASONS),
         UndoTurn: (InputKind.UNDO_TURN, lambda c: True),
     }
 )

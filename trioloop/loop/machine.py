@@ -368,6 +368,8 @@ def _on_aborted(state: TurnState, event: object) -> TurnState:
 def _on_cancel(state: TurnState, cmd: Cancel) -> TurnState:
     if cmd.reason == "deadline":
         return _settle(state, Outcome.BOUNDED, bound=Bound.DEADLINE)
+    if cmd.reason == "review_timeout":
+        return _settle(state, Outcome.BOUNDED, bound=Bound.REVIEW_TIMEOUT)
     return _settle(state, Outcome.CANCELLED)
 
 

@@ -20,7 +20,7 @@ import attrs
 import trio
 
 from trioloop.loop._machine_text import NOT_TEXT_RESULT
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits, budget_exhaustion
+from trioloop.loop.limits import DEFAULT_TURN_LIMITS, Bound, TurnLimits, budget_exhaustion
 from trioloop.loop.machine import (
     Advance,
     ApproveBatch,
@@ -148,6 +148,11 @@ def _now_ms() -> int:
     return int(trio.current_time() * 1000)
 
 
+def _ms(seconds: float) -> int:
+    """A duration in whole milliseconds; the epsilon keeps 2.0 s from reading as 1999 ms after float error."""
+    return math.floor(seconds * 1000 + 1e-6)
+
+
 class _SendToInbox(trio.abc.SendChannel[StreamEvent]):
     """What the provider writes into: tags events with the request attempt and notes a terminal one."""
 
@@ -227,16 +232,56 @@ class _Turn:
         self.tools_idle = trio.Event()
         self.tools_idle.set()
         self.ending = False  # set when the turn starts settling: no tool value is committed after it
-        self.deadline = trio.current_time() + request.limits.turn_deadline_ms / 1000
+        self.started_at = trio.current_time()
+        self.deadline = self.started_at + request.limits.turn_deadline_ms / 1000
+        self.review_paused_s = 0.0  # time spent waiting for the reviewer: the turn deadline does not run then
+        self.review_since: float | None = None
 
     # -- state -----------------------------------------------------------------------------------
 
     def apply(self, item: TurnInput) -> None:
         new = reduce_turn(self.state, item)
         if new is not self.state:
-            self.state = new
+            old, self.state = self.state, new
+            if (old.phase is Phase.AWAITING_APPROVAL) is not (new.phase is Phase.AWAITING_APPROVAL):
+                self.pause_deadline_for_review(new.phase is Phase.AWAITING_APPROVAL)
             if self.on_state is not None:
                 self.on_state(new)
+
+    # -- the reviewer's time ---------------------------------------------------------------------
+
+    def pause_deadline_for_review(self, waiting: bool) -> None:
+        """The turn deadline measures the machine, not the person: it stands still while the turn waits
+        in ``awaiting_approval`` and moves forward by the time waited when the review is decided. While
+        waiting, the turn scope's deadline is the review timeout (none unless ``review_timeout_ms``)."""
+        now = trio.current_time()
+        scope = self.controls._scope
+        if waiting:
+            self.review_since = now
+            timeout_ms = self.state.limits.review_timeout_ms
+            if scope is not None:
+                scope.deadline = math.inf if timeout_ms is None else now + timeout_ms / 1000
+            return
+        if self.review_since is not None:
+            waited = now - self.review_since
+            self.review_since = None
+            self.review_paused_s += waited
+            self.deadline += waited
+        if scope is not None:
+            scope.deadline = self.deadline
+
+    def machine_now_ms(self) -> int:
+        """The turn's clock for its bounds: Trio's clock minus every wait for the reviewer, counted from
+        the budget's start so a scope deadline that fired is never a millisecond short of the bound."""
+        now = trio.current_time()
+        waiting = 0.0 if self.review_since is None else now - self.review_since
+        return self.state.budget.started_at_ms + _ms(now - self.started_at - self.review_paused_s - waiting)
+
+    def timing_bound(self) -> Bound | None:
+        """Whether the deadline or the review timeout has run out (checked in `budget_exhaustion`'s order)."""
+        budget = attrs.evolve(self.state.budget, iterations_started=0, tool_calls_accepted=0, retries_used=0)
+        waited = None if self.review_since is None else _ms(trio.current_time() - self.review_since)
+        return budget_exhaustion(budget, self.state.limits, self.machine_now_ms(), review_waited_ms=waited)
 
     # -- the one consumer ------------------------------------------------------------------------
 
@@ -291,7 +336,7 @@ class _Turn:
     def may_retry(self) -> bool:
         # Only the retry and deadline bounds matter here: a retry is not a new iteration.
         budget = attrs.evolve(self.state.budget, iterations_started=0, tool_calls_accepted=0)
-        return budget_exhaustion(budget, self.state.limits, _now_ms()) is None
+        return budget_exhaustion(budget, self.state.limits, self.machine_now_ms()) is None
 
     def retry_backoff(self) -> float:
         used = self.state.budget.retries_used
@@ -311,7 +356,7 @@ class _Turn:
                     continue
                 current = self.state.current_calls
                 if all(c.status not in (CallStatus.PENDING, CallStatus.APPROVED, CallStatus.RUNNING) for c in current):
-                    self.apply(Advance(now_ms=_now_ms()))
+                    self.apply(Advance(now_ms=self.machine_now_ms()))
                     if self.state is not state:
                         continue
             return
@@ -494,9 +539,8 @@ async def run_turn(
             now_ms=now_ms,
         )
     )
-    deadline = turn.deadline
     try:
-        with trio.CancelScope(deadline=deadline) as turn_scope:
+        with trio.CancelScope(deadline=turn.deadline) as turn_scope:
             controls._scope = turn_scope
             if controls.stop_requested:
                 turn_scope.cancel()
@@ -507,8 +551,9 @@ async def run_turn(
     finally:
         # Runs on Stop, on the deadline, and even when a scope outside the turn cancels us: the turn
         # always ends settled. The one await is shielded and bounded by the tool grace.
-        reason: Literal["stop", "deadline"] = (
-            "deadline" if not controls.stop_requested and trio.current_time() >= deadline else "stop"
+        bound = None if controls.stop_requested else turn.timing_bound()
+        reason: Literal["stop", "deadline", "review_timeout"] = (
+            "review_timeout" if bound is Bound.REVIEW_TIMEOUT else "deadline" if bound is Bound.DEADLINE else "stop"
         )
         await turn.await_tools()
         controls._scope = None

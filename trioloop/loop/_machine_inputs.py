@@ -103,7 +103,10 @@ class ApproveBatch:
 @final
 @attrs.frozen(kw_only=True)
 class DenyCall:
+    """The user declined one call; ``reason`` (optional, their own words) reaches the model with the refusal."""
+
     call_id: str = attrs.field(validator=_text)
+    reason: str = attrs.field(default="", validator=_text)
 
 
 @final
@@ -247,7 +250,7 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
             InputKind.APPROVE_BATCH,
             lambda c: type(c.call_ids) is tuple and all(_is_str(i) for i in c.call_ids),
         ),
-        DenyCall: (InputKind.DENY_CALL, lambda c: _is_str(c.call_id)),
+        DenyCall: (InputKind.DENY_CALL, lambda c: _is_str(c.call_id) and _is_str(c.reason)),
         StartCall: (InputKind.START_CALL, lambda c: _is_str(c.call_id) and _is_ms(c.now_ms)),
         CallSettled: (
             InputKind.CALL_SETTLED,

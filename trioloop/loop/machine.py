@@ -45,13 +45,13 @@ from trioloop.loop._machine_state import (
 )
 from trioloop.loop._machine_tables import CALL_STATUS_EDGES, INITIAL_CALL_STATUSES, PHASE_TRANSITIONS
 from trioloop.loop._machine_text import (
-    DECLINED_TEXT,
     INTERRUPTED_TEXT,
     LIMIT_NOTICE,
     LIMIT_TEXT,
     NOT_RUN_TEXT,
     NOT_TEXT_RESULT,
     REPLAY_TEXT,
+    declined_text,
     echo,
     invalid_input_text,
     not_authorized_text,
@@ -401,7 +401,7 @@ def _on_deny_call(state: TurnState, cmd: DenyCall) -> TurnState:
         call,
         CallStatus.DENIED,
         denial_reason=DenialReason.USER_DECLINED,
-        result=DECLINED_TEXT,
+        result=declined_text(cmd.reason),
         is_error=True,
     )
     denial = Denial(tool_name=call.tool_name, input_digest=call.input_digest)

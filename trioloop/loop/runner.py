@@ -115,8 +115,9 @@ class TurnControls:
     def approve_batch(self, call_ids: tuple[str, ...]) -> bool:
         return self._put(ApproveBatch(call_ids=tuple(call_ids)))
 
-    def deny(self, call_id: str) -> bool:
-        return self._put(DenyCall(call_id=call_id))
+    def deny(self, call_id: str, reason: str = "") -> bool:
+        """Decline one call; ``reason``, if given, reaches the model as the user's words (sanitized, capped)."""
+        return self._put(DenyCall(call_id=call_id, reason=reason))
 
     def stop(self) -> bool:
         """Cancel the turn: its scope is cancelled now; the consumer settles it ``cancelled``."""

@@ -350,7 +350,7 @@ def test_call_record_fields_are_the_ones_moved_to_copies() -> None:
     # moved_to copies fields by name; a field added to CallRecord must be added there too.
     assert [f.name for f in attrs.fields(CallRecord)] == [
         "id", "tool_name", "input_digest", "summary", "effect", "destructive", "iteration", "status",
-        "prepared", "result", "is_error", "denial_reason",
+        "prepared", "result", "is_error", "denial_reason", "edits",
     ]  # fmt: skip
 
 

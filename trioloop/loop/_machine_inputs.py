@@ -7,6 +7,7 @@ recognise as a well-formed turn input is not an input at all.
 
 from __future__ import annotations
 
+import copy
 import enum
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -65,6 +66,16 @@ def _messages(value: object) -> tuple[Message, ...]:
     return tuple(value)
 
 
+def _edited(value: Any) -> Any:
+    # A private copy, taken at the click: a face that changes its dict later cannot change the edit.
+    return copy.deepcopy(value) if type(value) is dict else value
+
+
+def _edited_ok(instance: object, attribute: attrs.Attribute[dict[str, Any] | None], value: object) -> None:
+    if value is not None and type(value) is not dict:
+        raise TypeError(f"{attribute.name} must be a JSON object (dict) or None, got {type(value).__name__}")
+
+
 def _call_ids(instance: object, attribute: attrs.Attribute[tuple[str, ...]], value: object) -> None:
     # An explicit tuple captured at the click: never a predicate or a live collection.
     if type(value) is not tuple or not all(type(i) is str for i in value):
@@ -87,9 +98,15 @@ class Submit:
 @final
 @attrs.frozen(kw_only=True)
 class ApproveCall:
-    """The user approved one call (a destructive one included)."""
+    """The user approved one call (a destructive one included).
+
+    ``edited_input`` (a JSON object) approves the call with the user's edit of its input instead: the
+    reducer prepares it with the call's own tool, so validation and limits apply and the grant binds
+    the edited input; None approves the input as the model sent it.
+    """
 
     call_id: str = attrs.field(validator=_text)
+    edited_input: dict[str, Any] | None = attrs.field(default=None, converter=_edited, validator=_edited_ok)
 
 
 @final
@@ -245,7 +262,10 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
         MessageStop: (InputKind.MESSAGE_STOP, lambda e: type(e.stop_reason) is StopReason),
         StreamError: (InputKind.STREAM_ERROR, _stream_error_ok),
         Aborted: (InputKind.ABORTED, lambda e: True),
-        ApproveCall: (InputKind.APPROVE_CALL, lambda c: _is_str(c.call_id)),
+        ApproveCall: (
+            InputKind.APPROVE_CALL,
+            lambda c: _is_str(c.call_id) and (c.edited_input is None or type(c.edited_input) is dict),
+        ),
         ApproveBatch: (
             InputKind.APPROVE_BATCH,
             lambda c: type(c.call_ids) is tuple and all(_is_str(i) for i in c.call_ids),

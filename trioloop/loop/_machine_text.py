@@ -25,6 +25,8 @@ __all__ = [
     "REPLAY_TEXT",
     "declined_text",
     "echo",
+    "edited_text",
+    "invalid_edit_text",
     "invalid_input_text",
     "not_authorized_text",
     "unknown_tool_text",
@@ -91,6 +93,30 @@ def declined_text(reason: str) -> str:
     if not reason.strip():
         return DECLINED_TEXT
     return f"{DECLINED_TEXT} The user gave this reason, in their own words: {quote_untrusted(reason, DENY_REASON_MAX)}"
+
+
+_EDIT_VALUE_MAX: Final = 200
+
+
+def invalid_edit_text(name: str, failure: PrepareFailure) -> str:
+    """The notice for an edit that ``prepare`` refused: nothing was approved, the call still waits."""
+    shown = "; ".join(_visible(issue, _ISSUE_MAX) for issue in failure.issues[:_ISSUES_MAX])
+    return f"Your edit of the {echo(name)} call was not valid, so nothing was approved and it still waits: {shown}"
+
+
+def edited_text(edits: tuple[tuple[str, str | None, str | None], ...]) -> str:
+    """What the model is told about a call the user edited before approving: every changed field, old -> new.
+
+    The history still holds the input the model sent; this line keeps the conversation truthful.
+    """
+
+    def shown(value: str | None) -> str:
+        return "(absent)" if value is None else quote_untrusted(value, _EDIT_VALUE_MAX)
+
+    changes = "; ".join(
+        f"{quote_untrusted(path, _EDIT_VALUE_MAX)}: {shown(old)} -> {shown(new)}" for path, old, new in edits
+    )
+    return f"The user edited this call's input before approving it, so it ran with these changes: {changes}."
 
 
 REPLAY_TEXT: Final = "Not run: the user already declined an identical action in this turn. Do not retry it."

@@ -53,6 +53,8 @@ from trioloop.loop._machine_text import (
     REPLAY_TEXT,
     declined_text,
     echo,
+    edited_text,
+    invalid_edit_text,
     invalid_input_text,
     not_authorized_text,
     unknown_tool_text,
@@ -66,6 +68,7 @@ from trioloop.loop.authorization import (
     grant_for_batch,
     grant_for_call,
 )
+from trioloop.loop.card import changed_fields
 from trioloop.loop.limits import Bound, TurnBudget, bound_notice, budget_exhaustion, tool_call_cap
 from trioloop.loop.tool_runtime import PrepareFailure
 from trioloop.protocol.events import MessageStop, StopReason, StreamError, TextDelta, ToolCallComplete, Usage
@@ -174,12 +177,17 @@ def _answer_message(calls: tuple[CallRecord, ...]) -> Message:
     results = tuple(
         ToolResultBlock(
             call_id=c.id,
-            content=c.result if c.result is not None else c.summary,
+            content=_result_content(c),
             is_error=c.is_error,
         )
         for c in calls
     )
     return Message(role="user", content=results)
+
+
+def _result_content(call: CallRecord) -> str:
+    content = call.result if call.result is not None else call.summary
+    return content if not call.edits else f"{edited_text(call.edits)}\n{content}"
 
 
 def _settle(
@@ -385,8 +393,37 @@ def _approve(state: TurnState, grants: tuple[Grant, ...]) -> TurnState:
 
 
 def _on_approve_call(state: TurnState, cmd: ApproveCall) -> TurnState:
+    if cmd.edited_input is not None:
+        state, valid = _edit_call(state, cmd.call_id, cmd.edited_input)
+        if not valid:
+            return state  # an invalid edit approves nothing, not even the model's own input
     grant = grant_for_call(state, cmd.call_id)
     return state if grant is None else _approve(state, (grant,))
+
+
+def _edit_call(state: TurnState, call_id: str, edited_input: dict[str, Any]) -> tuple[TurnState, bool]:
+    """The state with the call's input replaced by the user's edit, prepared by the call's own tool (so
+    validation and limits apply), and whether the edit is valid. An invalid edit leaves the call pending,
+    with a notice naming its problems; a call that is not awaiting a decision is left as it is."""
+    call = state.call(call_id)
+    if call is None or call.prepared is None or call.status is not CallStatus.PENDING:
+        return state, False
+    tool = state.tool_set.get(call.tool_name)
+    if tool is None or call.iteration != state.iteration:
+        return state, False
+    prepared = tool.prepare(edited_input)
+    if isinstance(prepared, PrepareFailure):
+        return _notice(state, invalid_edit_text(call.tool_name, prepared)), False
+    if prepared.input_digest == call.input_digest:
+        return state, True  # the "edit" changes nothing: an ordinary approval
+    edited = attrs.evolve(
+        call,
+        input_digest=prepared.input_digest,
+        summary=prepared.summary,
+        prepared=prepared,
+        edits=changed_fields(call.prepared.details, prepared.details),
+    )
+    return _replace_call(state, edited), True
 
 
 def _on_approve_batch(state: TurnState, cmd: ApproveBatch) -> TurnState:

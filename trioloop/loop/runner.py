@@ -109,8 +109,10 @@ class TurnControls:
             return False
         return True
 
-    def approve(self, call_id: str) -> bool:
-        return self._put(ApproveCall(call_id=call_id))
+    def approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> bool:
+        """Approve one call, or (with ``edited_input``) the user's edit of its input: the edit is prepared by
+        the call's own tool, the grant binds the edited input, and the model is told which fields changed."""
+        return self._put(ApproveCall(call_id=call_id, edited_input=edited_input))
 
     def approve_batch(self, call_ids: tuple[str, ...]) -> bool:
         return self._put(ApproveBatch(call_ids=tuple(call_ids)))

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 from rich.console import Console
 from rich.text import Text
 
-from trioloop._demo_view import ApproveMode, TurnView, document_diff, outcome_line
+from trioloop._demo_view import ApproveMode, LinePrompt, TurnView, document_diff, outcome_line
 from trioloop.loop.machine import TurnState
 from trioloop.loop.session import Session
 from trioloop.protocol.provider import ChatProvider
@@ -48,11 +50,36 @@ def _load(path: Path) -> ThreatModel | None:
 
 async def _one_turn(session: Session, view: TurnView, text: str) -> TurnState:
     async with trio.open_nursery() as nursery:
+        await nursery.start(_ctrl_c_stops, session, view.console)
         nursery.start_soon(view.watch)
         state = await session.send(text)
         await view.render(state)
         nursery.cancel_scope.cancel()
     return state
+
+
+async def _ctrl_c_stops(
+    session: Session, console: Console, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """During a turn, Ctrl-C is Stop (approved changes are kept); a second Ctrl-C quits the program."""
+    with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+        task_status.started()
+        async for _ in interrupts:
+            if not session.stop():
+                raise KeyboardInterrupt
+            console.print(Text("\nStopping the turn (Ctrl-C again quits)…", style="bold"))
+            async for _ in interrupts:
+                raise KeyboardInterrupt
+
+
+def _interruptible(run: Callable[..., Any], *args: Any) -> int:
+    """``trio.run(run, *args)``; a Ctrl-C that quits ends with one line and status 130, never a traceback."""
+    code = 130
+    try:
+        code = trio.run(run, *args)
+    except* KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+    return code
 
 
 def _report(console: Console, session: Session, state: TurnState, before: ThreatModel) -> None:
@@ -76,13 +103,13 @@ async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, pro
     async with ScriptedProvider(DEMO_SCRIPT, wire="anthropic") as provider:
         session = Session(document=document, provider=provider, model="scripted-1", limits=DEMO_LIMITS)
         console.print(Text(f"you> {DEMO_PROMPT}", style="bold"))
-        view = TurnView(console, session, mode, prompt)
+        view = TurnView(console, session, mode, LinePrompt(prompt))
         state = await _one_turn(session, view, DEMO_PROMPT)
         _report(console, session, state, document)
         if session.undo_availability().undoable:
             wants_undo = undo
             if mode == "ask" and not undo:
-                answer = await trio.to_thread.run_sync(prompt, "Undo this turn? [y/N] ", abandon_on_cancel=True)
+                answer = await view.lines.ask("Undo this turn? [y/N] ")
                 wants_undo = answer.strip().lower().startswith("y")
             if wants_undo:
                 session.undo_last_turn()
@@ -102,7 +129,7 @@ def run_demo(
     file: str | None, mode: ApproveMode, out: str | None, undo: bool, prompt: Callable[[str], str] = input
 ) -> int:
     path = Path(file) if file else DEFAULT_DEMO_FILE
-    return trio.run(_demo, path, mode, Path(out) if out else None, undo, prompt)
+    return _interruptible(_demo, path, mode, Path(out) if out else None, undo, prompt)
 
 
 def _real_provider(name: str, key: str) -> ChatProvider:
@@ -126,15 +153,16 @@ async def _chat(path: Path, provider_name: str, model: str, mode: ApproveMode, p
         return 1
     session = Session(document=document, provider=_real_provider(provider_name, key), model=model)
     console.print(Text("Type a request; an empty line or Ctrl-D ends the chat.", style="dim"))
+    lines = LinePrompt(prompt)  # one reader for the whole chat: a read a Stop abandoned is not lost
     while True:
         try:
-            text = await trio.to_thread.run_sync(prompt, "you> ", abandon_on_cancel=True)
+            text = await lines.ask("you> ")
         except EOFError:
             break
         if not text.strip():
             break
         before = session.document
-        state = await _one_turn(session, TurnView(console, session, mode, prompt), text)
+        state = await _one_turn(session, TurnView(console, session, mode, lines), text)
         _report(console, session, state, before)
     path_out = path.with_suffix(".chat.thf")
     if session.document != document:
@@ -144,8 +172,4 @@ async def _chat(path: Path, provider_name: str, model: str, mode: ApproveMode, p
 
 
 def run_chat(file: str, provider: str, model: str, mode: ApproveMode, prompt: Callable[[str], str] = input) -> int:
-    try:
-        return trio.run(_chat, Path(file), provider, model, mode, prompt)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return _interruptible(_chat, Path(file), provider, model, mode, prompt)

@@ -509,10 +509,15 @@ def _on_retry(state: TurnState, cmd: Retry) -> TurnState:
 
 
 def _on_undo_turn(state: TurnState, cmd: UndoTurn) -> TurnState:
-    if not any(c.status is CallStatus.SUCCEEDED for c in state.calls):
+    # Only calls that could have changed the document are undone; a read that succeeded stays succeeded.
+    if not any(_undoable(c) for c in state.calls):
         return state
-    calls = tuple(_moved(c, CallStatus.UNDONE) if c.status is CallStatus.SUCCEEDED else c for c in state.calls)
+    calls = tuple(_moved(c, CallStatus.UNDONE) if _undoable(c) else c for c in state.calls)
     return attrs.evolve(state, calls=calls)
+
+
+def _undoable(call: CallRecord) -> bool:
+    return call.status is CallStatus.SUCCEEDED and call.effect == "mutate"
 
 
 _K = InputKind

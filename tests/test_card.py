@@ -73,6 +73,22 @@ def test_control_and_bidi_code_points_are_stripped_and_long_values_kept_whole() 
     assert one_line("short") == "short" and one_line("one\ntwo") == "one two"
 
 
+def test_text_that_reads_like_json_is_shown_quoted() -> None:
+    details = dict(
+        input_details({"a": "null", "b": None, "c": "42", "d": 42, "e": "[]", "f": [], "g": "true", "h": "ok"})
+    )
+    assert details == {
+        "a": '"null"',
+        "b": "null",
+        "c": '"42"',
+        "d": "42",
+        "e": '"[]"',
+        "f": "[]",
+        "g": '"true"',
+        "h": "ok",
+    }
+
+
 def test_changed_fields_lists_old_and_new_values() -> None:
     before = input_details({"id": "a", "updates": {"name": "Old", "tags": ["x"]}})
     after = input_details({"id": "a", "updates": {"name": "New", "tags": []}})
@@ -105,7 +121,7 @@ def test_every_leaf_of_the_canonical_input_appears_in_the_details(pair: tuple[An
     for path, leaf in _leaves(canonical, ""):
         shown = details[path]
         if isinstance(leaf, str):
-            assert shown == (plain_value(leaf) or '""')
+            assert shown == plain_value(leaf) or json.loads(shown) == plain_value(leaf)
         else:
             assert json.loads(shown) == leaf
         assert not any(unicodedata.category(ch) in ("Cc", "Cf") and ch not in "\n\t" for ch in shown)

@@ -36,7 +36,13 @@ def test_demo_approve_safe_runs_the_whole_script(tmp_path: Path) -> None:
     assert "[done] get_document_summary" in text and "[done] search_entities" in text
     # Review cards, the batch of safe calls, and the destructive one denied.
     assert "review toolu_03" in text and "DESTRUCTIVE" in text
-    assert "approved all safe: toolu_03, toolu_04" in text
+    assert "approved all safe: toolu_03" in text
+    # One card approved with an edit, and the model told exactly what changed.
+    assert "approved toolu_04 with the demo reviewer's edit:" in text
+    assert "updates.description: Back-office tool; SSO with MFA required. -> " in text
+    # A card with its whole input and its preview, the cascade named.
+    assert "threat.mitigation.status: not_started" in text
+    assert "Removes threat threat-7 (Customer email leaked through notifications)" in text
     assert "denied destructive toolu_05" in text
     # The invalid call was refused with a field-level issue, and corrected in the next iteration.
     assert "element.name" in text
@@ -51,6 +57,8 @@ def test_demo_approve_safe_runs_the_whole_script(tmp_path: Path) -> None:
     result = load_thf(out)
     assert len(result.threats) == len(load_thf(PAYMENT).threats) + 1
     assert any(flow.id == "flow-10" for flow in result.data_flows)  # the destructive delete never ran
+    admin = next(e for e in result.elements if e.id == "admin-console")
+    assert admin.description == "Back-office tool; SSO with MFA and an IP allow-list required."
 
 
 def test_demo_undo_restores_the_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,7 +19,7 @@ from trioloop.loop.session import Session
 from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.scripted import ScriptedProvider
 from trioloop.threatmodel import ThfError, ThreatModel, dump_thf, load_thf
-from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
+from trioloop.threatmodel.demo import DEMO_EDITS, DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 
 __all__ = ["DEFAULT_DEMO_FILE", "run_chat", "run_demo"]
 
@@ -103,7 +103,7 @@ async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, pro
     async with ScriptedProvider(DEMO_SCRIPT, wire="anthropic") as provider:
         session = Session(document=document, provider=provider, model="scripted-1", limits=DEMO_LIMITS)
         console.print(Text(f"you> {DEMO_PROMPT}", style="bold"))
-        view = TurnView(console, session, mode, LinePrompt(prompt))
+        view = TurnView(console, session, mode, LinePrompt(prompt), scripted_edits=DEMO_EDITS)
         state = await _one_turn(session, view, DEMO_PROMPT)
         _report(console, session, state, document)
         if session.undo_availability().undoable:

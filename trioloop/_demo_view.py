@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from trioloop.loop.card import one_line
+from trioloop.loop.card import changed_fields, one_line
 from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.preview import preview_call
 from trioloop.loop.session import Session
@@ -136,11 +136,18 @@ class TurnView:
     """Prints one session's turns and answers approval requests according to ``mode``."""
 
     def __init__(
-        self, console: Console, session: Session, mode: ApproveMode, prompt: Prompt | LinePrompt = input
+        self,
+        console: Console,
+        session: Session,
+        mode: ApproveMode,
+        prompt: Prompt | LinePrompt = input,
+        scripted_edits: Mapping[str, dict[str, Any]] | None = None,
     ) -> None:
         self.console = console
         self.session = session
         self.mode = mode
+        #: ``--approve safe`` in the demo: call id -> the edited input the scripted reviewer approves instead.
+        self.scripted_edits = dict(scripted_edits or {})
         self.lines = prompt if isinstance(prompt, LinePrompt) else LinePrompt(prompt)
         self._shown_text: dict[int, int] = {}
         self._carded: set[str] = set()
@@ -221,8 +228,14 @@ class TurnView:
         details = call.prepared.details if call.prepared is not None else ()
         if details:
             body.append("\nInput:", style="bold")
+            unset = 0
             for path, value in details:
+                if value == "null":
+                    unset += 1  # a field left out (null) writes nothing; "?" lists every field
+                    continue
                 body.append(f"\n  {path}: {one_line(value)}")
+            if unset:
+                body.append(f"\n  ({unset} more field(s) left null; ? shows every field, whole)", style="dim")
         for line in self._preview_lines(call):
             body.append(f"\n{line}", style="bold" if not line.startswith(" ") else "")
         title = f"review {escape(call.id)} · {escape(call.tool_name)}"
@@ -252,7 +265,13 @@ class TurnView:
                 self.session.deny(call.id, "The user's session denies every change (--approve none).")
             return
         if self.mode == "safe":
-            safe = tuple(c.id for c in pending if not c.destructive)
+            for call in pending:
+                edited = self.scripted_edits.get(call.id)
+                if edited is not None and not call.destructive:
+                    self.console.print(Text(f"  approved {call.id} with the demo reviewer's edit:"))
+                    self._print_edit(call, edited)
+                    self.session.approve(call.id, edited)
+            safe = tuple(c.id for c in pending if not c.destructive and c.id not in self.scripted_edits)
             if safe:
                 self.console.print(Text(f"  approved all safe: {', '.join(safe)}"))
                 self.session.approve_batch(safe)
@@ -300,6 +319,14 @@ class TurnView:
                 continue
             queue.pop(0)
 
+    def _print_edit(self, call: CallRecord, edited: dict[str, Any]) -> None:
+        tool = self.session.state.tool_set.get(call.tool_name) if self.session.state is not None else None
+        checked = None if tool is None else tool.prepare(edited)
+        if call.prepared is None or checked is None or isinstance(checked, PrepareFailure):
+            return
+        for path, old, new in changed_fields(call.prepared.details, checked.details):
+            self.console.print(Text(f"    {path}: {old if old is not None else '(absent)'} -> {new}"))
+
     async def _edit(self, call: CallRecord) -> bool:
         """Ask for an edited input, check it with the call's own tool, and approve it; False to ask again."""
         tool = self.session.state.tool_set.get(call.tool_name) if self.session.state is not None else None
@@ -321,5 +348,6 @@ class TurnView:
             self.console.print(Text(f"  The tool refused this input: {checked.message}. Nothing was approved."))
             return False
         self.console.print(Text(f"  approved {call.id} with your edit: {checked.summary}"))
+        self._print_edit(call, edited)
         self.session.approve(call.id, edited)
         return True

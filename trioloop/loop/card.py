@@ -32,19 +32,39 @@ def plain_value(text: str) -> str:
 
 
 def _leaf(value: Any) -> str:
-    if isinstance(value, str):
-        return plain_value(value) or '""'
-    return canonical_json(value)
+    """A scalar as the card shows it: text as itself, anything else as JSON. Text that would read as
+    something else (empty, ``null``, ``true``, a number, a bracket or a quote first) is shown quoted,
+    so the string "null" and an absent (null) field never look alike."""
+    if not isinstance(value, str):
+        return canonical_json(value)
+    plain = plain_value(value)
+    if plain in _JSON_WORDS or plain[:1] in _JSON_OPENERS or _is_number(plain):
+        return canonical_json(plain)
+    return plain
 
 
-def _flatten(value: Any, path: str) -> Iterator[tuple[str, str]]:
+_JSON_WORDS: Final = frozenset({"", "null", "true", "false"})
+_JSON_OPENERS: Final = frozenset('"[{')
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _flatten(value: Any, path: str, inline: bool) -> Iterator[tuple[str, str]]:
     if isinstance(value, Mapping) and value:
         for key, item in value.items():
             name = plain_value(str(key))
-            yield from _flatten(item, f"{path}.{name}" if path else name)
+            yield from _flatten(item, f"{path}.{name}" if path else name, inline)
+    elif inline and isinstance(value, list | tuple) and all(not isinstance(v, Mapping | list | tuple) for v in value):
+        yield path, "[" + ", ".join(_leaf(item) for item in value) + "]"
     elif isinstance(value, list | tuple) and value:
         for index, item in enumerate(value):
-            yield from _flatten(item, f"{path}[{index}]")
+            yield from _flatten(item, f"{path}[{index}]", inline)
     elif isinstance(value, Mapping):
         yield path, "{}"
     elif isinstance(value, list | tuple):
@@ -53,11 +73,14 @@ def _flatten(value: Any, path: str) -> Iterator[tuple[str, str]]:
         yield path, _leaf(value)
 
 
-def input_details(canonical_input: Any) -> CardDetails:
-    """Every leaf of ``canonical_input`` (a JSON value) as a (path, plain value) line, in input order."""
+def input_details(canonical_input: Any, *, inline_lists: bool = False) -> CardDetails:
+    """Every leaf of ``canonical_input`` (a JSON value) as a (path, plain value) line, in input order.
+
+    ``inline_lists`` shows a list of scalars as one ``[a, b]`` line (a preview compares whole lists).
+    """
     if isinstance(canonical_input, Mapping) and not canonical_input:
         return ()
-    return tuple(_flatten(canonical_input, ""))
+    return tuple(_flatten(canonical_input, "", inline_lists))
 
 
 def one_line(value: str, width: int = ONE_LINE_MAX) -> str:

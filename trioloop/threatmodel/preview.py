@@ -15,7 +15,6 @@ from typing import Any, Final
 
 import attrs
 
-from trioloop.loop.canonical import canonical_json
 from trioloop.loop.card import input_details
 from trioloop.loop.preview import EntityChange, FieldChange, Preview
 from trioloop.threatmodel.action_inputs import GraphAction
@@ -38,18 +37,13 @@ _KIND: Final = {
 
 
 def _plain(value: Any) -> Any:
-    """An attrs value as JSON-shaped data (mappings, lists, scalars), for field-by-field comparison; a list
-    of scalars becomes one bracketed text value."""
+    """An attrs value as JSON-shaped data (mappings, lists, scalars), for field-by-field comparison."""
     if attrs.has(type(value)):
         return {field.name: _plain(getattr(value, field.name)) for field in attrs.fields(type(value))}
     if isinstance(value, Mapping):
         return {str(key): _plain(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        items = [_plain(item) for item in value]
-        if all(item is None or isinstance(item, str | bool | int | float) for item in items):
-            # A list of plain values is one field: "contains: [a, b] -> [a]" reads better than index shifts.
-            return "[" + ", ".join(item if isinstance(item, str) else canonical_json(item) for item in items) + "]"
-        return items
+        return [_plain(item) for item in value]
     if value is None or isinstance(value, str | bool | int):
         return value
     if isinstance(value, float):
@@ -57,6 +51,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, datetime.date | datetime.datetime):
         return value.isoformat()
     return str(value)
+
+
+def _details(entity: Any) -> tuple[tuple[str, str], ...]:
+    # A list of plain values is one field: "contains: [a, b] -> [a]" reads better than index shifts.
+    return input_details(_plain(entity), inline_lists=True)
 
 
 def _name(entity: Any) -> str:
@@ -68,7 +67,7 @@ def _name(entity: Any) -> str:
 
 
 def _entry(kind: str, entity: Any, *, before: bool) -> EntityChange:
-    details = input_details(_plain(entity))
+    details = _details(entity)
     fields = tuple(
         FieldChange(field=path, before=value, after=None)
         if before
@@ -79,8 +78,8 @@ def _entry(kind: str, entity: Any, *, before: bool) -> EntityChange:
 
 
 def _changed(kind: str, entity_id: str, old: Any, new: Any) -> EntityChange:
-    before = dict(input_details(_plain(old)))
-    after = input_details(_plain(new))
+    before = dict(_details(old))
+    after = _details(new)
     fields = [
         FieldChange(field=path, before=before.get(path), after=value)
         for path, value in after

@@ -625,9 +625,15 @@ class Adversary(RuleBasedStateMachine):
             self.feed(MessageStop(stop_reason=StopReason.TOOL_USE))
 
     @precondition(lambda self: self._in(Phase.AWAITING_APPROVAL, Phase.EXECUTING))
-    @rule(data=st.data(), how=st.integers(0, 3))
+    @rule(data=st.data(), how=st.integers(0, 5))
     def user_decides(self, data: st.DataObject, how: int) -> None:
-        if how == 0:
+        if how == 4:
+            # An edited approval: any id, any of the hostile inputs; it may grant that one call only.
+            edited = data.draw(st.sampled_from([r for r in RAW if isinstance(r, dict)]))
+            self.feed(ApproveCall(call_id=self._some_id(data), edited_input=edited))
+        elif how == 5:
+            self.feed(DenyCall(call_id=self._some_id(data), reason=data.draw(st.sampled_from(HOSTILE_TEXT))))
+        elif how == 0:
             self.feed(DenyCall(call_id=self._some_id(data)))
         elif how == 1:
             self.feed(ApproveBatch(call_ids=tuple(self._some_id(data) for _ in range(data.draw(st.integers(0, 4))))))
@@ -705,6 +711,7 @@ class Adversary(RuleBasedStateMachine):
                 grants = [g for g in self.state.grants if g.call_id == record.id]
                 assert grants and grants[0].consumed and grants[0].iteration == record.iteration
                 assert grants[0].input_digest == record.input_digest and grants[0].tool_name == record.tool_name
+                assert record.prepared is not None and record.prepared.input_digest == record.input_digest
 
 
 Adversary.TestCase.settings = settings(max_examples=200 * SCALE, stateful_step_count=40, deadline=None)

@@ -6,7 +6,9 @@ user's approval, a tool finishing -- is an input. The reducer looks the input up
 turn has settled); an admitted one goes to its handler. Handlers are the only writers of phase and
 call status, move a status only along `CALL_STATUS_EDGES`, and never read a clock, do I/O or raise.
 Authorization is not decided here: grants come from `authorization`, and a call reaches `running`
-only through `authorize_start`.
+only through `authorize_start`. An iteration executes only once it is decided (no call pending), so
+the order of the reviewer's clicks never changes what runs; an edited approval is prepared here by the
+call's own tool, so the grant binds exactly the input that will run.
 """
 
 from __future__ import annotations

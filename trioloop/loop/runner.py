@@ -4,7 +4,9 @@
 provider request and every tool run are child tasks; everything they learn reaches the reducer through
 one inbox consumed by one task, so state has a single writer and a single order. The runner performs
 only the effects the state asks for and decides nothing about authorization: it starts what the reducer
-moved to ``running`` and nothing else.
+moved to ``running`` and nothing else. The turn deadline measures the machine, not the person: while the
+turn waits in ``awaiting_approval`` the scope's deadline stands still (``review_timeout_ms``, if set, is
+the only bound then) and moves forward by the time waited once the review is decided.
 """
 
 from __future__ import annotations

@@ -648,7 +648,7 @@ class Adversary(RuleBasedStateMachine):
             if record.status is CallStatus.APPROVED:
                 self.feed(StartCall(call_id=record.id, now_ms=self.now))
                 outcome = ToolOutcome.success(text) if ok else ToolOutcome.failure(text)
-                self.feed(CallSettled(call_id=record.id, outcome=outcome, now_ms=self.now))
+                self.feed(CallSettled(call_id=record.id, outcome=outcome, now_ms=self.now, changed_document=ok))
         self.now += elapsed
         self.feed(Advance(now_ms=self.now))
 

@@ -127,7 +127,11 @@ def execute(state: TurnState, *call_ids: str, ok: bool = True) -> TurnState:
     for call_id in call_ids:
         outcome = ToolOutcome.success(f"ran {call_id}") if ok else ToolOutcome.failure(f"broke {call_id}")
         state = run(
-            [StartCall(call_id=call_id, now_ms=1), CallSettled(call_id=call_id, outcome=outcome, now_ms=2)], state
+            [
+                StartCall(call_id=call_id, now_ms=1),
+                CallSettled(call_id=call_id, outcome=outcome, now_ms=2, changed_document=ok),
+            ],
+            state,
         )
     return state
 
@@ -278,7 +282,7 @@ def _status_scenarios() -> list[list[TurnInput]]:
             *approve_c1,
             DenyCall(call_id="c2"),
             StartCall(call_id="c1", now_ms=1),
-            CallSettled(call_id="c1", outcome=ToolOutcome.success("ok"), now_ms=2),
+            CallSettled(call_id="c1", outcome=ToolOutcome.success("ok"), now_ms=2, changed_document=True),
             Advance(now_ms=3),
             *iteration(stop="end_turn"),
             UndoTurn(),
@@ -350,7 +354,7 @@ def test_call_record_fields_are_the_ones_moved_to_copies() -> None:
     # moved_to copies fields by name; a field added to CallRecord must be added there too.
     assert [f.name for f in attrs.fields(CallRecord)] == [
         "id", "tool_name", "input_digest", "summary", "effect", "destructive", "iteration", "status",
-        "prepared", "result", "is_error", "denial_reason", "edits",
+        "prepared", "result", "is_error", "denial_reason", "edits", "changed_document",
     ]  # fmt: skip
 
 
@@ -713,6 +717,20 @@ def test_settled_drops_every_input_but_undo() -> None:
             state.calls,
             state.messages,
         )
+
+
+def test_undo_turn_undoes_only_calls_whose_commit_changed_the_document() -> None:
+    state = start(call("c1"), call("c2", target="db"), call("r1", "read"))
+    state = run([ApproveBatch(call_ids=("c1", "c2"))], state)
+    for call_id, changed in (("r1", False), ("c1", True), ("c2", False)):
+        settled = CallSettled(call_id=call_id, outcome=ToolOutcome.success("ok"), now_ms=2, changed_document=changed)
+        state = run([StartCall(call_id=call_id, now_ms=1), settled], state)
+    state = run([Advance(now_ms=3), *iteration(stop="end_turn"), UndoTurn()], state)
+    assert [status(state, i) for i in ("c1", "c2", "r1")] == [
+        CallStatus.UNDONE,
+        CallStatus.SUCCEEDED,  # succeeded without changing the document: nothing to undo
+        CallStatus.SUCCEEDED,  # a read
+    ]
 
 
 def test_undo_turn_marks_succeeded_calls_undone_only_once_settled() -> None:

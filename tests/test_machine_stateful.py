@@ -245,7 +245,7 @@ class TurnTableMachine(RuleBasedStateMachine):
             if record.status.value == "approved":
                 self.feed(StartCall(call_id=record.id, now_ms=self.now))
                 outcome = ToolOutcome.success("ran") if ok else ToolOutcome.failure("broke")
-                self.feed(CallSettled(call_id=record.id, outcome=outcome, now_ms=self.now))
+                self.feed(CallSettled(call_id=record.id, outcome=outcome, now_ms=self.now, changed_document=ok))
         self.now += elapsed
         self.feed(Advance(now_ms=self.now))
 

@@ -143,6 +143,8 @@ class CallSettled:
     call_id: str = attrs.field(validator=_text)
     outcome: ToolOutcome = attrs.field(validator=attrs.validators.instance_of(ToolOutcome))
     now_ms: int = attrs.field(validator=_now)
+    #: The commit swapped the live document (so undoing the turn undoes this call).
+    changed_document: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 @final
@@ -274,7 +276,9 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
         StartCall: (InputKind.START_CALL, lambda c: _is_str(c.call_id) and _is_ms(c.now_ms)),
         CallSettled: (
             InputKind.CALL_SETTLED,
-            lambda c: _is_str(c.call_id) and _outcome_ok(c.outcome) and _is_ms(c.now_ms),
+            lambda c: (
+                _is_str(c.call_id) and _outcome_ok(c.outcome) and _is_ms(c.now_ms) and type(c.changed_document) is bool
+            ),
         ),
         Advance: (InputKind.ADVANCE, lambda c: _is_ms(c.now_ms)),
         Retry: (InputKind.RETRY, lambda c: _is_ms(c.now_ms)),

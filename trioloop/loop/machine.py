@@ -480,7 +480,10 @@ def _on_call_settled(state: TurnState, cmd: CallSettled) -> TurnState:
             # it running forever, and never store a non-text result in the history.
             return _replace_call(state, _moved(call, CallStatus.FAILED, result=NOT_TEXT_RESULT, is_error=True))
         status = CallStatus.SUCCEEDED if ok else CallStatus.FAILED
-        return _replace_call(state, _moved(call, status, result=result, is_error=not ok))
+        moved = _moved(call, status, result=result, is_error=not ok)
+        if ok and cmd.changed_document:
+            moved = attrs.evolve(moved, changed_document=True)
+        return _replace_call(state, moved)
     # Not running: either no grant was ever spent on it, or the run that spent it already settled.
     spent = any(g.call_id == cmd.call_id and g.consumed for g in state.grants)
     violation = Violation.GRANT_ALREADY_CONSUMED if spent else Violation.NO_GRANT
@@ -511,7 +514,8 @@ def _on_retry(state: TurnState, cmd: Retry) -> TurnState:
 
 
 def _on_undo_turn(state: TurnState, cmd: UndoTurn) -> TurnState:
-    # Only calls that could have changed the document are undone; a read that succeeded stays succeeded.
+    # Only calls whose commit changed the document are undone; a read, or an edit that changed nothing,
+    # stays succeeded.
     if not any(_undoable(c) for c in state.calls):
         return state
     calls = tuple(_moved(c, CallStatus.UNDONE) if _undoable(c) else c for c in state.calls)
@@ -519,7 +523,7 @@ def _on_undo_turn(state: TurnState, cmd: UndoTurn) -> TurnState:
 
 
 def _undoable(call: CallRecord) -> bool:
-    return call.status is CallStatus.SUCCEEDED and call.effect == "mutate"
+    return call.status is CallStatus.SUCCEEDED and call.changed_document
 
 
 _K = InputKind

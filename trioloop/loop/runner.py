@@ -486,6 +486,7 @@ class _Turn:
         committed = commit_tool_outcome(
             self.workspace.document, snapshot, outcome, tool, self.workspace.undo, turn_id=self.request.turn_id
         )
+        changed = isinstance(committed, Committed)
         if isinstance(committed, Committed):
             self.workspace.document = committed.document
             self.workspace.undo = committed.history
@@ -494,7 +495,9 @@ class _Turn:
             settled = ToolOutcome.failure(committed.result)
         else:
             settled = ToolOutcome.success(committed.result)
-        self.controls._send.send_nowait(CallSettled(call_id=call_id, outcome=settled, now_ms=_now_ms()))
+        self.controls._send.send_nowait(
+            CallSettled(call_id=call_id, outcome=settled, now_ms=_now_ms(), changed_document=changed)
+        )
 
     # -- settling --------------------------------------------------------------------------------
 

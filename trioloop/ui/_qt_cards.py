@@ -53,7 +53,7 @@ def call_status_text(call: CallRecord) -> str:
     if status is CallStatus.RUNNING:
         return "Running…"
     if status is CallStatus.SUCCEEDED:
-        return "Applied" if call.effect == "mutate" else "Done"
+        return "Applied" if call.changed_document else "Done"
     if status is CallStatus.FAILED:
         return "Failed"
     if status is CallStatus.UNDONE:

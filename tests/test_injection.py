@@ -53,6 +53,7 @@ from trioloop.loop import (
     tool_field,
 )
 from trioloop.loop._machine_tables import INITIAL_CALL_STATUSES
+from trioloop.loop.untrusted_text import END_MARKER, START_MARKER, fence, sanitize_scalar
 from trioloop.protocol import (
     Aborted,
     Message,
@@ -68,7 +69,6 @@ from trioloop.protocol import (
 )
 from trioloop.threatmodel import THREAT_MODEL
 from trioloop.threatmodel.model import Element, Metadata, ThreatModel
-from trioloop.tools.untrusted_text import END_MARKER, START_MARKER, fence, sanitize_scalar
 
 SCALE = max(1, int(os.environ.get("TRIOLOOP_TORTURE_SCALE", "1")))
 
@@ -628,9 +628,15 @@ class Adversary(RuleBasedStateMachine):
             self.feed(MessageStop(stop_reason=StopReason.TOOL_USE))
 
     @precondition(lambda self: self._in(Phase.AWAITING_APPROVAL, Phase.EXECUTING))
-    @rule(data=st.data(), how=st.integers(0, 3))
+    @rule(data=st.data(), how=st.integers(0, 5))
     def user_decides(self, data: st.DataObject, how: int) -> None:
-        if how == 0:
+        if how == 4:
+            # An edited approval: any id, any of the hostile inputs; it may grant that one call only.
+            edited = data.draw(st.sampled_from([r for r in RAW if isinstance(r, dict)]))
+            self.feed(ApproveCall(call_id=self._some_id(data), edited_input=edited))
+        elif how == 5:
+            self.feed(DenyCall(call_id=self._some_id(data), reason=data.draw(st.sampled_from(HOSTILE_TEXT))))
+        elif how == 0:
             self.feed(DenyCall(call_id=self._some_id(data)))
         elif how == 1:
             self.feed(ApproveBatch(call_ids=tuple(self._some_id(data) for _ in range(data.draw(st.integers(0, 4))))))
@@ -645,7 +651,7 @@ class Adversary(RuleBasedStateMachine):
             if record.status is CallStatus.APPROVED:
                 self.feed(StartCall(call_id=record.id, now_ms=self.now))
                 outcome = ToolOutcome.success(text) if ok else ToolOutcome.failure(text)
-                self.feed(CallSettled(call_id=record.id, outcome=outcome, now_ms=self.now))
+                self.feed(CallSettled(call_id=record.id, outcome=outcome, now_ms=self.now, changed_document=ok))
         self.now += elapsed
         self.feed(Advance(now_ms=self.now))
 
@@ -708,6 +714,7 @@ class Adversary(RuleBasedStateMachine):
                 grants = [g for g in self.state.grants if g.call_id == record.id]
                 assert grants and grants[0].consumed and grants[0].iteration == record.iteration
                 assert grants[0].input_digest == record.input_digest and grants[0].tool_name == record.tool_name
+                assert record.prepared is not None and record.prepared.input_digest == record.input_digest
 
 
 Adversary.TestCase.settings = settings(max_examples=200 * SCALE, stateful_step_count=40, deadline=None)

@@ -20,6 +20,7 @@ from trioloop.loop.limits import (
 )
 
 FIELDS = [field.name for field in attrs.fields(TurnLimits)]
+REQUIRED = [name for name in FIELDS if name != "review_timeout_ms"]
 
 
 def test_defaults_match_the_design() -> None:
@@ -44,9 +45,18 @@ def test_limits_are_frozen() -> None:
 @pytest.mark.parametrize("field", FIELDS)
 @pytest.mark.parametrize("bad", [0, -1, math.nan, math.inf, 1.5, 2.0, True, False, "3", None])
 def test_invalid_limit_is_refused_naming_the_field(field: str, bad: object) -> None:
+    if bad is None and field not in REQUIRED:
+        assert getattr(TurnLimits(**{field: bad}), field) is None  # type: ignore[arg-type]
+        return
     with pytest.raises((TypeError, ValueError)) as caught:
         TurnLimits(**{field: bad})  # type: ignore[arg-type]
     assert field in str(caught.value)
+
+
+def test_the_review_timeout_is_off_by_default() -> None:
+    assert DEFAULT_TURN_LIMITS.review_timeout_ms is None
+    limits = TurnLimits(turn_deadline_ms=10)
+    assert budget_exhaustion(TurnBudget(), limits, 9, review_waited_ms=10**12) is None
 
 
 @given(field=st.sampled_from(FIELDS), value=st.integers(max_value=0))
@@ -60,14 +70,18 @@ def test_every_positive_int_is_accepted(field: str, value: int) -> None:
     assert getattr(TurnLimits(**{field: value}), field) == value  # type: ignore[arg-type]
 
 
-def _reference(budget: TurnBudget, limits: TurnLimits, now_ms: int) -> Bound | None:
+def _reference(budget: TurnBudget, limits: TurnLimits, now_ms: int, waited: int | None = None) -> Bound | None:
     checks = [
         (Bound.ITERATIONS, budget.iterations_started, limits.max_iterations),
         (Bound.TOOL_CALLS, budget.tool_calls_accepted, limits.max_tool_calls_per_turn),
         (Bound.RETRIES, budget.retries_used, limits.max_retries_per_turn),
         (Bound.DEADLINE, now_ms - budget.started_at_ms, limits.turn_deadline_ms),
+        (Bound.REVIEW_TIMEOUT, waited, limits.review_timeout_ms),
     ]
-    return next((bound for bound, spent, ceiling in checks if spent >= ceiling), None)
+    return next(
+        (bound for bound, spent, ceiling in checks if spent is not None and ceiling is not None and spent >= ceiling),
+        None,
+    )
 
 
 small = st.integers(min_value=0, max_value=6)
@@ -80,17 +94,31 @@ small = st.integers(min_value=0, max_value=6)
     started=st.integers(min_value=0, max_value=100),
     elapsed=st.integers(min_value=0, max_value=10),
     caps=st.tuples(*[st.integers(min_value=1, max_value=6)] * 4),
+    review_cap=st.none() | st.integers(min_value=1, max_value=6),
+    waited=st.none() | st.integers(min_value=0, max_value=10),
 )
 def test_budget_exhaustion_checks_in_priority_order(
-    iterations: int, calls: int, retries: int, started: int, elapsed: int, caps: tuple[int, int, int, int]
+    iterations: int,
+    calls: int,
+    retries: int,
+    started: int,
+    elapsed: int,
+    caps: tuple[int, int, int, int],
+    review_cap: int | None,
+    waited: int | None,
 ) -> None:
     budget = TurnBudget(
         iterations_started=iterations, tool_calls_accepted=calls, retries_used=retries, started_at_ms=started
     )
     limits = TurnLimits(
-        max_iterations=caps[0], max_tool_calls_per_turn=caps[1], max_retries_per_turn=caps[2], turn_deadline_ms=caps[3]
+        max_iterations=caps[0],
+        max_tool_calls_per_turn=caps[1],
+        max_retries_per_turn=caps[2],
+        turn_deadline_ms=caps[3],
+        review_timeout_ms=review_cap,
     )
-    assert budget_exhaustion(budget, limits, started + elapsed) == _reference(budget, limits, started + elapsed)
+    now = started + elapsed
+    assert budget_exhaustion(budget, limits, now, review_waited_ms=waited) == _reference(budget, limits, now, waited)
 
 
 def test_reaching_a_ceiling_exactly_is_exhaustion() -> None:
@@ -126,3 +154,4 @@ def test_each_bound_has_its_own_notice_saying_what_was_kept() -> None:
     assert len(set(notices.values())) == len(Bound)
     assert all("kept" in text for text in notices.values())
     assert "time limit" in notices[Bound.DEADLINE]
+    assert "review" in notices[Bound.REVIEW_TIMEOUT] and "not run" in notices[Bound.REVIEW_TIMEOUT]

@@ -208,9 +208,15 @@ class TurnTableMachine(RuleBasedStateMachine):
             self.feed(MessageStop(stop_reason=StopReason.TOOL_USE))
 
     @precondition(lambda self: self._in(Phase.AWAITING_APPROVAL, Phase.EXECUTING))
-    @rule(data=st.data(), how=st.integers(0, 4))
+    @rule(data=st.data(), how=st.integers(0, 6))
     def user_decides(self, data: st.DataObject, how: int) -> None:
-        if how == 0:
+        if how == 5:
+            # An edited approval of any id, with any input (valid, invalid, hostile).
+            edited = data.draw(st.sampled_from([r for r in RAW_INPUTS if isinstance(r, dict)]))
+            self.feed(ApproveCall(call_id=self._some_id(data), edited_input=edited))
+        elif how == 6:
+            self.feed(DenyCall(call_id=self._some_id(data), reason=data.draw(texts)))
+        elif how == 0:
             self.feed(DenyCall(call_id=self._some_id(data)))
         elif how == 1:
             self.feed(ApproveBatch(call_ids=tuple(self._some_id(data) for _ in range(data.draw(st.integers(0, 4))))))
@@ -239,7 +245,7 @@ class TurnTableMachine(RuleBasedStateMachine):
             if record.status.value == "approved":
                 self.feed(StartCall(call_id=record.id, now_ms=self.now))
                 outcome = ToolOutcome.success("ran") if ok else ToolOutcome.failure("broke")
-                self.feed(CallSettled(call_id=record.id, outcome=outcome, now_ms=self.now))
+                self.feed(CallSettled(call_id=record.id, outcome=outcome, now_ms=self.now, changed_document=ok))
         self.now += elapsed
         self.feed(Advance(now_ms=self.now))
 

@@ -19,11 +19,11 @@ from trioloop.loop.tool_runtime import (
     ToolExecutionContext,
     ToolOutcome,
 )
+from trioloop.loop.untrusted_text import END_MARKER, START_MARKER
 from trioloop.mcp.results import mcp_result_outcome
 from trioloop.mcp.servers import ToolClass
 from trioloop.mcp.tools import TOOL_NAME_PATTERN, UnusableTool, build_mcp_tool, namespaced_name
 from trioloop.tools.read_result import READ_RESULT_MAX_BYTES
-from trioloop.tools.untrusted_text import END_MARKER, START_MARKER
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -27,12 +27,12 @@ from trioloop.loop.tool_runtime import (
     ToolOutcome,
     create_tool_registry,
 )
+from trioloop.loop.untrusted_text import END_MARKER, START_MARKER
 from trioloop.mcp import HttpServer, McpConnectionError, McpToolset, StdioServer, ToolClass, namespaced_name
 from trioloop.mcp.tools import TOOL_NAME_PATTERN
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.threatmodel import load_thf, threat_model_session
 from trioloop.tools.read_result import READ_RESULT_MAX_BYTES
-from trioloop.tools.untrusted_text import END_MARKER, START_MARKER
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SERVER_SCRIPT = str(FIXTURES / "mcp_server.py")

@@ -318,10 +318,13 @@ def test_a_scripted_turn_reviewed_by_clicking(app: QApplication, document: Threa
         assert "You: Tidy the model" in answer and "I propose two edits." in answer
 
         click(rename.approve_button)
+        run.until_status("c1", CallStatus.APPROVED)
+        # A decided iteration: nothing runs while the other call still waits for its own decision.
+        assert clear.approve_button.isEnabled()
+        assert panel.state is not None and panel.state.phase is Phase.AWAITING_APPROVAL
+        click(clear.deny_button)
         run.until_status("c1", CallStatus.SUCCEEDED)
         assert rename.status_label.text() == "Applied"
-        assert clear.approve_button.isEnabled()  # the other call still waits for its own decision
-        click(clear.deny_button)
         run.until_settled()
 
         state = panel.state
@@ -358,14 +361,15 @@ def test_approve_all_safe_leaves_the_destructive_call_pending(app: QApplication,
         run.send("Edit")
         run.until_phase(Phase.AWAITING_APPROVAL)
         click(panel.approve_safe_button)
-        run.until_status("c1", CallStatus.SUCCEEDED)
-        run.until_status("c3", CallStatus.SUCCEEDED)
+        run.until_status("c1", CallStatus.APPROVED)
+        run.until_status("c3", CallStatus.APPROVED)
 
         destructive = panel.cards["c2"]
         assert destructive.call.status is CallStatus.PENDING
         assert destructive.approve_button.isEnabled()
         assert not panel.approve_safe_button.isEnabled()  # nothing safe is left to approve
         click(destructive.deny_button)
+        run.until_status("c3", CallStatus.SUCCEEDED)
         run.until_settled()
 
         metadata = panel.session.document.metadata
@@ -525,8 +529,11 @@ def test_demo_turn_mid_review_screenshot_and_bounded_notice(
         run.until(lambda: panel.state is not None and panel.state.iteration == 2, "the second iteration")
         run.until_phase(Phase.AWAITING_APPROVAL)
         click(panel.cards["toolu_03"].approve_button)
-        run.until_status("toolu_03", CallStatus.SUCCEEDED)
+        run.until_status("toolu_03", CallStatus.APPROVED)
         assert panel.state is not None and panel.state.is_live
+        click(panel.cards["toolu_05"].details_button)  # the destructive card, expanded to its preview
+        app.processEvents()
+        panel.card_area.ensureWidgetVisible(panel.cards["toolu_05"])
 
         target = SCREENSHOT if os.environ.get("TRIOLOOP_WRITE_SCREENSHOT") == "1" else tmp_path / "qt-review.png"
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -536,8 +543,9 @@ def test_demo_turn_mid_review_screenshot_and_bounded_notice(
         # The reader puts the view's cursor at the top; later text must still land at the end, in order.
         panel.answer_view.moveCursor(QTextCursor.MoveOperation.Start)
         click(panel.approve_safe_button)
-        run.until_status("toolu_04", CallStatus.SUCCEEDED)
+        run.until_status("toolu_04", CallStatus.APPROVED)
         click(panel.cards["toolu_05"].deny_button)
+        run.until_status("toolu_04", CallStatus.SUCCEEDED)
         run.until(lambda: panel.card("toolu_07") is not None, "the corrected call")
         run.until_phase(Phase.AWAITING_APPROVAL)
         click(panel.cards["toolu_07"].approve_button)
@@ -590,3 +598,111 @@ def test_quitting_qt_first_cancels_the_run_and_lets_it_unwind(app: QApplication)
 
     assert run_trio_guest(forever, app=app) is None
     assert unwound == [True]
+
+
+# -- cards that show everything, the keyboard, a layout that stays put, a truthful undo ----------------
+
+
+def _press(panel: ReviewPanel, keys: str) -> None:
+    from PySide6.QtGui import QKeySequence
+
+    combo = QKeySequence(keys)[0]
+    panel.activateWindow()
+    QTest.keyClick(panel, combo.key(), combo.keyboardModifiers())
+
+
+def _review_iteration_two(run: Running) -> ReviewPanel:
+    panel = run.panel
+    run.send(DEMO_PROMPT)
+    run.until(lambda: panel.state is not None and panel.state.iteration == 2, "the second iteration")
+    run.until_phase(Phase.AWAITING_APPROVAL)
+    return panel
+
+
+def test_a_card_expands_to_its_whole_input_and_its_preview(app: QApplication, document: ThreatModel) -> None:
+    with review_panel(app, DEMO_SCRIPT, document, limits=DEMO_LIMITS) as run:
+        panel = _review_iteration_two(run)
+        threat, delete = panel.cards["toolu_03"], panel.cards["toolu_05"]
+        assert not delete.details_label.isVisibleTo(delete)
+        click(delete.details_button)
+        assert delete.details_label.isVisibleTo(delete)
+        assert delete.details_label.textFormat() is Qt.TextFormat.PlainText
+        assert delete.details_text.splitlines() == [
+            "Input:",
+            "  id: flow-10",
+            "Preview:",
+            "  Removes data flow flow-10 (Consume payment event)",
+            "  Removes threat threat-7 (Customer email leaked through notifications)",  # the cascade, named
+        ]
+        details = threat.details_text
+        assert "  threat.mitigation.status: not_started" in details  # a field the summary leaves out
+        assert "  Adds threat threat-" in details
+        click(delete.details_button)
+        assert not delete.details_label.isVisibleTo(delete)
+        click(panel.stop_button)
+        run.until_settled()
+
+
+def test_keyboard_shortcuts_review_card_by_card(app: QApplication, document: ThreatModel) -> None:
+    with review_panel(app, DEMO_SCRIPT, document, limits=DEMO_LIMITS) as run:
+        panel = _review_iteration_two(run)
+        run.until(lambda: panel.current_card is not None, "a current card")
+        assert panel.current_card is panel.cards["toolu_03"] and panel.cards["toolu_03"].property("current")
+        _press(panel, "Alt+N")
+        assert panel.current_card is panel.cards["toolu_04"]
+        _press(panel, "Alt+A")  # approve toolu_04; toolu_05 becomes current
+        run.until_status("toolu_04", CallStatus.APPROVED)
+        assert panel.current_card is panel.cards["toolu_05"]
+        _press(panel, "Alt+D")  # deny the destructive one; back round to toolu_03
+        run.until_status("toolu_05", CallStatus.DENIED)
+        assert panel.current_card is panel.cards["toolu_03"]
+        assert panel.state is not None and panel.state.phase is Phase.AWAITING_APPROVAL  # toolu_03 undecided
+        _press(panel, "Alt+A")
+        run.until_status("toolu_03", CallStatus.SUCCEEDED)
+        run.until(lambda: panel.card("toolu_07") is not None, "the next step's cards")
+        run.until_phase(Phase.AWAITING_APPROVAL)
+        _press(panel, "Esc")  # stop
+        run.until_settled()
+        assert panel.state is not None and panel.state.outcome is Outcome.CANCELLED
+        assert panel.cards["toolu_04"].call.status is CallStatus.SUCCEEDED
+
+
+def test_the_layout_stays_put_after_a_click_and_new_cards_scroll_into_view(
+    app: QApplication, document: ThreatModel
+) -> None:
+    with review_panel(app, DEMO_SCRIPT, document, limits=DEMO_LIMITS) as run:
+        panel = run.panel
+        panel.resize(760, 560)
+        panel = _review_iteration_two(run)
+        cards = [panel.cards[i] for i in ("toolu_03", "toolu_04", "toolu_05")]
+        before = [card.geometry() for card in cards]
+        click(cards[0].approve_button)
+        run.until_status("toolu_03", CallStatus.APPROVED)
+        app.processEvents()
+        assert [card.geometry() for card in cards] == before  # nothing moved under the pointer
+        click(cards[1].deny_button)
+        click(cards[2].deny_button)
+        run.until(lambda: panel.card("toolu_07") is not None, "the next step's cards")
+        run.until(lambda: not panel.cards["toolu_07"].visibleRegion().isEmpty(), "the new card to scroll into view")
+
+
+def test_after_undo_only_calls_that_changed_the_document_read_undone(app: QApplication, document: ThreatModel) -> None:
+    from trioloop.ui.qt import UNDONE_NOTICE
+
+    with review_panel(app, DEMO_SCRIPT, document, limits=DEMO_LIMITS) as run:
+        panel = _review_iteration_two(run)
+        click(panel.approve_safe_button)
+        run.until_status("toolu_04", CallStatus.APPROVED)
+        click(panel.cards["toolu_05"].deny_button)
+        run.until(lambda: panel.card("toolu_07") is not None, "the corrected call")
+        run.until_phase(Phase.AWAITING_APPROVAL)
+        click(panel.cards["toolu_07"].approve_button)
+        run.until_settled()
+        click(panel.undo_button)
+        run.until_status("toolu_03", CallStatus.UNDONE)
+        assert panel.session.document == document
+        labels = {call_id: card.status_label.text() for call_id, card in panel.cards.items()}
+        assert labels["toolu_01"] == labels["toolu_02"] == "Done"  # reads changed nothing: never "Undone"
+        assert labels["toolu_03"] == labels["toolu_04"] == labels["toolu_07"] == "Undone"
+        assert labels["toolu_05"] == "Declined"
+        assert panel.notice_label.text() == UNDONE_NOTICE

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trioloop.loop.canonical import canonical_json
+from trioloop.loop.untrusted_text import END_MARKER, START_MARKER
 from trioloop.tools.read_result import (
     DEFAULT_PAGE_LIMIT,
     ECHO_MAX_CODE_POINTS,
@@ -28,7 +29,6 @@ from trioloop.tools.read_result import (
     read_success_encoded,
     unknown_id,
 )
-from trioloop.tools.untrusted_text import END_MARKER, START_MARKER
 
 
 def test_bounds_are_the_documented_constants() -> None:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from strategies_document import threat_models
 
 from trioloop.loop.tool_runtime import PreparedCall, PrepareFailure, ToolExecutionContext, ToolOutcome
+from trioloop.loop.untrusted_text import END_MARKER, START_MARKER
 from trioloop.threatmodel.catalog import CATALOG
 from trioloop.threatmodel.model import (
     SECTION_NAMES,
@@ -29,7 +30,6 @@ from trioloop.threatmodel.model import (
 )
 from trioloop.threatmodel.read_tools import FILTER_ORDER, FILTERS_BY_KIND, READ_TOOLS
 from trioloop.tools.read_result import READ_RESULT_KEYS, READ_RESULT_MAX_BYTES, ReadFailureCode
-from trioloop.tools.untrusted_text import END_MARKER, START_MARKER
 
 TOOLS = {tool.name: tool for tool in READ_TOOLS}
 
@@ -789,7 +789,7 @@ def test_hostile_and_oversized_documents_still_give_bounded_results(data: st.Dat
 # The modules themselves
 
 READ_MODULES = [
-    "trioloop/tools/untrusted_text.py",
+    "trioloop/loop/untrusted_text.py",
     "trioloop/tools/read_result.py",
     "trioloop/threatmodel/read_tools.py",
     "trioloop/threatmodel/catalog.py",
@@ -809,7 +809,7 @@ ALLOWED_IMPORTS = {
     "trioloop.loop.canonical",
     "trioloop.loop.tool_runtime",
     "trioloop.tools.read_result",
-    "trioloop.tools.untrusted_text",
+    "trioloop.loop.untrusted_text",
 }
 FORBIDDEN_IMPORTS = {
     "os", "sys", "io", "pathlib", "socket", "ssl", "http", "urllib", "httpx", "requests", "subprocess", "shutil",

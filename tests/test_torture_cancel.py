@@ -28,7 +28,7 @@ import trio.testing
 from torture_support import RunLog, WireReplayProvider, approver, evenly, payment, probe_tools, record, response, scaled
 
 from trioloop.loop.limits import TurnLimits
-from trioloop.loop.machine import CallStatus, Outcome, TurnState
+from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
 from trioloop.loop.tool_runtime import create_tool_registry
 from trioloop.loop.transaction import undo_turn
@@ -148,7 +148,9 @@ def run_once(
             if mode == "stop":
                 return controls.stop() and live
             clock.jump(DEADLINE_S)
-            return live
+            # The turn deadline stands still while the turn waits for the reviewer: a jump then is
+            # review time, and the turn goes on (its deadline moves forward by the time waited).
+            return live and latest[-1].phase is not Phase.AWAITING_APPROVAL
 
         cutter.action = cut
         request = TurnRequest(

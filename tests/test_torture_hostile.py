@@ -30,6 +30,7 @@ from trioloop.loop.authorization import Violation
 from trioloop.loop.machine import CallStatus, Submit, TurnState, reduce_turn
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
 from trioloop.loop.tool_runtime import PreparedCall, PrepareFailure, ToolExecutionContext
+from trioloop.loop.untrusted_text import is_stripped_code_point
 from trioloop.protocol.events import MessageStart, ToolCallComplete
 from trioloop.threatmodel import (
     THREAT_MODEL,
@@ -45,7 +46,6 @@ from trioloop.threatmodel import (
 )
 from trioloop.threatmodel._safe_yaml import MAX_DEPTH, MAX_DOCUMENT_BYTES, MAX_EXPANDED_NODES
 from trioloop.tools import END_MARKER, START_MARKER
-from trioloop.tools.untrusted_text import is_stripped_code_point
 
 REGISTRY = create_ai_tool_registry()
 MEMORY_BOUND = 64 * 1024 * 1024  # bytes of Python allocations while loading any input here (≤ 6 MB)

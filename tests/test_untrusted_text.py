@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.tools.untrusted_text import (
+from trioloop.loop.untrusted_text import (
     END_MARKER,
     START_MARKER,
     TRUNCATION_MARK,

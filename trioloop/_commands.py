@@ -5,16 +5,18 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import trio
 from rich.console import Console
 from rich.text import Text
 
-from trioloop._demo_view import ApproveMode, TurnView, document_diff, outcome_line
+from trioloop._demo_view import ApproveMode, LinePrompt, TurnView, document_diff, outcome_line
 from trioloop.loop.machine import Outcome, TurnState
 from trioloop.loop.session import Session
 from trioloop.protocol.events import Usage
@@ -23,7 +25,7 @@ from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.retry import RetryNotice
 from trioloop.providers.scripted import ScriptedProvider
 from trioloop.threatmodel import ThfError, ThfFile, ThreatModel, load_thf_file, save_thf
-from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
+from trioloop.threatmodel.demo import DEMO_EDITS, DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop.threatmodel.session import threat_model_session
 
 __all__ = ["DEFAULT_DEMO_FILE", "DEFAULT_MODELS", "chat_session", "run_chat", "run_demo"]
@@ -59,11 +61,36 @@ def _load(path: Path) -> ThfFile | None:
 
 async def _one_turn(session: Session[ThreatModel], view: TurnView, text: str) -> TurnState:
     async with trio.open_nursery() as nursery:
+        await nursery.start(_ctrl_c_stops, session, view.console)
         nursery.start_soon(view.watch)
         state = await session.send(text)
         await view.render(state)
         nursery.cancel_scope.cancel()
     return state
+
+
+async def _ctrl_c_stops(
+    session: Session[ThreatModel], console: Console, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """During a turn, Ctrl-C is Stop (approved changes are kept); a second Ctrl-C quits the program."""
+    with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+        task_status.started()
+        async for _ in interrupts:
+            if not session.stop():
+                raise KeyboardInterrupt
+            console.print(Text("\nStopping the turn (Ctrl-C again quits)…", style="bold"))
+            async for _ in interrupts:
+                raise KeyboardInterrupt
+
+
+def _interruptible(run: Callable[..., Any], *args: Any) -> int:
+    """``trio.run(run, *args)``; a Ctrl-C that quits ends with one line and status 130, never a traceback."""
+    code = 130
+    try:
+        code = trio.run(run, *args)
+    except* KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+    return code
 
 
 def _report(console: Console, session: Session[ThreatModel], state: TurnState, before: ThreatModel) -> None:
@@ -109,13 +136,13 @@ async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, pro
         threat_model_session(document=document, provider=provider, model="scripted-1", limits=DEMO_LIMITS) as session,
     ):
         console.print(Text(f"you> {DEMO_PROMPT}", style="bold"))
-        view = TurnView(console, session, mode, prompt)
+        view = TurnView(console, session, mode, LinePrompt(prompt), scripted_edits=DEMO_EDITS)
         state = await _one_turn(session, view, DEMO_PROMPT)
         _report(console, session, state, document)
         if session.undo_availability().undoable:
             wants_undo = undo
             if mode == "ask" and not undo:
-                answer = await trio.to_thread.run_sync(prompt, "Undo this turn? [y/N] ", abandon_on_cancel=True)
+                answer = await view.lines.ask("Undo this turn? [y/N] ")
                 wants_undo = answer.strip().lower().startswith("y")
             if wants_undo:
                 session.undo_last_turn()
@@ -135,7 +162,7 @@ def run_demo(
     file: str | None, mode: ApproveMode, out: str | None, undo: bool, prompt: Callable[[str], str] = input
 ) -> int:
     path = Path(file) if file else DEFAULT_DEMO_FILE
-    return trio.run(_demo, path, mode, Path(out) if out else None, undo, prompt)
+    return _interruptible(_demo, path, mode, Path(out) if out else None, undo, prompt)
 
 
 def _warn(text: str) -> None:
@@ -285,17 +312,18 @@ async def _chat_loop(
 ) -> bool:
     """Turns until an empty line or Ctrl-D; True when any turn failed."""
     console.print(Text("Type a request; an empty line or Ctrl-D ends the chat.", style="dim"))
+    lines = LinePrompt(prompt)  # one reader for the whole chat: a read a Stop abandoned is not lost
     failed = False
     totals = Usage()
     while True:
         try:
-            text = await trio.to_thread.run_sync(prompt, "you> ", abandon_on_cancel=True)
+            text = await lines.ask("you> ")
         except EOFError:
             break
         if not text.strip():
             break
         before = session.document
-        state = await _one_turn(session, TurnView(console, session, mode, prompt), text)
+        state = await _one_turn(session, TurnView(console, session, mode, lines), text)
         _report(console, session, state, before)
         saver.save(session.document)
         failure = _turn_failure(state, host)
@@ -374,19 +402,15 @@ def run_chat(
     thinking_budget: int | None = None,
     out: str | None = None,
 ) -> int:
-    try:
-        return trio.run(
-            _chat,
-            Path(file),
-            provider,
-            model,
-            mode,
-            prompt,
-            base_url,
-            thinking_budget,
-            (tuple(mcp), mcp_config),
-            Path(out) if out else None,
-        )
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return _interruptible(
+        _chat,
+        Path(file),
+        provider,
+        model,
+        mode,
+        prompt,
+        base_url,
+        thinking_budget,
+        (tuple(mcp), mcp_config),
+        Path(out) if out else None,
+    )

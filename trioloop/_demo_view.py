@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-from collections.abc import AsyncGenerator, Callable
-from typing import Literal, TypeAlias, cast
+import json
+from collections.abc import AsyncGenerator, Callable, Mapping
+from typing import Any, Final, Literal, TypeAlias, cast
 
 import trio
 from rich.console import Console
@@ -16,12 +17,15 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
+from trioloop.loop.card import changed_fields, one_line
 from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnState
+from trioloop.loop.preview import preview_call
 from trioloop.loop.session import Session
+from trioloop.loop.tool_runtime import PrepareFailure
+from trioloop.loop.untrusted_text import START_MARKER
 from trioloop.threatmodel import ThreatModel, dump_thf
-from trioloop.tools.untrusted_text import START_MARKER
 
-__all__ = ["ApproveMode", "TurnView", "document_diff", "outcome_line"]
+__all__ = ["ANSWERS", "ApproveMode", "LinePrompt", "TurnView", "document_diff", "outcome_line", "parse_answer"]
 
 ApproveMode: TypeAlias = Literal["ask", "safe", "none"]
 Prompt: TypeAlias = Callable[[str], str]
@@ -32,6 +36,74 @@ _STATUS_MARK = {
     CallStatus.DENIED: "not run",
     CallStatus.UNDONE: "undone",
 }
+
+
+#: Every answer the card prompt accepts, matched whole (case-insensitive); anything else asks again.
+ANSWERS: Final[Mapping[str, str]] = {
+    "a": "approve",
+    "approve": "approve",
+    "d": "deny",
+    "deny": "deny",
+    "s": "safe",
+    "safe": "safe",
+    "t": "stop",
+    "stop": "stop",
+    "e": "edit",
+    "edit": "edit",
+    "?": "help",
+    "help": "help",
+}
+
+_HELP: Final = (
+    "  a / approve  run this call as shown\n"
+    "  d / deny     do not run it (you may give the model a reason)\n"
+    "  s / safe     approve every non-destructive card of this step, then decide each destructive one\n"
+    "  t / stop     stop the turn now (nothing more runs; applied changes stay and can be undone)\n"
+    "  e / edit     approve it with an edited input (a JSON object), checked by the tool first\n"
+    "  ? / help     this help, the call's whole input and its preview"
+)
+
+
+def parse_answer(answer: str) -> str | None:
+    """The action a typed answer names, or None (ask again): answers match whole, never by first letter."""
+    return ANSWERS.get(answer.strip().lower())
+
+
+class LinePrompt:
+    """Reads answers on a worker thread, at most one at a time.
+
+    A read that a Stop (Ctrl-C) abandons keeps its thread blocked in ``input()``; the next question
+    then waits for that same read instead of starting a second one, so no typed line is lost.
+    """
+
+    def __init__(self, prompt: Prompt) -> None:
+        self._prompt = prompt
+        self._reading: trio.Event | None = None
+        self._result: str | BaseException = ""
+
+    async def ask(self, text: str) -> str:
+        if self._reading is not None:
+            print(text, end="", flush=True)
+            await self._reading.wait()
+        else:
+            done = trio.Event()
+            self._reading = done
+            token = trio.lowlevel.current_trio_token()
+
+            def read() -> None:
+                try:
+                    self._result = self._prompt(text)
+                except BaseException as exc:  # EOFError and friends are re-raised in the Trio task
+                    self._result = exc
+                with contextlib.suppress(trio.RunFinishedError):  # the program ended while this read waited
+                    trio.from_thread.run_sync(done.set, trio_token=token)
+
+            await trio.to_thread.run_sync(read, abandon_on_cancel=True)
+        self._reading = None
+        result, self._result = self._result, ""
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
 
 def document_diff(before: ThreatModel, after: ThreatModel) -> str:
@@ -64,12 +136,19 @@ class TurnView:
     """Prints one session's turns and answers approval requests according to ``mode``."""
 
     def __init__(
-        self, console: Console, session: Session[ThreatModel], mode: ApproveMode, prompt: Prompt = input
+        self,
+        console: Console,
+        session: Session[ThreatModel],
+        mode: ApproveMode,
+        prompt: Prompt | LinePrompt = input,
+        scripted_edits: Mapping[str, dict[str, Any]] | None = None,
     ) -> None:
         self.console = console
         self.session = session
         self.mode = mode
-        self.prompt = prompt
+        #: ``--approve safe`` in the demo: call id -> the edited input the scripted reviewer approves instead.
+        self.scripted_edits = dict(scripted_edits or {})
+        self.lines = prompt if isinstance(prompt, LinePrompt) else LinePrompt(prompt)
         self._shown_text: dict[int, int] = {}
         self._carded: set[str] = set()
         self._status_shown: dict[str, CallStatus] = {}
@@ -148,41 +227,129 @@ class TurnView:
         body.append(call.summary)  # plain text: never interpreted as markup
         if call.destructive:
             body.append("\nDESTRUCTIVE", style="bold red")
+        details = call.prepared.details if call.prepared is not None else ()
+        if details:
+            body.append("\nInput:", style="bold")
+            unset = 0
+            for path, value in details:
+                if value == "null":
+                    unset += 1  # a field left out (null) writes nothing; "?" lists every field
+                    continue
+                body.append(f"\n  {path}: {one_line(value)}")
+            if unset:
+                body.append(f"\n  ({unset} more field(s) left null; ? shows every field, whole)", style="dim")
+        for line in self._preview_lines(call):
+            body.append(f"\n{line}", style="bold" if not line.startswith(" ") else "")
         title = f"review {escape(call.id)} · {escape(call.tool_name)}"
         panel = Panel(body, title=title, expand=False, border_style="red" if call.destructive else "cyan")
         self.console.print(panel, soft_wrap=False)
+
+    def _preview_lines(self, call: CallRecord) -> tuple[str, ...]:
+        preview = None if call.prepared is None else preview_call(call.prepared, self.session.document)
+        if preview is None:
+            return ()
+        return ("Preview:", *(f"  {line}" for line in preview.lines()))
+
+    def _help(self, call: CallRecord) -> None:
+        body = Text(_HELP)
+        details = call.prepared.details if call.prepared is not None else ()
+        body.append(f"\nThe whole input of {call.id}:", style="bold")
+        for path, value in details:
+            body.append(f"\n  {path}: {value}")
+        for line in self._preview_lines(call):
+            body.append(f"\n{line}")
+        self.console.print(body)
 
     async def _decide(self, pending: list[CallRecord]) -> None:
         if self.mode == "none":
             for call in pending:
                 self.console.print(Text(f"  denied {call.id} (--approve none)"))
-                self.session.deny(call.id)
+                self.session.deny(call.id, "The user's session denies every change (--approve none).")
             return
         if self.mode == "safe":
-            safe = tuple(c.id for c in pending if not c.destructive)
+            for call in pending:
+                edited = self.scripted_edits.get(call.id)
+                if edited is not None and not call.destructive:
+                    self.console.print(Text(f"  approved {call.id} with the demo reviewer's edit:"))
+                    self._print_edit(call, edited)
+                    self.session.approve(call.id, edited)
+            safe = tuple(c.id for c in pending if not c.destructive and c.id not in self.scripted_edits)
             if safe:
                 self.console.print(Text(f"  approved all safe: {', '.join(safe)}"))
                 self.session.approve_batch(safe)
             for call in pending:
                 if call.destructive:
                     self.console.print(Text(f"  denied destructive {call.id} (--approve safe)"))
-                    self.session.deny(call.id)
+                    self.session.deny(call.id, "The user's session denies destructive changes (--approve safe).")
             return
-        for index, call in enumerate(pending):
-            answer = await trio.to_thread.run_sync(
-                self.prompt, f"{call.id}: [a]pprove, [d]eny, approve all [s]afe, s[t]op? ", abandon_on_cancel=True
-            )
-            choice = answer.strip().lower()[:1]
-            if choice == "a":
-                self.session.approve(call.id)
-            elif choice == "s":
-                self.session.approve_batch(tuple(c.id for c in pending[index:] if not c.destructive))
-                for rest in pending[index:]:
-                    if rest.destructive:
-                        self.session.deny(rest.id)
-                return
-            elif choice == "t":
+        queue = list(pending)
+        batch_done = False
+        while queue:
+            call = queue[0]
+            choices = "[a]pprove, [d]eny, [e]dit" + ("" if batch_done else ", approve all [s]afe") + ", s[t]op, ?"
+            try:
+                answer = await self.lines.ask(f"{call.id}: {choices} ")
+            except EOFError:
+                answer = "stop"  # the input ended: nothing more may run on an answer nobody gave
+            action = parse_answer(answer)
+            if action is None or (action == "safe" and batch_done):
+                self.console.print(Text(f"  Please answer one of: {choices} (whole words also work)."))
+                continue
+            if action == "help":
+                self._help(call)
+                continue
+            if action == "stop":
                 self.session.stop()
                 return
-            else:
-                self.session.deny(call.id)
+            if action == "safe":
+                batch_done = True
+                safe = tuple(c.id for c in queue if not c.destructive)
+                if safe:
+                    self.console.print(Text(f"  approved all safe: {', '.join(safe)}"))
+                    self.session.approve_batch(safe)
+                queue = [c for c in queue if c.destructive]
+                if queue:
+                    names = ", ".join(f"{c.id} ({c.summary})" for c in queue)
+                    self.console.print(Text(f"  Not included, destructive: {names}. Decide each one:", style="red"))
+                continue
+            if action == "approve":
+                self.session.approve(call.id)
+            elif action == "deny":
+                reason = await self.lines.ask("  Reason for the model (optional, Enter for none): ")
+                self.session.deny(call.id, reason)
+            elif not await self._edit(call):
+                continue
+            queue.pop(0)
+
+    def _print_edit(self, call: CallRecord, edited: dict[str, Any]) -> None:
+        tool = self.session.state.tool_set.get(call.tool_name) if self.session.state is not None else None
+        checked = None if tool is None else tool.prepare(edited)
+        if call.prepared is None or checked is None or isinstance(checked, PrepareFailure):
+            return
+        for path, old, new in changed_fields(call.prepared.details, checked.details):
+            self.console.print(Text(f"    {path}: {old if old is not None else '(absent)'} -> {new}"))
+
+    async def _edit(self, call: CallRecord) -> bool:
+        """Ask for an edited input, check it with the call's own tool, and approve it; False to ask again."""
+        tool = self.session.state.tool_set.get(call.tool_name) if self.session.state is not None else None
+        if tool is None or call.prepared is None:
+            return False
+        text = await self.lines.ask("  Edited input as one JSON object (Enter to go back): ")
+        if not text.strip():
+            return False
+        try:
+            edited: Any = json.loads(text)
+        except ValueError as exc:
+            self.console.print(Text(f"  Not JSON: {exc}. Nothing was approved."))
+            return False
+        if not isinstance(edited, dict):
+            self.console.print(Text("  The input must be a JSON object. Nothing was approved."))
+            return False
+        checked = tool.prepare(edited)
+        if isinstance(checked, PrepareFailure):
+            self.console.print(Text(f"  The tool refused this input: {checked.message}. Nothing was approved."))
+            return False
+        self.console.print(Text(f"  approved {call.id} with your edit: {checked.summary}"))
+        self._print_edit(call, edited)
+        self.session.approve(call.id, edited)
+        return True

@@ -7,6 +7,7 @@ recognise as a well-formed turn input is not an input at all.
 
 from __future__ import annotations
 
+import copy
 import enum
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -67,6 +68,16 @@ def _messages(value: object) -> tuple[Message, ...]:
     return tuple(value)
 
 
+def _edited(value: Any) -> Any:
+    # A private copy, taken at the click: a face that changes its dict later cannot change the edit.
+    return copy.deepcopy(value) if type(value) is dict else value
+
+
+def _edited_ok(instance: object, attribute: attrs.Attribute[dict[str, Any] | None], value: object) -> None:
+    if value is not None and type(value) is not dict:
+        raise TypeError(f"{attribute.name} must be a JSON object (dict) or None, got {type(value).__name__}")
+
+
 def _call_ids(instance: object, attribute: attrs.Attribute[tuple[str, ...]], value: object) -> None:
     # An explicit tuple captured at the click: never a predicate or a live collection.
     if type(value) is not tuple or not all(type(i) is str for i in value):
@@ -89,9 +100,15 @@ class Submit:
 @final
 @attrs.frozen(kw_only=True)
 class ApproveCall:
-    """The user approved one call (a destructive one included)."""
+    """The user approved one call (a destructive one included).
+
+    ``edited_input`` (a JSON object) approves the call with the user's edit of its input instead: the
+    reducer prepares it with the call's own tool, so validation and limits apply and the grant binds
+    the edited input; None approves the input as the model sent it.
+    """
 
     call_id: str = attrs.field(validator=_text)
+    edited_input: dict[str, Any] | None = attrs.field(default=None, converter=_edited, validator=_edited_ok)
 
 
 @final
@@ -105,7 +122,10 @@ class ApproveBatch:
 @final
 @attrs.frozen(kw_only=True)
 class DenyCall:
+    """The user declined one call; ``reason`` (optional, their own words) reaches the model with the refusal."""
+
     call_id: str = attrs.field(validator=_text)
+    reason: str = attrs.field(default="", validator=_text)
 
 
 @final
@@ -125,6 +145,8 @@ class CallSettled:
     call_id: str = attrs.field(validator=_text)
     outcome: ToolOutcome[Any] = attrs.field(validator=attrs.validators.instance_of(ToolOutcome))
     now_ms: int = attrs.field(validator=_now)
+    #: The commit swapped the live document (so undoing the turn undoes this call).
+    changed_document: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 @final
@@ -143,13 +165,17 @@ class Retry:
     now_ms: int = attrs.field(validator=_now)
 
 
+_CANCEL_REASONS: Final = ("stop", "deadline", "review_timeout")
+
+
 @final
 @attrs.frozen(kw_only=True)
 class Cancel:
-    """End the turn now: ``"stop"`` (the user) settles cancelled, ``"deadline"`` settles bounded."""
+    """End the turn now: ``"stop"`` (the user) settles cancelled; ``"deadline"`` and ``"review_timeout"``
+    (no decision on the review cards in time) settle bounded."""
 
-    reason: Literal["stop", "deadline"] = attrs.field(
-        default="stop", validator=attrs.validators.in_(("stop", "deadline"))
+    reason: Literal["stop", "deadline", "review_timeout"] = attrs.field(
+        default="stop", validator=attrs.validators.in_(_CANCEL_REASONS)
     )
 
 
@@ -255,20 +281,25 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
         MessageStop: (InputKind.MESSAGE_STOP, lambda e: type(e.stop_reason) is StopReason),
         StreamError: (InputKind.STREAM_ERROR, _stream_error_ok),
         Aborted: (InputKind.ABORTED, lambda e: True),
-        ApproveCall: (InputKind.APPROVE_CALL, lambda c: _is_str(c.call_id)),
+        ApproveCall: (
+            InputKind.APPROVE_CALL,
+            lambda c: _is_str(c.call_id) and (c.edited_input is None or type(c.edited_input) is dict),
+        ),
         ApproveBatch: (
             InputKind.APPROVE_BATCH,
             lambda c: type(c.call_ids) is tuple and all(_is_str(i) for i in c.call_ids),
         ),
-        DenyCall: (InputKind.DENY_CALL, lambda c: _is_str(c.call_id)),
+        DenyCall: (InputKind.DENY_CALL, lambda c: _is_str(c.call_id) and _is_str(c.reason)),
         StartCall: (InputKind.START_CALL, lambda c: _is_str(c.call_id) and _is_ms(c.now_ms)),
         CallSettled: (
             InputKind.CALL_SETTLED,
-            lambda c: _is_str(c.call_id) and _outcome_ok(c.outcome) and _is_ms(c.now_ms),
+            lambda c: (
+                _is_str(c.call_id) and _outcome_ok(c.outcome) and _is_ms(c.now_ms) and type(c.changed_document) is bool
+            ),
         ),
         Advance: (InputKind.ADVANCE, lambda c: _is_ms(c.now_ms)),
         Retry: (InputKind.RETRY, lambda c: _is_ms(c.now_ms)),
-        Cancel: (InputKind.CANCEL, lambda c: _is_str(c.reason) and c.reason in ("stop", "deadline")),
+        Cancel: (InputKind.CANCEL, lambda c: _is_str(c.reason) and c.reason in _CANCEL_REASONS),
         UndoTurn: (InputKind.UNDO_TURN, lambda c: True),
     }
 )

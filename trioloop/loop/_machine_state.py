@@ -86,7 +86,11 @@ class CallRecord:
     """One tool call the model opened in this turn, and what became of it.
 
     ``input_digest`` is "" and ``prepared`` None for a call that was never prepared (unknown tool,
-    over a cap, invalid input). ``result`` is the text the model receives for the call.
+    over a cap, invalid input). ``result`` is the text the model receives for the call. ``edits`` lists
+    the fields the user changed when approving (path, old value, new value; None where absent): the
+    call then carries the edited input's digest and prepared run, and its tool result names the edits.
+    ``changed_document`` is true once the call's commit swapped the live document: only such a call
+    becomes ``undone`` when the turn is undone.
     """
 
     id: str
@@ -101,6 +105,8 @@ class CallRecord:
     result: str | None = None
     is_error: bool = False
     denial_reason: DenialReason | None = None
+    edits: tuple[tuple[str, str | None, str | None], ...] = ()
+    changed_document: bool = False
 
     @property
     def is_terminal(self) -> bool:
@@ -133,6 +139,8 @@ class CallRecord:
             result=self.result if result is None else result,
             is_error=self.is_error if is_error is None else is_error,
             denial_reason=self.denial_reason if denial_reason is None else denial_reason,
+            edits=self.edits,
+            changed_document=self.changed_document,
         )
 
 

@@ -97,8 +97,9 @@ INITIAL_CALL_STATUSES: Final = frozenset({_S.PENDING, _S.APPROVED, _S.FAILED, _S
 #: Status -> the statuses it may move to. Terminal statuses move nowhere except succeeded -> undone.
 CALL_STATUS_EDGES: Final[Mapping[CallStatus, frozenset[CallStatus]]] = MappingProxyType(
     {
-        # approved by the user; declined, or not run at settle; a refused start makes it terminal.
-        _S.PENDING: frozenset({_S.APPROVED, _S.DENIED, _S.FAILED}),
+        # approved by the user; declined, or not run at settle. (A start is refused while any call of
+        # the iteration is pending, so a pending call never fails a start.)
+        _S.PENDING: frozenset({_S.APPROVED, _S.DENIED}),
         _S.APPROVED: frozenset({_S.RUNNING, _S.DENIED, _S.FAILED}),
         # settled by the runner; at a cancel its value is discarded and it is marked not run.
         _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.DENIED}),

@@ -13,6 +13,7 @@ from typing import Final
 
 from trioloop.loop.authorization import Violation
 from trioloop.loop.tool_runtime import PrepareFailure
+from trioloop.loop.untrusted_text import quote_untrusted
 
 __all__ = [
     "DECLINED_TEXT",
@@ -22,7 +23,10 @@ __all__ = [
     "NOT_RUN_TEXT",
     "NOT_TEXT_RESULT",
     "REPLAY_TEXT",
+    "declined_text",
     "echo",
+    "edited_text",
+    "invalid_edit_text",
     "invalid_input_text",
     "not_authorized_text",
     "unknown_tool_text",
@@ -76,6 +80,45 @@ def invalid_input_text(name: str, failure: PrepareFailure) -> str:
 LIMIT_TEXT: Final = "Not run: this turn reached its tool-call limit, so this call was refused."
 LIMIT_NOTICE: Final = "The model asked for more tool calls than this turn allows; the extra calls were not run."
 DECLINED_TEXT: Final = "The user declined this action. Do not retry it in this turn."
+#: The most of a user's reason for a denial the model receives, in code points.
+DENY_REASON_MAX: Final = 500
+
+
+def declined_text(reason: str) -> str:
+    """The result of a call the user declined, quoting their reason (if any) as their own words.
+
+    The reason is stripped of control and bidi code points, capped, escaped (so it cannot spell an
+    untrusted-data marker) and JSON-quoted (so it cannot end the quotation and speak for the system).
+    """
+    if not reason.strip():
+        return DECLINED_TEXT
+    return f"{DECLINED_TEXT} The user gave this reason, in their own words: {quote_untrusted(reason, DENY_REASON_MAX)}"
+
+
+_EDIT_VALUE_MAX: Final = 200
+
+
+def invalid_edit_text(name: str, failure: PrepareFailure) -> str:
+    """The notice for an edit that ``prepare`` refused: nothing was approved, the call still waits."""
+    shown = "; ".join(_visible(issue, _ISSUE_MAX) for issue in failure.issues[:_ISSUES_MAX])
+    return f"Your edit of the {echo(name)} call was not valid, so nothing was approved and it still waits: {shown}"
+
+
+def edited_text(edits: tuple[tuple[str, str | None, str | None], ...]) -> str:
+    """What the model is told about a call the user edited before approving: every changed field, old -> new.
+
+    The history still holds the input the model sent; this line keeps the conversation truthful.
+    """
+
+    def shown(value: str | None) -> str:
+        return "(absent)" if value is None else quote_untrusted(value, _EDIT_VALUE_MAX)
+
+    changes = "; ".join(
+        f"{quote_untrusted(path, _EDIT_VALUE_MAX)}: {shown(old)} -> {shown(new)}" for path, old, new in edits
+    )
+    return f"The user edited this call's input before approving it, so it ran with these changes: {changes}."
+
+
 REPLAY_TEXT: Final = "Not run: the user already declined an identical action in this turn. Do not retry it."
 NOT_RUN_TEXT: Final = "Not run: the turn ended before this call could run."
 INTERRUPTED_TEXT: Final = "Not run to completion: the turn ended while this call was running; its result was discarded."

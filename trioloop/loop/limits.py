@@ -32,6 +32,7 @@ class Bound(enum.StrEnum):
     TOOL_CALLS = "tool_calls"
     RETRIES = "retries"
     DEADLINE = "deadline"
+    REVIEW_TIMEOUT = "review_timeout"
 
 
 def _positive_int(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
@@ -47,6 +48,11 @@ def _limit(default: int) -> int:
     return attrs.field(default=default, validator=_positive_int)
 
 
+def _optional_positive_int(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is not None:
+        _positive_int(instance, attribute, value)  # type: ignore[arg-type]
+
+
 @final
 @attrs.frozen(kw_only=True)
 class TurnLimits:
@@ -58,6 +64,9 @@ class TurnLimits:
     max_retries_per_turn: int = _limit(3)
     turn_deadline_ms: int = _limit(300_000)
     reserve_output_tokens: int = _limit(4096)
+    #: How long the turn may wait for the reviewer's decisions on one iteration's cards; None waits for ever.
+    #: The turn deadline does not run while the turn waits for the reviewer; this bound does.
+    review_timeout_ms: int | None = attrs.field(default=None, validator=_optional_positive_int)
 
 
 DEFAULT_TURN_LIMITS: Final = TurnLimits()
@@ -74,11 +83,15 @@ class TurnBudget:
     started_at_ms: int = 0
 
 
-def budget_exhaustion(budget: TurnBudget, limits: TurnLimits, now_ms: int) -> Bound | None:
-    """The first exhausted bound (iterations, tool calls, retries, deadline), or None.
+def budget_exhaustion(
+    budget: TurnBudget, limits: TurnLimits, now_ms: int, *, review_waited_ms: int | None = None
+) -> Bound | None:
+    """The first exhausted bound (iterations, tool calls, retries, deadline, review timeout), or None.
 
-    Consulted when an iteration ends and before a retry; reaching a ceiling exactly counts as
-    exhausted, so ``max_iterations = N`` allows exactly N provider requests.
+    Consulted when an iteration ends, before a retry and when the turn's scope is cancelled; reaching
+    a ceiling exactly counts as exhausted, so ``max_iterations = N`` allows exactly N provider requests.
+    ``now_ms`` is the turn's machine time (the runner's clock minus the time spent waiting for the
+    reviewer); ``review_waited_ms`` is how long the current review has waited, None when none is open.
     """
     if budget.iterations_started >= limits.max_iterations:
         return Bound.ITERATIONS
@@ -88,6 +101,12 @@ def budget_exhaustion(budget: TurnBudget, limits: TurnLimits, now_ms: int) -> Bo
         return Bound.RETRIES
     if now_ms - budget.started_at_ms >= limits.turn_deadline_ms:
         return Bound.DEADLINE
+    if (
+        review_waited_ms is not None
+        and limits.review_timeout_ms is not None
+        and review_waited_ms >= limits.review_timeout_ms
+    ):
+        return Bound.REVIEW_TIMEOUT
     return None
 
 
@@ -111,6 +130,8 @@ _NOTICES: Final = {
     Bound.TOOL_CALLS: "This turn stopped because it used all of its tool calls." + _KEPT,
     Bound.RETRIES: "This turn stopped because the provider needed too many retries." + _KEPT,
     Bound.DEADLINE: "This turn stopped because it ran past its time limit." + _KEPT,
+    Bound.REVIEW_TIMEOUT: "This turn stopped because its review cards waited too long for a decision;"
+    " the undecided calls were not run." + _KEPT,
 }
 
 

@@ -6,7 +6,9 @@ user's approval, a tool finishing -- is an input. The reducer looks the input up
 turn has settled); an admitted one goes to its handler. Handlers are the only writers of phase and
 call status, move a status only along `CALL_STATUS_EDGES`, and never read a clock, do I/O or raise.
 Authorization is not decided here: grants come from `authorization`, and a call reaches `running`
-only through `authorize_start`.
+only through `authorize_start`. An iteration executes only once it is decided (no call pending), so
+the order of the reviewer's clicks never changes what runs; an edited approval is prepared here by the
+call's own tool, so the grant binds exactly the input that will run.
 """
 
 from __future__ import annotations
@@ -45,14 +47,16 @@ from trioloop.loop._machine_state import (
 )
 from trioloop.loop._machine_tables import CALL_STATUS_EDGES, INITIAL_CALL_STATUSES, PHASE_TRANSITIONS
 from trioloop.loop._machine_text import (
-    DECLINED_TEXT,
     INTERRUPTED_TEXT,
     LIMIT_NOTICE,
     LIMIT_TEXT,
     NOT_RUN_TEXT,
     NOT_TEXT_RESULT,
     REPLAY_TEXT,
+    declined_text,
     echo,
+    edited_text,
+    invalid_edit_text,
     invalid_input_text,
     not_authorized_text,
     unknown_tool_text,
@@ -66,6 +70,7 @@ from trioloop.loop.authorization import (
     grant_for_batch,
     grant_for_call,
 )
+from trioloop.loop.card import changed_fields
 from trioloop.loop.limits import Bound, TurnBudget, bound_notice, budget_exhaustion, tool_call_cap
 from trioloop.loop.tool_runtime import PrepareFailure
 from trioloop.protocol.events import (
@@ -186,12 +191,17 @@ def _answer_message(calls: tuple[CallRecord, ...]) -> Message:
     results = tuple(
         ToolResultBlock(
             call_id=c.id,
-            content=c.result if c.result is not None else c.summary,
+            content=_result_content(c),
             is_error=c.is_error,
         )
         for c in calls
     )
     return Message(role="user", content=results)
+
+
+def _result_content(call: CallRecord) -> str:
+    content = call.result if call.result is not None else call.summary
+    return content if not call.edits else f"{edited_text(call.edits)}\n{content}"
 
 
 def _settle(
@@ -386,6 +396,8 @@ def _on_aborted(state: TurnState, event: object) -> TurnState:
 def _on_cancel(state: TurnState, cmd: Cancel) -> TurnState:
     if cmd.reason == "deadline":
         return _settle(state, Outcome.BOUNDED, bound=Bound.DEADLINE)
+    if cmd.reason == "review_timeout":
+        return _settle(state, Outcome.BOUNDED, bound=Bound.REVIEW_TIMEOUT)
     return _settle(state, Outcome.CANCELLED)
 
 
@@ -398,12 +410,44 @@ def _approve(state: TurnState, grants: tuple[Grant, ...]) -> TurnState:
         if position is not None:
             changes.append((position, _moved(state.calls[position], CallStatus.APPROVED)))
     calls = state.calls.replaced(changes)
-    return attrs.evolve(state, calls=calls, grants=state.grants + grants, phase=Phase.EXECUTING)
+    state = attrs.evolve(state, calls=calls, grants=state.grants + grants)
+    # A decided iteration: nothing approved starts while another call of the iteration awaits a
+    # decision, so the order of the clicks never changes what runs.
+    return state if _has_pending(state) else attrs.evolve(state, phase=Phase.EXECUTING)
 
 
 def _on_approve_call(state: TurnState, cmd: ApproveCall) -> TurnState:
+    if cmd.edited_input is not None:
+        state, valid = _edit_call(state, cmd.call_id, cmd.edited_input)
+        if not valid:
+            return state  # an invalid edit approves nothing, not even the model's own input
     grant = grant_for_call(state, cmd.call_id)
     return state if grant is None else _approve(state, (grant,))
+
+
+def _edit_call(state: TurnState, call_id: str, edited_input: dict[str, Any]) -> tuple[TurnState, bool]:
+    """The state with the call's input replaced by the user's edit, prepared by the call's own tool (so
+    validation and limits apply), and whether the edit is valid. An invalid edit leaves the call pending,
+    with a notice naming its problems; a call that is not awaiting a decision is left as it is."""
+    call = state.call(call_id)
+    if call is None or call.prepared is None or call.status is not CallStatus.PENDING:
+        return state, False
+    tool = state.tool_set.get(call.tool_name)
+    if tool is None or call.iteration != state.iteration:
+        return state, False
+    prepared = tool.prepare(edited_input)
+    if isinstance(prepared, PrepareFailure):
+        return _notice(state, invalid_edit_text(call.tool_name, prepared)), False
+    if prepared.input_digest == call.input_digest:
+        return state, True  # the "edit" changes nothing: an ordinary approval
+    edited = attrs.evolve(
+        call,
+        input_digest=prepared.input_digest,
+        summary=prepared.summary,
+        prepared=prepared,
+        edits=changed_fields(call.prepared.details, prepared.details),
+    )
+    return _replace_call(state, edited), True
 
 
 def _on_approve_batch(state: TurnState, cmd: ApproveBatch) -> TurnState:
@@ -418,7 +462,7 @@ def _on_deny_call(state: TurnState, cmd: DenyCall) -> TurnState:
         call,
         CallStatus.DENIED,
         denial_reason=DenialReason.USER_DECLINED,
-        result=DECLINED_TEXT,
+        result=declined_text(cmd.reason),
         is_error=True,
     )
     denial = Denial(tool_name=call.tool_name, input_digest=call.input_digest)
@@ -458,7 +502,10 @@ def _on_call_settled(state: TurnState, cmd: CallSettled) -> TurnState:
             # it running forever, and never store a non-text result in the history.
             return _replace_call(state, _moved(call, CallStatus.FAILED, result=NOT_TEXT_RESULT, is_error=True))
         status = CallStatus.SUCCEEDED if ok else CallStatus.FAILED
-        return _replace_call(state, _moved(call, status, result=result, is_error=not ok))
+        moved = _moved(call, status, result=result, is_error=not ok)
+        if ok and cmd.changed_document:
+            moved = attrs.evolve(moved, changed_document=True)
+        return _replace_call(state, moved)
     # Not running: either no grant was ever spent on it, or the run that spent it already settled.
     spent = any(g.call_id == cmd.call_id and g.consumed for g in state.grants)
     violation = Violation.GRANT_ALREADY_CONSUMED if spent else Violation.NO_GRANT
@@ -490,10 +537,16 @@ def _on_retry(state: TurnState, cmd: Retry) -> TurnState:
 
 
 def _on_undo_turn(state: TurnState, cmd: UndoTurn) -> TurnState:
-    if not any(c.status is CallStatus.SUCCEEDED for c in state.calls):
+    # Only calls whose commit changed the document are undone; a read, or an edit that changed nothing,
+    # stays succeeded.
+    if not any(_undoable(c) for c in state.calls):
         return state
-    calls = tuple(_moved(c, CallStatus.UNDONE) if c.status is CallStatus.SUCCEEDED else c for c in state.calls)
+    calls = tuple(_moved(c, CallStatus.UNDONE) if _undoable(c) else c for c in state.calls)
     return attrs.evolve(state, calls=calls)
+
+
+def _undoable(call: CallRecord) -> bool:
+    return call.status is CallStatus.SUCCEEDED and call.changed_document
 
 
 _K = InputKind

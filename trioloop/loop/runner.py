@@ -8,7 +8,9 @@ awaits it when it closes. Everything the tasks learn reaches the reducer through
 one task, so state has a single writer and a single order. The runner knows no document type: the
 `DocumentKind` in the `Workspace` validates, copies and compares documents. The runner performs
 only the effects the state asks for and decides nothing about authorization: it starts what the reducer
-moved to ``running`` and nothing else.
+moved to ``running`` and nothing else. The turn deadline measures the machine, not the person: while the
+turn waits in ``awaiting_approval`` the scope's deadline stands still (``review_timeout_ms``, if set, is
+the only bound then) and moves forward by the time waited once the review is decided.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import trio
 from trioloop.loop._machine_text import NOT_TEXT_RESULT
 from trioloop.loop._stream_fold import fold_text_deltas
 from trioloop.loop.document import DocumentKind
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits, budget_exhaustion
+from trioloop.loop.limits import DEFAULT_TURN_LIMITS, Bound, TurnLimits, budget_exhaustion
 from trioloop.loop.machine import (
     Advance,
     ApproveBatch,
@@ -125,14 +127,17 @@ class TurnControls:
             return False
         return True
 
-    def approve(self, call_id: str) -> bool:
-        return self._put(ApproveCall(call_id=call_id))
+    def approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> bool:
+        """Approve one call, or (with ``edited_input``) the user's edit of its input: the edit is prepared by
+        the call's own tool, the grant binds the edited input, and the model is told which fields changed."""
+        return self._put(ApproveCall(call_id=call_id, edited_input=edited_input))
 
     def approve_batch(self, call_ids: tuple[str, ...]) -> bool:
         return self._put(ApproveBatch(call_ids=tuple(call_ids)))
 
-    def deny(self, call_id: str) -> bool:
-        return self._put(DenyCall(call_id=call_id))
+    def deny(self, call_id: str, reason: str = "") -> bool:
+        """Decline one call; ``reason``, if given, reaches the model as the user's words (sanitized, capped)."""
+        return self._put(DenyCall(call_id=call_id, reason=reason))
 
     def stop(self) -> bool:
         """Cancel the turn: its scope is cancelled now; the consumer settles it ``cancelled``."""
@@ -162,6 +167,11 @@ class TurnControls:
 
 def _now_ms() -> int:
     return int(trio.current_time() * 1000)
+
+
+def _ms(seconds: float) -> int:
+    """A duration in whole milliseconds; the epsilon keeps 2.0 s from reading as 1999 ms after float error."""
+    return math.floor(seconds * 1000 + 1e-6)
 
 
 class _SendToInbox(trio.abc.SendChannel[StreamEvent]):
@@ -263,16 +273,56 @@ class _Turn(Generic[D]):
         self.tools_idle = trio.Event()
         self.tools_idle.set()
         self.ending = False  # set when the turn starts settling: no tool value is committed after it
-        self.deadline = trio.current_time() + request.limits.turn_deadline_ms / 1000
+        self.started_at = trio.current_time()
+        self.deadline = self.started_at + request.limits.turn_deadline_ms / 1000
+        self.review_paused_s = 0.0  # time spent waiting for the reviewer: the turn deadline does not run then
+        self.review_since: float | None = None
 
     # -- state -----------------------------------------------------------------------------------
 
     def apply(self, item: TurnInput) -> None:
         new = reduce_turn(self.state, item)
         if new is not self.state:
-            self.state = new
+            old, self.state = self.state, new
+            if (old.phase is Phase.AWAITING_APPROVAL) is not (new.phase is Phase.AWAITING_APPROVAL):
+                self.pause_deadline_for_review(new.phase is Phase.AWAITING_APPROVAL)
             if self.on_state is not None:
                 self.on_state(new)
+
+    # -- the reviewer's time ---------------------------------------------------------------------
+
+    def pause_deadline_for_review(self, waiting: bool) -> None:
+        """The turn deadline measures the machine, not the person: it stands still while the turn waits
+        in ``awaiting_approval`` and moves forward by the time waited when the review is decided. While
+        waiting, the turn scope's deadline is the review timeout (none unless ``review_timeout_ms``)."""
+        now = trio.current_time()
+        scope = self.controls._scope
+        if waiting:
+            self.review_since = now
+            timeout_ms = self.state.limits.review_timeout_ms
+            if scope is not None:
+                scope.deadline = math.inf if timeout_ms is None else now + timeout_ms / 1000
+            return
+        if self.review_since is not None:
+            waited = now - self.review_since
+            self.review_since = None
+            self.review_paused_s += waited
+            self.deadline += waited
+        if scope is not None:
+            scope.deadline = self.deadline
+
+    def machine_now_ms(self) -> int:
+        """The turn's clock for its bounds: Trio's clock minus every wait for the reviewer, counted from
+        the budget's start so a scope deadline that fired is never a millisecond short of the bound."""
+        now = trio.current_time()
+        waiting = 0.0 if self.review_since is None else now - self.review_since
+        return self.state.budget.started_at_ms + _ms(now - self.started_at - self.review_paused_s - waiting)
+
+    def timing_bound(self) -> Bound | None:
+        """Whether the deadline or the review timeout has run out (checked in `budget_exhaustion`'s order)."""
+        budget = attrs.evolve(self.state.budget, iterations_started=0, tool_calls_accepted=0, retries_used=0)
+        waited = None if self.review_since is None else _ms(trio.current_time() - self.review_since)
+        return budget_exhaustion(budget, self.state.limits, self.machine_now_ms(), review_waited_ms=waited)
 
     # -- the one consumer ------------------------------------------------------------------------
 
@@ -333,7 +383,7 @@ class _Turn(Generic[D]):
     def may_retry(self) -> bool:
         # Only the retry and deadline bounds matter here: a retry is not a new iteration.
         budget = attrs.evolve(self.state.budget, iterations_started=0, tool_calls_accepted=0)
-        return budget_exhaustion(budget, self.state.limits, _now_ms()) is None
+        return budget_exhaustion(budget, self.state.limits, self.machine_now_ms()) is None
 
     def retry_backoff(self) -> float:
         used = self.state.budget.retries_used
@@ -353,7 +403,7 @@ class _Turn(Generic[D]):
                     continue
                 current = self.state.current_calls
                 if all(c.status not in (CallStatus.PENDING, CallStatus.APPROVED, CallStatus.RUNNING) for c in current):
-                    self.apply(Advance(now_ms=_now_ms()))
+                    self.apply(Advance(now_ms=self.machine_now_ms()))
                     if self.state is not state:
                         continue
             return
@@ -484,6 +534,7 @@ class _Turn(Generic[D]):
             kind=self.workspace.kind,
         )
         settled: ToolOutcome[D]
+        changed = isinstance(committed, Committed)
         if isinstance(committed, Committed):
             self.workspace.document = committed.document
             self.workspace.undo = committed.history
@@ -492,7 +543,9 @@ class _Turn(Generic[D]):
             settled = ToolOutcome.failure(committed.result)
         else:
             settled = ToolOutcome.success(committed.result)
-        self.controls._send.send_nowait(CallSettled(call_id=call_id, outcome=settled, now_ms=_now_ms()))
+        self.controls._send.send_nowait(
+            CallSettled(call_id=call_id, outcome=settled, now_ms=_now_ms(), changed_document=changed)
+        )
 
     # -- settling --------------------------------------------------------------------------------
 
@@ -565,9 +618,8 @@ async def _drive(
             now_ms=now_ms,
         )
     )
-    deadline = turn.deadline
     try:
-        with trio.CancelScope(deadline=deadline) as turn_scope:
+        with trio.CancelScope(deadline=turn.deadline) as turn_scope:
             controls._scope = turn_scope
             if controls.stop_requested:
                 turn_scope.cancel()
@@ -578,8 +630,9 @@ async def _drive(
     finally:
         # Runs on Stop, on the deadline, and even when a scope outside the turn cancels us: the turn
         # always ends settled. The one await is shielded and bounded by the tool grace.
-        reason: Literal["stop", "deadline"] = (
-            "deadline" if not controls.stop_requested and trio.current_time() >= deadline else "stop"
+        bound = None if controls.stop_requested else turn.timing_bound()
+        reason: Literal["stop", "deadline", "review_timeout"] = (
+            "review_timeout" if bound is Bound.REVIEW_TIMEOUT else "deadline" if bound is Bound.DEADLINE else "stop"
         )
         await turn.await_tools()
         controls._scope = None

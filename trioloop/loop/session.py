@@ -232,14 +232,14 @@ class Session(Generic[D]):
         self._publish(state)
         return state
 
-    def approve(self, call_id: str) -> bool:
-        return self._controls is not None and self._controls.approve(call_id)
+    def approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> bool:
+        return self._controls is not None and self._controls.approve(call_id, edited_input)
 
     def approve_batch(self, call_ids: Iterable[str]) -> bool:
         return self._controls is not None and self._controls.approve_batch(tuple(call_ids))
 
-    def deny(self, call_id: str) -> bool:
-        return self._controls is not None and self._controls.deny(call_id)
+    def deny(self, call_id: str, reason: str = "") -> bool:
+        return self._controls is not None and self._controls.deny(call_id, reason)
 
     def stop(self) -> bool:
         return self._controls is not None and self._controls.stop()

@@ -10,6 +10,7 @@ import math
 import types
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from functools import partial
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 import attrs
@@ -18,6 +19,8 @@ import trio
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
 from trioloop.loop.canonical import input_digest
+from trioloop.loop.card import CardDetails, input_details
+from trioloop.loop.preview import Preview, PreviewFn
 from trioloop.protocol.tools import ToolDefinition
 
 __all__ = [
@@ -117,11 +120,18 @@ RunFn: TypeAlias = Callable[[ToolExecutionContext[D]], Awaitable[ToolOutcome[D]]
 
 @attrs.frozen(kw_only=True)
 class PreparedCall(Generic[D]):
-    """A validated call: plain-text summary for the reviewer, the digest a grant binds to, and ``run``."""
+    """A validated call: plain-text summary for the reviewer, the digest a grant binds to, and ``run``.
+
+    ``details`` is the whole input the digest covers, as ordered (field path, value) lines for the
+    card (`trioloop.loop.card`); ``preview`` (when the tool declares one) is its dry run, bound to this
+    input: ``preview(document) -> Preview`` (`trioloop.loop.preview`).
+    """
 
     summary: str
     input_digest: str
     run: RunFn[D] = attrs.field(eq=False, repr=False)
+    details: CardDetails = ()
+    preview: Callable[[Any], Preview] | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -506,8 +516,12 @@ def define_executable_tool(
     input_type: type[T],
     run: Callable[[T, ToolExecutionContext[D]], ToolOutcome[D] | Awaitable[ToolOutcome[D]]],
     summarize: Callable[[T], str],
+    preview: PreviewFn | None = None,
 ) -> RegisteredTool[D]:
-    """Build a tool whose schema and validation both come from ``input_type`` (an attrs class)."""
+    """Build a tool whose schema and validation both come from ``input_type`` (an attrs class).
+
+    ``preview``, if given, is a pure ``(document, input) -> Preview`` dry run shown on the review card.
+    """
     if not attrs.has(input_type):
         raise TypeError("input_type must be an attrs class")
     schema = json_schema_for(input_type)
@@ -517,7 +531,8 @@ def define_executable_tool(
         if isinstance(structured, PrepareFailure):
             return structured
         validated: T = structured
-        digest = input_digest(unstructure_input(validated))
+        canonical = unstructure_input(validated)
+        digest = input_digest(canonical)
 
         async def run_call(ctx: ToolExecutionContext[D]) -> ToolOutcome[D]:
             produced = run(validated, ctx)
@@ -527,7 +542,14 @@ def define_executable_tool(
                 await trio.lowlevel.checkpoint()
             return produced
 
-        return PreparedCall(summary=summarize(validated), input_digest=digest, run=run_call)
+        bound = None if preview is None else partial(_bound_preview, preview, validated)
+        return PreparedCall(
+            summary=summarize(validated),
+            input_digest=digest,
+            run=run_call,
+            details=input_details(canonical),
+            preview=bound,
+        )
 
     return RegisteredTool(
         name=name,
@@ -537,6 +559,10 @@ def define_executable_tool(
         json_schema=schema,
         prepare_fn=prepare,
     )
+
+
+def _bound_preview(preview: PreviewFn, validated: Any, document: Any) -> Preview:
+    return preview(document, validated)
 
 
 @attrs.frozen

@@ -25,8 +25,8 @@ from trioloop.loop.tool_runtime import (
     ToolExecutionContext,
     ToolOutcome,
 )
+from trioloop.loop.untrusted_text import TRUNCATION_MARK, is_stripped_code_point, sanitize_scalar
 from trioloop.mcp.servers import ToolClass
-from trioloop.tools.untrusted_text import TRUNCATION_MARK, is_stripped_code_point, sanitize_scalar
 
 __all__ = [
     "MAX_SCHEMA_BYTES",

@@ -31,10 +31,10 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from trioloop.loop.tool_runtime import RegisteredTool, ToolExecutionContext, ToolOutcome
+from trioloop.loop.untrusted_text import sanitize_scalar
 from trioloop.mcp.results import mcp_result_outcome
 from trioloop.mcp.servers import HttpServer, McpServer
 from trioloop.mcp.tools import UnusableTool, build_mcp_tool, namespaced_name
-from trioloop.tools.untrusted_text import sanitize_scalar
 
 __all__ = ["McpConnectionError", "McpToolset", "SkippedTool"]
 

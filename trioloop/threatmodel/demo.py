@@ -3,6 +3,8 @@
 Four iterations exercise, in order: read tools (auto-approved), a batch of safe edits beside a
 destructive one and an invalid call, the model correcting that call after seeing the field-level
 issue (and retrying the declined destructive call, which is refused as a replay), and a step limit.
+Every card shows its whole input and a dry-run preview; with ``--approve safe`` the scripted reviewer
+also approves one card with an edited input (`DEMO_EDITS`), and the model is told what it changed.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Final
 from trioloop.loop.limits import TurnLimits
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 
-__all__ = ["DEMO_LIMITS", "DEMO_PROMPT", "DEMO_SCRIPT"]
+__all__ = ["DEMO_EDITS", "DEMO_LIMITS", "DEMO_PROMPT", "DEMO_SCRIPT"]
 
 DEMO_PROMPT: Final = "Review the payment platform model: add what is missing around the card vault and admin access."
 
@@ -82,3 +84,12 @@ DEMO_SCRIPT: Final = (
         tool_calls=(ScriptedCall(id="toolu_09", name="get_document_summary", input={}),),
     ),
 )
+
+#: The scripted reviewer's edit (``--approve safe``): the admin console's description, made stricter
+#: before it is approved. The model's own call asked for SSO with MFA only.
+DEMO_EDITS: Final = {
+    "toolu_04": {
+        "id": "admin-console",
+        "updates": {"description": "Back-office tool; SSO with MFA and an IP allow-list required."},
+    },
+}

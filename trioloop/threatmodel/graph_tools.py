@@ -3,7 +3,9 @@
 Every tool is `mutate`; the four deletes are also destructive, so they always need their own grant.
 A run applies its action to the document snapshot in `ctx.document` and returns the whole next
 document, or a failure that says what was missing. Summaries are built from the validated input
-alone (never from the document), so what the reviewer approves is exactly what was asked.
+alone (never from the document), so what the reviewer approves is exactly what was asked; each tool
+also declares a dry-run preview (`trioloop.threatmodel.preview`) naming every entity it would add,
+change or remove on the document as it stands, cascades included.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from trioloop.threatmodel.action_inputs import (
 from trioloop.threatmodel.actions import ActionFailure, apply_action_with_report
 from trioloop.threatmodel.errors import quote
 from trioloop.threatmodel.model import ThreatModel
+from trioloop.threatmodel.preview import graph_preview
 
 __all__ = ["GRAPH_ACTION_TOOLS"]
 
@@ -81,6 +84,7 @@ def _tool(
         input_type=input_type,
         run=_run,
         summarize=summarize,
+        preview=graph_preview,
     )
 
 

@@ -20,6 +20,7 @@ from trioloop.loop.tool_runtime import (
     define_executable_tool,
     tool_field,
 )
+from trioloop.loop.untrusted_text import END_MARKER, START_MARKER, quote_untrusted, sanitize_scalar
 from trioloop.threatmodel.action_inputs import SeverityName, StrideCategory
 from trioloop.threatmodel.catalog import CatalogEntry, CategoryName, ProviderName, search_catalog
 from trioloop.threatmodel.model import (
@@ -53,7 +54,6 @@ from trioloop.tools.read_result import (
     read_success_encoded,
     unknown_id,
 )
-from trioloop.tools.untrusted_text import END_MARKER, START_MARKER, quote_untrusted, sanitize_scalar
 
 __all__ = [
     "FILTERS_BY_KIND",

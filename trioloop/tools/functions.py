@@ -36,7 +36,7 @@ from trioloop.loop.tool_runtime import (
     json_schema_for,
     unstructure_input,
 )
-from trioloop.tools.untrusted_text import sanitize_scalar
+from trioloop.loop.untrusted_text import sanitize_scalar
 
 __all__ = ["ToolError", "function_tool", "parse_docstring"]
 

@@ -14,7 +14,7 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar, final
 
 from trioloop.loop.canonical import canonical_json
 from trioloop.loop.tool_runtime import ToolOutcome
-from trioloop.tools.untrusted_text import fence_canonical, quote_untrusted, sanitize_scalar
+from trioloop.loop.untrusted_text import fence_canonical, quote_untrusted, sanitize_scalar
 
 __all__ = [
     "DEFAULT_PAGE_LIMIT",

@@ -1,9 +1,10 @@
 """One review card per tool call, and the plain-text label every piece of untrusted text goes through.
 
 A card shows what the model asked for (tool name, the tool's own plain-text summary, a destructive
-badge) and what became of it. It decides nothing: its buttons only report clicks, and the panel turns
-them into session commands. Every string that came from the model, a tool or the document is shown
-with ``Qt.PlainText``, so markup in it is displayed, never interpreted.
+badge), expands to the call's whole input and its dry-run preview, and shows what became of it. It
+decides nothing: its buttons only report clicks, and the panel turns them into session commands.
+Every string that came from the model, a tool or the document is shown with ``Qt.PlainText``, so
+markup in it is displayed, never interpreted.
 """
 
 from __future__ import annotations
@@ -11,7 +12,16 @@ from __future__ import annotations
 from typing import Final, final
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from trioloop.loop.machine import CallRecord, CallStatus, DenialReason
 
@@ -43,11 +53,11 @@ def call_status_text(call: CallRecord) -> str:
     if status is CallStatus.RUNNING:
         return "Running…"
     if status is CallStatus.SUCCEEDED:
-        return "Applied" if call.effect == "mutate" else "Done"
+        return "Applied" if call.changed_document else "Done"
     if status is CallStatus.FAILED:
         return "Failed"
     if status is CallStatus.UNDONE:
-        return "Undone"
+        return "Undone"  # only a call that changed the document is ever undone
     reason = call.denial_reason
     if reason is DenialReason.TURN_CANCELLED:
         return "Not run: the turn ended first"
@@ -77,7 +87,7 @@ class CallCard(QFrame):
         super().__init__(parent)
         self.setObjectName("callCard")
         self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)  # never squeezed: it scrolls
         self.call_id = call.id
         self._call = call
         self._enabled_for_review: bool | None = None
@@ -96,6 +106,21 @@ class CallCard(QFrame):
         self.deny_button.setObjectName("denyButton")
         self.approve_button.clicked.connect(self._on_approve)
         self.deny_button.clicked.connect(self._on_deny)
+        for button in (self.approve_button, self.deny_button):
+            # A decided card keeps the buttons' room, so nothing moves under the pointer after a click.
+            policy = button.sizePolicy()
+            policy.setRetainSizeWhenHidden(True)
+            button.setSizePolicy(policy)
+        self.details_button = QToolButton()
+        self.details_button.setObjectName("detailsButton")
+        self.details_button.setText("Details")
+        self.details_button.setCheckable(True)
+        self.details_button.setToolTip("The call's whole input and a preview of what it would change")
+        self.details_label = plain_label(object_name="callDetails", wrap=True)
+        self.details_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.details_label.setVisible(False)
+        self.details_button.toggled.connect(self.details_label.setVisible)
+        self._preview_lines: tuple[str, ...] = ()
 
         header = QHBoxLayout()
         header.addWidget(self.tool_label)
@@ -104,6 +129,7 @@ class CallCard(QFrame):
         header.addStretch(1)
         header.addWidget(self.status_label)
         buttons = QHBoxLayout()
+        buttons.addWidget(self.details_button)
         buttons.addStretch(1)
         buttons.addWidget(self.deny_button)
         buttons.addWidget(self.approve_button)
@@ -113,11 +139,13 @@ class CallCard(QFrame):
         body.addLayout(header)
         body.addWidget(self.summary_label)
         body.addWidget(self.result_label)
+        body.addWidget(self.details_label)
         body.addLayout(buttons)
 
         self.destructive_badge.setVisible(call.destructive)
         self.read_badge.setVisible(call.effect == "read")
         self.setProperty("destructive", call.destructive)
+        self.setProperty("current", False)
         self.show_call(call, reviewable=False)
 
     @property
@@ -131,6 +159,7 @@ class CallCard(QFrame):
         self._call = call
         self._enabled_for_review = reviewable
         self.summary_label.setText(call.summary)
+        self._show_details()
         self.status_label.setText(call_status_text(call))
         self.status_label.setProperty("status", call.status.value)
         self.setProperty("status", call.status.value)
@@ -145,6 +174,41 @@ class CallCard(QFrame):
         for widget in (self, self.status_label):
             widget.style().unpolish(widget)
             widget.style().polish(widget)
+
+    def show_preview(self, lines: tuple[str, ...]) -> None:
+        """Show ``lines`` (the call's dry-run preview on the document as it stands) in the details."""
+        if lines != self._preview_lines:
+            self._preview_lines = lines
+            self._show_details()
+
+    @property
+    def details_text(self) -> str:
+        return self.details_label.text()
+
+    def set_current(self, current: bool) -> None:
+        """Mark this card as the one the keyboard shortcuts act on."""
+        if self.property("current") is not current:
+            self.setProperty("current", current)
+            self.style().unpolish(self)
+            self.style().polish(self)
+
+    def _show_details(self) -> None:
+        call = self._call
+        lines = []
+        details = call.prepared.details if call.prepared is not None else ()
+        if details:
+            lines.append("Input:")
+            lines.extend(f"  {path}: {value}" for path, value in details)
+        if call.edits:
+            lines.append("You edited:")
+            lines.extend(
+                f"  {path}: {old if old is not None else '(absent)'} -> {new}" for path, old, new in call.edits
+            )
+        if self._preview_lines:
+            lines.append("Preview:")
+            lines.extend(f"  {line}" for line in self._preview_lines)
+        self.details_label.setText("\n".join(lines))
+        self.details_button.setEnabled(bool(lines))
 
     def _on_approve(self) -> None:
         self.approve_button.setEnabled(False)

@@ -36,8 +36,8 @@ try:
     import PySide6  # noqa: F401 -- only to turn a missing extra into a message that says what to install
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by tests/test_layers.py
     raise ImportError('trioloop.ui.qt needs the Qt extra: pip install "trioloop[qt]"') from exc
-from PySide6.QtCore import Signal
-from PySide6.QtGui import QCloseEvent, QTextCursor
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -50,6 +50,7 @@ from PySide6.QtWidgets import (
 )
 
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
+from trioloop.loop.preview import preview_call
 from trioloop.loop.session import Session, SessionBusy
 from trioloop.protocol.messages import flatten_text
 from trioloop.ui._qt_cards import CallCard, call_status_text, plain_label
@@ -92,14 +93,22 @@ _OUTCOME_TEXT: Final = {
 }
 
 
-def turn_notice(state: TurnState | None, *, undoable: bool) -> tuple[NoticeKind, str]:
+#: The panel's keyboard shortcuts: approve / deny the current card, move to the next card, stop the turn.
+SHORTCUTS: Final = {"approve": "Alt+A", "deny": "Alt+D", "next": "Alt+N", "stop": "Esc"}
+
+UNDONE_NOTICE: Final = "Undo turn restored the document as it was before this turn."
+
+
+def turn_notice(state: TurnState | None, *, undoable: bool, undone: bool = False) -> tuple[NoticeKind, str]:
     """The notice the panel shows for ``state``: its kind and plain text (NONE and "" when nothing to say).
 
     ``undoable`` says whether Undo turn would revert this turn's changes now, so a Stop notice can
-    say truthfully whether anything was kept.
+    say truthfully whether anything was kept; ``undone`` says the turn's changes were undone.
     """
     if state is None:
         return NoticeKind.NONE, ""
+    if undone:
+        return NoticeKind.INFO, UNDONE_NOTICE
     notices = list(state.notices)
     if state.outcome is Outcome.FAILED:
         detail = state.error.message if state.error is not None else "the provider stream ended unexpectedly"
@@ -122,6 +131,7 @@ def turn_notice(state: TurnState | None, *, undoable: bool) -> tuple[NoticeKind,
 _STYLE: Final = """
 QFrame#callCard { background: #ffffff; border: 1px solid #c8d1da; border-radius: 6px; }
 QFrame#callCard[destructive="true"] { border: 1px solid #cf222e; }
+QFrame#callCard[current="true"] { border: 1px solid #0969da; background: #f6fbff; }
 QFrame#callCard[status="denied"], QFrame#callCard[status="undone"] { background: #f6f8fa; }
 QLabel#toolName { font-family: monospace; font-weight: bold; }
 QLabel#destructiveBadge { background: #cf222e; color: #ffffff; border-radius: 3px; padding: 1px 6px;
@@ -172,6 +182,9 @@ class ReviewPanel(QWidget):
         self._turn_texts: dict[int, str] = {}
         self._shown_text = ""
         self._notice_kind = NoticeKind.NONE
+        self._current: str | None = None  # the card the keyboard shortcuts act on
+        self._previewed_document: object = None
+        self._undone_turn: str | None = None
 
         self.title_label = plain_label(object_name="documentTitle")
         self.stats_label = plain_label(object_name="documentStats")
@@ -237,6 +250,13 @@ class ReviewPanel(QWidget):
         self.stop_button.clicked.connect(self._on_stop)
         self.undo_button.clicked.connect(self._on_undo)
         self.approve_safe_button.clicked.connect(self._on_approve_safe)
+        self.shortcuts = {
+            name: QShortcut(QKeySequence(keys), self) for name, keys in SHORTCUTS.items()
+        }  # public, so an app can rebind them
+        self.shortcuts["approve"].activated.connect(lambda: self._decide_current(approve=True))
+        self.shortcuts["deny"].activated.connect(lambda: self._decide_current(approve=False))
+        self.shortcuts["next"].activated.connect(self._next_card)
+        self.shortcuts["stop"].activated.connect(self._on_stop)
         self._show_document()
         self._refresh_controls()
 
@@ -267,6 +287,11 @@ class ReviewPanel(QWidget):
     def cards(self) -> dict[str, CallCard]:
         """The current turn's cards by call id, in the order the model emitted the calls."""
         return dict(self._cards)
+
+    @property
+    def current_card(self) -> CallCard | None:
+        """The card the keyboard shortcuts act on (a card still waiting for review), if any."""
+        return None if self._current is None else self._cards.get(self._current)
 
     def card(self, call_id: str) -> CallCard | None:
         return self._cards.get(call_id)
@@ -351,7 +376,8 @@ class ReviewPanel(QWidget):
         self._nursery.start_soon(self._run_turn, text, done)
 
     def _undo(self) -> None:
-        self._session.undo_last_turn()
+        if self._session.undo_last_turn() and self._state is not None:
+            self._undone_turn = self._state.turn_id
         self._show_document()
         self._refresh_controls()
 
@@ -381,6 +407,42 @@ class ReviewPanel(QWidget):
 
     def _on_deny(self, call_id: str) -> None:
         self._post(lambda: self._session.deny(call_id))
+
+    def _decide_current(self, *, approve: bool) -> None:
+        card = self.current_card
+        if card is None or not card.approve_button.isEnabled():
+            return
+        (card.approve_button if approve else card.deny_button).click()
+        self._next_card()
+
+    def _next_card(self) -> None:
+        """Make the next card still waiting for review current (wrapping around), and scroll to it."""
+        waiting = [cid for cid, card in self._cards.items() if card.call.status is CallStatus.PENDING]
+        undecided = [cid for cid in waiting if self._cards[cid].approve_button.isEnabled()]
+        if not undecided:
+            self._set_current(None)
+            return
+        after = [cid for cid in undecided if self._current is None or self._order(cid) > self._order(self._current)]
+        self._set_current((after or undecided)[0])
+
+    def _order(self, call_id: str) -> int:
+        return list(self._cards).index(call_id)
+
+    def _set_current(self, call_id: str | None) -> None:
+        if call_id == self._current:
+            return
+        previous = self.current_card
+        if previous is not None:
+            previous.set_current(False)
+        self._current = call_id
+        card = self.current_card
+        if card is not None:
+            card.set_current(True)
+            self._scroll_to(card)
+
+    def _scroll_to(self, card: CallCard) -> None:
+        # After the layout has placed the card: a new card is not positioned until the event loop runs.
+        QTimer.singleShot(0, lambda: self.card_area.ensureWidgetVisible(card) if card.isVisible() else None)
 
     def _on_approve_safe(self) -> None:
         # The batch is exactly the safe calls on screen at the click, never whatever is pending later.
@@ -420,6 +482,7 @@ class ReviewPanel(QWidget):
             self._card_layout.removeWidget(card)
             card.deleteLater()
         self._cards = {}
+        self._current = None
 
     def _show_answer(self, state: TurnState) -> None:
         if state.streaming_text:
@@ -444,6 +507,7 @@ class ReviewPanel(QWidget):
 
     def _show_cards(self, state: TurnState) -> None:
         reviewable = self.is_serving and state.is_live
+        added = None
         for call in state.calls:
             card = self._cards.get(call.id)
             if card is None:
@@ -453,7 +517,31 @@ class ReviewPanel(QWidget):
                 self._card_layout.insertWidget(self._card_layout.count() - 1, card)
                 card.show()  # now, not on Qt's queued show: a call can arrive already awaiting review
                 self._cards[call.id] = card
+                added = added or card
             card.show_call(call, reviewable=reviewable)
+        self._show_previews(force=added is not None)
+        if added is not None:
+            self._scroll_to(added)
+        current = self.current_card
+        if current is None or current.call.status is not CallStatus.PENDING:
+            self._next_card()
+
+    def _show_previews(self, *, force: bool) -> None:
+        """Each undecided or not yet finished card's preview, from the document as it stands now.
+
+        Recomputed only when the document changed (an earlier approved edit committed) or a card
+        arrived; a finished card keeps the preview it had, which is what it did.
+        """
+        document = self._session.document
+        if document is self._previewed_document and not force:
+            return
+        self._previewed_document = document
+        for card in self._cards.values():
+            call = card.call
+            if call.is_terminal or call.prepared is None or call.effect != "mutate":
+                continue
+            preview = preview_call(call.prepared, document)
+            card.show_preview(() if preview is None else preview.lines())
 
     def _show_document(self) -> None:
         document = self._session.document
@@ -479,8 +567,6 @@ class ReviewPanel(QWidget):
             return _PHASE_TEXT[Phase.IDLE]
         if state.outcome is not None:
             return _OUTCOME_TEXT[state.outcome]
-        if state.phase is Phase.EXECUTING and any(c.status is CallStatus.PENDING for c in state.current_calls):
-            return _PHASE_TEXT[Phase.AWAITING_APPROVAL]  # approved calls run while others still wait for you
         return _PHASE_TEXT.get(state.phase, state.phase.value)
 
     def _set_notice(self, kind: NoticeKind, text: str) -> None:
@@ -508,5 +594,5 @@ class ReviewPanel(QWidget):
             card.show_call(card.call, reviewable=serving and live)
         self.phase_label.setText(self._phase_text(state))
         if state is not None:
-            kind, text = turn_notice(state, undoable=undoable)
+            kind, text = turn_notice(state, undoable=undoable, undone=state.turn_id == self._undone_turn)
             self._set_notice(kind, text)

@@ -15,11 +15,20 @@ transaction, runner, session; generic over the document) -> `tools` (domain-free
 
 from importlib.metadata import PackageNotFoundError, version
 
-from trioloop.loop.document import DocumentKind, SimpleDocumentKind, define_document_kind, text_diff
+from trioloop.loop.card import CardDetails, one_line
+from trioloop.loop.document import (
+    DocumentKind,
+    SimpleDocumentKind,
+    TextDocumentKind,
+    define_document_kind,
+    text_diff,
+)
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnState
+from trioloop.loop.preview import EntityChange, FieldChange, Preview, preview_call
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
 from trioloop.loop.session import Session, SessionBusy, SessionClosed, Toolset, TranscriptError
+from trioloop.loop.session_file import SessionFileError
 from trioloop.loop.tool_runtime import (
     Effect,
     PreparedCall,
@@ -84,10 +93,13 @@ __all__ = [
     "AnthropicProvider",
     "CallRecord",
     "CallStatus",
+    "CardDetails",
     "ChatProvider",
     "ChatRequest",
     "DocumentKind",
     "Effect",
+    "EntityChange",
+    "FieldChange",
     "Message",
     "MessageStart",
     "MessageStop",
@@ -96,6 +108,7 @@ __all__ = [
     "Phase",
     "PrepareFailure",
     "PreparedCall",
+    "Preview",
     "ProtocolError",
     "ProtocolErrorCode",
     "RegisteredTool",
@@ -103,11 +116,13 @@ __all__ = [
     "Session",
     "SessionBusy",
     "SessionClosed",
+    "SessionFileError",
     "SimpleDocumentKind",
     "StreamError",
     "StreamEvent",
     "TextBlock",
     "TextDelta",
+    "TextDocumentKind",
     "ThfError",
     "ThreatModel",
     "ToolCallBlock",
@@ -140,6 +155,8 @@ __all__ = [
     "dump_thf",
     "function_tool",
     "load_thf",
+    "one_line",
+    "preview_call",
     "redact_provider_detail",
     "run_turn",
     "text_diff",

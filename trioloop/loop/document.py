@@ -4,7 +4,9 @@ The core never looks inside a document. It asks a `DocumentKind` four things: is
 valid (``validate``), give a tool a private copy it may do anything to (``private_copy``, skipped when the kind
 declares its documents ``immutable``), are these two documents the same (``same``, for undo availability), and
 what changed between two (``diff``, for previews and the CLI). A domain implements it once; `define_document_kind`
-builds one from plain functions for the common cases (a string, a frozen attrs value).
+builds one from plain functions for the common cases (a string, a frozen attrs value). A kind that can also write
+its documents as text and read them back (`TextDocumentKind`: ``dump`` / ``load``) lets a `Session` be saved to a
+session file and resumed.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar, final
 
 import attrs
 
-__all__ = ["DocumentKind", "SimpleDocumentKind", "define_document_kind", "text_diff"]
+__all__ = ["DocumentKind", "SimpleDocumentKind", "TextDocumentKind", "define_document_kind", "text_diff"]
 
 D = TypeVar("D")
 
@@ -51,6 +53,18 @@ class DocumentKind(Protocol[D]):
         ...
 
 
+class TextDocumentKind(DocumentKind[D], Protocol[D]):
+    """A `DocumentKind` whose documents have a text form, so sessions on them can be saved and resumed."""
+
+    def dump(self, document: D) -> str:
+        """The document as text that ``load`` reads back to an equal document."""
+        ...
+
+    def load(self, text: str) -> D:
+        """A document from text; raises (any ``Exception``) for text that is not a valid document."""
+        ...
+
+
 def text_diff(before: str, after: str, *, before_name: str = "before", after_name: str = "after") -> str:
     """A unified line diff of two texts (empty when equal)."""
     if before == after:
@@ -79,6 +93,8 @@ class SimpleDocumentKind(Generic[D]):
     copier: Callable[[D], D] | None = attrs.field(default=None, repr=False)
     render: Callable[[D], str] = attrs.field(default=str, repr=False)
     comparer: Callable[[D, D], bool] = attrs.field(default=_equal, repr=False)
+    dumper: Callable[[D], str] | None = attrs.field(default=None, repr=False)
+    loader: Callable[[str], D] | None = attrs.field(default=None, repr=False)
 
     @property
     def immutable(self) -> bool:
@@ -96,6 +112,16 @@ class SimpleDocumentKind(Generic[D]):
     def diff(self, before: D, after: D) -> str:
         return text_diff(self.render(before), self.render(after))
 
+    def dump(self, document: D) -> str:
+        if self.dumper is None:
+            raise TypeError(f"the {self.name} kind has no text form: give define_document_kind dump= and load=")
+        return self.dumper(document)
+
+    def load(self, text: str) -> D:
+        if self.loader is None:
+            raise TypeError(f"the {self.name} kind has no text form: give define_document_kind dump= and load=")
+        return self.loader(text)
+
 
 def define_document_kind(
     name: str,
@@ -105,13 +131,16 @@ def define_document_kind(
     mutable: bool = False,
     render: Callable[[D], str] = str,
     same: Callable[[D, D], bool] | None = None,
+    dump: Callable[[D], str] | None = None,
+    load: Callable[[str], D] | None = None,
 ) -> SimpleDocumentKind[D]:
     """A document kind from functions.
 
     ``validate`` returns None or a message for the model (default: every document is valid). Documents are
     immutable by default (a ``str``, a tuple, a frozen attrs class of immutable fields): tools share them. For a
     mutable type pass ``mutable=True`` (each tool gets ``copy.deepcopy``) or your own ``copy_with``. ``render``
-    gives the text ``diff`` compares (default ``str``); ``same`` defaults to ``==``.
+    gives the text ``diff`` compares (default ``str``); ``same`` defaults to ``==``. ``dump`` and ``load``
+    (document to text and back; ``load`` must refuse invalid text by raising) let sessions be saved and resumed.
     """
     copier: Callable[[D], D] | None = copy_with
     if copier is None and mutable:
@@ -122,4 +151,6 @@ def define_document_kind(
         copier=copier,
         render=render,
         comparer=same if same is not None else _equal,
+        dumper=dump,
+        loader=load,
     )

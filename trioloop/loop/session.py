@@ -14,9 +14,9 @@ a slow observer can never hold the turn back.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
+import re
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -24,12 +24,20 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import trio
 
-from trioloop.loop.document import DocumentKind
+from trioloop.loop.document import DocumentKind, TextDocumentKind
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.loop.machine import TurnState, UndoTurn, reduce_turn
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.loop.session_file import (
+    MAX_SESSION_BYTES,
+    SessionFileError,
+    SessionSnapshot,
+    UndoRecord,
+    decode_session,
+    encode_session,
+)
 from trioloop.loop.tool_runtime import RegisteredTool, ToolRegistry, create_tool_registry
-from trioloop.loop.transaction import UndoAvailability, UndoHistory, turn_undo_availability, undo_turn
+from trioloop.loop.transaction import UndoAvailability, UndoEntry, UndoHistory, turn_undo_availability, undo_turn
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.provider import ChatProvider
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
@@ -38,6 +46,7 @@ __all__ = ["Session", "SessionBusy", "SessionClosed", "Toolset", "TranscriptErro
 
 D = TypeVar("D")
 _TRANSCRIPT_VERSION = 1
+_TURN_ID = re.compile(r"turn-([0-9]{1,18})")
 
 
 def default_system_prompt(document_name: str) -> str:
@@ -106,7 +115,7 @@ class Session(Generic[D]):
         self._controls: TurnControls | None = None
         self._state: TurnState | None = None
         self._last_turn: tuple[str, D] | None = None  # (turn id, document before it)
-        self._turn_ids = itertools.count(1)
+        self._turns_started = 0
         self._changed = trio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -207,7 +216,8 @@ class Session(Generic[D]):
         nursery = self.nursery
         controls = TurnControls()
         self._controls = controls
-        turn_id = f"turn-{next(self._turn_ids)}"
+        self._turns_started += 1
+        turn_id = f"turn-{self._turns_started}"
         before = self._workspace.document
         request = TurnRequest(
             text=text,
@@ -262,6 +272,89 @@ class Session(Generic[D]):
         if self._state is not None:
             self._publish(reduce_turn(self._state, UndoTurn()))
         return True
+
+    # -- session files ---------------------------------------------------------------------------
+
+    def snapshot(self) -> SessionSnapshot[D]:
+        """What a session file holds: conversation, document, undo history, the last turn, the turn count."""
+        undo = self._workspace.undo
+        return SessionSnapshot(
+            messages=self._history,
+            document=self._workspace.document,
+            undo=tuple(UndoRecord(turn_id=e.turn_id, document=e.document) for e in undo.entries),
+            undo_max_entries=undo.max_entries,
+            last_turn_id=None if self._last_turn is None else self._last_turn[0],
+            turn_count=self._turns_started,
+            model=self.model,
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the session to ``path`` atomically (the previous file survives any failure), so
+        `Session.resume` can continue the conversation on the same document, undo of the last turn
+        included. Needs a kind with a text form (`TextDocumentKind`); refused while a turn runs."""
+        from trioloop.files import write_atomic
+
+        if self._controls is not None:
+            raise SessionBusy("A session cannot be saved while a turn is running; save it once the turn settles.")
+        kind = self.kind
+        if not hasattr(kind, "dump") or not hasattr(kind, "load"):
+            raise TypeError(f"the {kind.name} kind has no text form (dump/load), so this session cannot be saved")
+        text_kind: TextDocumentKind[D] = kind  # type: ignore[assignment]  # checked just above
+        write_atomic(path, encode_session(self.snapshot(), dump_document=text_kind.dump))
+
+    @classmethod
+    def resume(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        kind: TextDocumentKind[D],
+        provider: ChatProvider,
+        model: str | None = None,
+        tools: ToolRegistry[D] | Iterable[RegisteredTool[D]] = (),
+        limits: TurnLimits = DEFAULT_TURN_LIMITS,
+        system_prompt: str | None = None,
+        max_output_tokens: int = 4096,
+        nursery: trio.Nursery | None = None,
+        max_bytes: int = MAX_SESSION_BYTES,
+    ) -> Session[D]:
+        """A session continued from a file `save` wrote: same conversation, document and undo history,
+        turn ids continuing after the saved ones. A file that is not a valid session (too large, not
+        UTF-8 JSON, wrong shape, an unpairable conversation, a document ``kind.load`` refuses) raises
+        `SessionFileError`; reading stops after ``max_bytes``, so memory stays bounded."""
+        try:
+            with open(path, "rb") as file:
+                data = file.read(max_bytes + 1)
+        except OSError as exc:
+            raise SessionFileError(
+                f"the session file could not be read ({exc.strerror or type(exc).__name__})"
+            ) from None
+        snapshot = decode_session(data, load_document=kind.load, max_bytes=max_bytes)
+        chosen = model if model is not None else snapshot.model
+        if chosen is None:
+            raise SessionFileError("the session file names no model: pass model=")
+        session = cls(
+            document=snapshot.document,
+            kind=kind,
+            provider=provider,
+            model=chosen,
+            tools=tools,
+            limits=limits,
+            system_prompt=system_prompt,
+            history=snapshot.messages,
+            max_output_tokens=max_output_tokens,
+            nursery=nursery,
+        )
+        entries = tuple(UndoEntry(turn_id=r.turn_id, document=r.document) for r in snapshot.undo)
+        session._workspace.undo = UndoHistory(entries=entries, max_entries=snapshot.undo_max_entries)
+        # New turn ids continue after every id the file uses, so no new turn can pass for an old one.
+        used = [r.turn_id for r in snapshot.undo] + [snapshot.last_turn_id or ""]
+        numbered = [int(m.group(1)) for m in map(_TURN_ID.fullmatch, used) if m is not None]
+        session._turns_started = max([snapshot.turn_count, *numbered])
+        if snapshot.last_turn_id is not None:
+            top = entries[-1] if entries else None
+            before = top.document if top is not None and top.turn_id == snapshot.last_turn_id else snapshot.document
+            session._last_turn = (snapshot.last_turn_id, before)
+        return session
 
     # -- transcripts -----------------------------------------------------------------------------
 

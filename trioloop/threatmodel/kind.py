@@ -6,7 +6,7 @@ from typing import final
 
 from trioloop.loop.document import text_diff
 from trioloop.threatmodel.model import ThreatModel, detached_copy
-from trioloop.threatmodel.thf import dump_thf
+from trioloop.threatmodel.thf import dump_thf, load_thf
 from trioloop.threatmodel.validation import validate_threat_model
 
 __all__ = ["THREAT_MODEL", "ThreatModelKind"]
@@ -14,7 +14,7 @@ __all__ = ["THREAT_MODEL", "ThreatModelKind"]
 
 @final
 class ThreatModelKind:
-    """`DocumentKind[ThreatModel]`: `validate_threat_model`, value equality, a `.thf` diff.
+    """`TextDocumentKind[ThreatModel]`: `validate_threat_model`, value equality, a `.thf` diff, `.thf` text.
 
     A `ThreatModel` is immutable all the way down (sealed attrs classes, tuples, frozen ``extra``), so the
     kind declares it immutable: every tool shares the snapshot its call started from, and no copy is made.
@@ -40,6 +40,12 @@ class ThreatModelKind:
         if self.same(before, after):
             return ""
         return text_diff(dump_thf(before), dump_thf(after), before_name="before.thf", after_name="after.thf")
+
+    def dump(self, document: ThreatModel) -> str:
+        return dump_thf(document)
+
+    def load(self, text: str) -> ThreatModel:
+        return load_thf(text)  # the hostile-input bounds of every .thf load apply
 
     def __repr__(self) -> str:
         return "THREAT_MODEL"

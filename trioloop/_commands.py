@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import signal
@@ -24,6 +23,7 @@ from trioloop.protocol.preflight import lookup_model, unknown_model_warning
 from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.retry import RetryNotice
 from trioloop.providers.scripted import ScriptedProvider
+from trioloop.providers.transport import is_loopback_host
 from trioloop.threatmodel import ThfError, ThfFile, ThreatModel, load_thf_file, save_thf
 from trioloop.threatmodel.demo import DEMO_EDITS, DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop.threatmodel.session import threat_model_session
@@ -211,18 +211,9 @@ def _checked_base_url(base_url: str | None) -> tuple[str | None, str | None]:
         return None, f"error: --base-url is not a URL: {base_url}"
     if url.scheme == "https" and url.host:
         return base_url, None
-    if url.scheme == "http" and _is_local(url.host):
+    if url.scheme == "http" and is_loopback_host(url.host):
         return base_url, None
     return None, f"error: --base-url must be https, or http to this machine only: {base_url}"
-
-
-def _is_local(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _turn_failure(state: TurnState, host: str) -> str | None:
@@ -250,7 +241,7 @@ async def _chat(
         _error(problem)
         return EXIT_USAGE
     key = os.environ.get(_KEY_ENV[provider_name], "")
-    if not key and base_url is not None and _is_local(httpx.URL(base_url).host):
+    if not key and base_url is not None and is_loopback_host(httpx.URL(base_url).host):
         key = _LOCAL_PLACEHOLDER_KEY
     if not key:
         _error(f"error: set {_KEY_ENV[provider_name]} to use --provider {provider_name}")

@@ -44,6 +44,7 @@ __all__ = [
     "ApiKey",
     "HttpChatProvider",
     "HttpTransport",
+    "is_loopback_host",
     "parse_retry_after",
 ]
 
@@ -122,7 +123,8 @@ def _usable_key(value: str | None) -> str | None:
     return value
 
 
-def _loopback_host(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 in brackets or not) is this machine."""
     if host == "localhost":
         return True
     try:
@@ -204,7 +206,7 @@ class HttpTransport:
 
     def _url_allowed(self) -> bool:
         url = httpx.URL(self._url)
-        return url.scheme == "https" or (url.scheme == "http" and _loopback_host(url.host))
+        return url.scheme == "https" or (url.scheme == "http" and is_loopback_host(url.host))
 
     async def attempt(self, request: ChatRequest, send: trio.abc.SendChannel[StreamEvent]) -> AttemptOutcome:
         await trio.lowlevel.checkpoint()

@@ -21,6 +21,7 @@ from torture_support import PAYMENT, payment, record
 from trioloop.loop.limits import TurnLimits
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.runner import TOOL_CANCEL_GRACE_S, TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.loop.session import Session
 from trioloop.loop.tool_runtime import (
     RegisteredTool,
     ToolExecutionContext,
@@ -327,32 +328,40 @@ async def test_a_hanging_tool_is_cut_at_the_deadline(autojump_clock: trio.testin
     record("tool fault: hangs until the deadline", tried=1, held=1)
 
 
+def bad_tool_session(provider: ScriptedProvider, run: Run) -> Session[ThreatModel]:
+    """A session over the example document offering only ``bad``, with the short test deadline."""
+    return threat_model_session(
+        document=payment(),
+        provider=provider,
+        model="scripted-1",
+        tools=create_tool_registry([tool("bad", run)]),
+        limits=TurnLimits(turn_deadline_ms=DEADLINE_MS),
+    )
+
+
+async def send_approving_bad(session: Session[ThreatModel], text: str) -> TurnState:
+    """One turn whose reviewer approves the call ``bad`` as soon as its card is shown."""
+
+    async def review() -> None:
+        async for state in session.states():
+            if state.phase is Phase.AWAITING_APPROVAL:
+                session.approve("bad")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(review)
+        final = await session.send(text)
+        nursery.cancel_scope.cancel()
+    return final
+
+
 async def test_the_next_turn_is_told_the_hung_call_was_interrupted(autojump_clock: trio.testing.MockClock) -> None:
     async def run(inp: Free, ctx: ToolExecutionContext) -> ToolOutcome:
         await trio.sleep_forever()
         raise AssertionError("unreachable")
 
     steps = [ScriptStep(tool_calls=(ScriptedCall(id="bad", name="bad"),)), ScriptStep(text="Sorry.")]
-    async with (
-        ScriptedProvider(steps) as provider,
-        threat_model_session(
-            document=payment(),
-            provider=provider,
-            model="scripted-1",
-            tools=create_tool_registry([tool("bad", run)]),
-            limits=TurnLimits(turn_deadline_ms=DEADLINE_MS),
-        ) as session,
-    ):
-
-        async def review() -> None:
-            async for state in session.states():
-                if state.phase is Phase.AWAITING_APPROVAL:
-                    session.approve("bad")
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(review)
-            first = await session.send("go")
-            nursery.cancel_scope.cancel()
+    async with ScriptedProvider(steps) as provider, bad_tool_session(provider, run) as session:
+        first = await send_approving_bad(session, "go")
         second = await session.send("what happened?")
     assert first.outcome is Outcome.BOUNDED and second.outcome is Outcome.COMPLETED
     assert results_of(provider.requests[1])["bad"] == (INTERRUPTED, True)
@@ -427,24 +436,9 @@ async def test_an_abandoned_tool_is_cancelled_again_and_awaited_when_the_session
     steps = [ScriptStep(tool_calls=(ScriptedCall(id="bad", name="bad"),)), ScriptStep(text="ok")]
     start = trio.current_time()
     async with ScriptedProvider(steps) as provider:
-        session = threat_model_session(
-            document=payment(),
-            provider=provider,
-            model="scripted-1",
-            tools=create_tool_registry([tool("bad", run)]),
-            limits=TurnLimits(turn_deadline_ms=DEADLINE_MS),
-        )
+        session = bad_tool_session(provider, run)
         async with session:
-
-            async def review() -> None:
-                async for state in session.states():
-                    if state.phase is Phase.AWAITING_APPROVAL:
-                        session.approve("bad")
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(review)
-                final = await session.send("go")
-                nursery.cancel_scope.cancel()
+            final = await send_approving_bad(session, "go")
             returned = trio.current_time() - start
             assert events == [("first cancel", DEADLINE_MS / 1000)]  # abandoned, still running
         closed = trio.current_time() - start

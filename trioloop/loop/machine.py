@@ -118,11 +118,11 @@ __all__ = [
 
 def _violate(state: TurnState, violation: Violation, call_id: str | None, detail: str) -> TurnState:
     record = ViolationRecord(violation=violation, call_id=call_id, detail=detail)
-    return attrs.evolve(state, violation_log=state.violation_log.append(record))
+    return state.evolved(violation_log=state.violation_log.append(record))
 
 
 def _notice(state: TurnState, text: str) -> TurnState:
-    return attrs.evolve(state, notice_log=state.notice_log.append(text))
+    return state.evolved(notice_log=state.notice_log.append(text))
 
 
 def _moved(
@@ -144,13 +144,13 @@ def _replace_call(state: TurnState, call: CallRecord) -> TurnState:
     position = state.calls.position(call.id)
     if position is None:
         return state
-    return attrs.evolve(state, calls=state.calls.replaced(((position, call),)))
+    return state.evolved(calls=state.calls.replaced(((position, call),)))
 
 
 def _add_call(state: TurnState, call: CallRecord, **changes: Any) -> TurnState:
     if call.status not in INITIAL_CALL_STATUSES:
         return state
-    return attrs.evolve(state, calls=state.calls.append(call), **changes)
+    return state.evolved(calls=state.calls.append(call), **changes)
 
 
 def _has_pending(state: TurnState) -> bool:
@@ -175,7 +175,7 @@ def _close_draft(state: TurnState) -> TurnState:
     if closing is None:
         return state
     draft, messages = closing
-    return attrs.evolve(state, draft=draft, closed_messages=messages)
+    return state.evolved(draft=draft, closed_messages=messages)
 
 
 def _answer_calls(state: TurnState) -> TurnState:
@@ -184,7 +184,7 @@ def _answer_calls(state: TurnState) -> TurnState:
     if not pending:
         return state
     message = _answer_message(pending)
-    return attrs.evolve(state, closed_messages=(*state.closed_messages, message), answered=len(state.calls))
+    return state.evolved(closed_messages=(*state.closed_messages, message), answered=len(state.calls))
 
 
 def _answer_message(calls: tuple[CallRecord, ...]) -> Message:
@@ -228,7 +228,7 @@ def _settle(
     changes["closed_messages"] = messages
     if bound is not None:
         changes["notice_log"] = state.notice_log.append(bound_notice(bound))
-    return attrs.evolve(state, **changes)
+    return state.evolved(**changes)
 
 
 def _not_run(call: CallRecord, reason: DenialReason) -> CallRecord:
@@ -265,14 +265,14 @@ def _on_submit(state: TurnState, cmd: Submit) -> TurnState:
 
 
 def _on_message_start(state: TurnState, event: object) -> TurnState:
-    return attrs.evolve(state, phase=Phase.STREAMING, draft=Draft())
+    return state.evolved(phase=Phase.STREAMING, draft=Draft())
 
 
 def _on_text_delta(state: TurnState, event: TextDelta) -> TurnState:
     if not event.text:
         return state
     draft = state.draft or Draft()
-    return attrs.evolve(state, draft=draft.with_text(event.text))
+    return state.evolved(draft=draft.with_text(event.text))
 
 
 def _on_informational(state: TurnState, event: object) -> TurnState:
@@ -281,7 +281,7 @@ def _on_informational(state: TurnState, event: object) -> TurnState:
 
 def _on_thinking_complete(state: TurnState, event: ThinkingComplete) -> TurnState:
     """A thinking block joins the assistant message in stream order (the model needs it back verbatim)."""
-    return attrs.evolve(state, draft=(state.draft or Draft()).with_block(event.block))
+    return state.evolved(draft=(state.draft or Draft()).with_block(event.block))
 
 
 def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnState:
@@ -290,7 +290,7 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
     if call_id in state.base_call_ids or state.calls.position(call_id) is not None:
         return _violate(state, Violation.DUPLICATE_CALL_ID, call_id, f"reused tool call id {echo(call_id)}")
     draft = (state.draft or Draft()).with_call(ToolCallBlock(id=call_id, name=name, input=event.input))
-    state = attrs.evolve(state, draft=draft)
+    state = state.evolved(draft=draft)
     common: dict[str, Any] = {"id": call_id, "tool_name": name, "iteration": state.iteration}
 
     tool = state.tool_set.get(name)
@@ -369,7 +369,7 @@ def _on_usage(state: TurnState, event: Usage) -> TurnState:
         cache_read_input_tokens=before.cache_read_input_tokens + event.cache_read_input_tokens,
         cache_creation_input_tokens=before.cache_creation_input_tokens + event.cache_creation_input_tokens,
     )
-    return attrs.evolve(state, usage=total)
+    return state.evolved(usage=total)
 
 
 def _on_message_stop(state: TurnState, event: MessageStop) -> TurnState:
@@ -378,7 +378,7 @@ def _on_message_stop(state: TurnState, event: MessageStop) -> TurnState:
         # Any other stop, or a tool_use stop with no call: the model is done (a quirk must not loop).
         return _settle(state, Outcome.COMPLETED)
     phase = Phase.AWAITING_APPROVAL if _has_pending(state) else Phase.EXECUTING
-    return attrs.evolve(state, phase=phase)
+    return state.evolved(phase=phase)
 
 
 def _on_stream_error(state: TurnState, event: StreamError) -> TurnState:
@@ -410,10 +410,10 @@ def _approve(state: TurnState, grants: tuple[Grant, ...]) -> TurnState:
         if position is not None:
             changes.append((position, _moved(state.calls[position], CallStatus.APPROVED)))
     calls = state.calls.replaced(changes)
-    state = attrs.evolve(state, calls=calls, grants=state.grants + grants)
+    state = state.evolved(calls=calls, grants=state.grants + grants)
     # A decided iteration: nothing approved starts while another call of the iteration awaits a
     # decision, so the order of the clicks never changes what runs.
-    return state if _has_pending(state) else attrs.evolve(state, phase=Phase.EXECUTING)
+    return state if _has_pending(state) else state.evolved(phase=Phase.EXECUTING)
 
 
 def _on_approve_call(state: TurnState, cmd: ApproveCall) -> TurnState:
@@ -467,8 +467,8 @@ def _on_deny_call(state: TurnState, cmd: DenyCall) -> TurnState:
     )
     denial = Denial(tool_name=call.tool_name, input_digest=call.input_digest)
     denials = state.denials if denial in state.denials else (*state.denials, denial)
-    state = attrs.evolve(_replace_call(state, denied), denials=denials)
-    return state if _has_pending(state) else attrs.evolve(state, phase=Phase.EXECUTING)
+    state = _replace_call(state, denied).evolved(denials=denials)
+    return state if _has_pending(state) else state.evolved(phase=Phase.EXECUTING)
 
 
 def _on_start_call(state: TurnState, cmd: StartCall) -> TurnState:
@@ -490,7 +490,7 @@ def _on_start_call(state: TurnState, cmd: StartCall) -> TurnState:
         return state
     grants = list(state.grants)
     grants[grants.index(verdict)] = attrs.evolve(verdict, consumed=True)
-    return attrs.evolve(_replace_call(state, _moved(call, CallStatus.RUNNING)), grants=tuple(grants))
+    return _replace_call(state, _moved(call, CallStatus.RUNNING)).evolved(grants=tuple(grants))
 
 
 def _on_call_settled(state: TurnState, cmd: CallSettled) -> TurnState:
@@ -520,8 +520,7 @@ def _on_advance(state: TurnState, cmd: Advance) -> TurnState:
     if bound is not None:
         return _settle(state, Outcome.BOUNDED, bound=bound)
     budget = attrs.evolve(state.budget, iterations_started=state.budget.iterations_started + 1)
-    return attrs.evolve(
-        state,
+    return state.evolved(
         phase=Phase.REQUESTING,
         iteration=state.iteration + 1,
         budget=budget,
@@ -533,7 +532,7 @@ def _on_advance(state: TurnState, cmd: Advance) -> TurnState:
 
 def _on_retry(state: TurnState, cmd: Retry) -> TurnState:
     budget = attrs.evolve(state.budget, retries_used=state.budget.retries_used + 1)
-    return attrs.evolve(state, budget=budget)
+    return state.evolved(budget=budget)
 
 
 def _on_undo_turn(state: TurnState, cmd: UndoTurn) -> TurnState:
@@ -542,7 +541,7 @@ def _on_undo_turn(state: TurnState, cmd: UndoTurn) -> TurnState:
     if not any(_undoable(c) for c in state.calls):
         return state
     calls = tuple(_moved(c, CallStatus.UNDONE) if _undoable(c) else c for c in state.calls)
-    return attrs.evolve(state, calls=calls)
+    return state.evolved(calls=calls)
 
 
 def _undoable(call: CallRecord) -> bool:

@@ -289,8 +289,8 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
     call_id, name = event.id, event.name
     if call_id in state.base_call_ids or state.calls.position(call_id) is not None:
         return _violate(state, Violation.DUPLICATE_CALL_ID, call_id, f"reused tool call id {echo(call_id)}")
+    # The call's block joins the draft in the same state as its record (every path below adds one).
     draft = (state.draft or Draft()).with_call(ToolCallBlock(id=call_id, name=name, input=event.input))
-    state = state.evolved(draft=draft)
     common: dict[str, Any] = {"id": call_id, "tool_name": name, "iteration": state.iteration}
 
     tool = state.tool_set.get(name)
@@ -306,7 +306,7 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
             result=text,
             is_error=True,
         )
-        return _violate(_add_call(state, record), Violation.UNKNOWN_TOOL, call_id, text)
+        return _violate(_add_call(state, record, draft=draft), Violation.UNKNOWN_TOOL, call_id, text)
 
     common.update(effect=tool.effect, destructive=tool.destructive)
     if tool_call_cap(state.budget, state.limits, state.current_call_count) is not None:
@@ -320,7 +320,9 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
             is_error=True,
             denial_reason=DenialReason.LIMIT_EXCEEDED,
         )
-        state = _violate(_add_call(state, record), Violation.LIMIT_EXCEEDED, call_id, "tool-call limit reached")
+        state = _violate(
+            _add_call(state, record, draft=draft), Violation.LIMIT_EXCEEDED, call_id, "tool-call limit reached"
+        )
         return _notice(state, LIMIT_NOTICE) if first else state
 
     prepared = tool.prepare(event.input)
@@ -334,7 +336,7 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
             result=text,
             is_error=True,
         )
-        return _add_call(state, record)
+        return _add_call(state, record, draft=draft)
 
     budget = attrs.evolve(state.budget, tool_calls_accepted=state.budget.tool_calls_accepted + 1)
     record = CallRecord(
@@ -352,13 +354,13 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
             result=REPLAY_TEXT,
             is_error=True,
         )
-        state = _add_call(state, record, budget=budget)
+        state = _add_call(state, record, draft=draft, budget=budget)
         return _violate(state, Violation.DENIED_REPLAY, call_id, "identical action already declined")
     if tool.effect == "read" and not tool.destructive:
         grant = auto_grant_read_only(tool, record, state.iteration)
         record = attrs.evolve(record, status=CallStatus.APPROVED)
-        return _add_call(state, record, budget=budget, grants=(*state.grants, grant))
-    return _add_call(state, record, budget=budget)
+        return _add_call(state, record, draft=draft, budget=budget, grants=(*state.grants, grant))
+    return _add_call(state, record, draft=draft, budget=budget)
 
 
 def _on_usage(state: TurnState, event: Usage) -> TurnState:
@@ -515,18 +517,30 @@ def _on_call_settled(state: TurnState, cmd: CallSettled) -> TurnState:
 def _on_advance(state: TurnState, cmd: Advance) -> TurnState:
     if state.calls.pending_count or not all(c.is_terminal for c in state.current_calls):
         return state
-    state = _answer_calls(_close_draft(state))
     bound = budget_exhaustion(state.budget, state.limits, cmd.now_ms)
     if bound is not None:
-        return _settle(state, Outcome.BOUNDED, bound=bound)
+        return _settle(_answer_calls(_close_draft(state)), Outcome.BOUNDED, bound=bound)
+    # _close_draft, then _answer_calls, then the next iteration, gathered into one state as in _settle:
+    # this runs once per iteration (the draft is dropped, so only its closed message is kept).
+    changes: dict[str, Any] = {}
+    messages = state.closed_messages
+    closing = _closing_draft(state)
+    if closing is not None:
+        messages = closing[1]
+    pending = state.calls[state.answered :]
+    if pending:
+        messages = (*messages, _answer_message(pending))
+        changes["answered"] = len(state.calls)
     budget = attrs.evolve(state.budget, iterations_started=state.budget.iterations_started + 1)
     return state.evolved(
         phase=Phase.REQUESTING,
         iteration=state.iteration + 1,
         budget=budget,
         draft=None,
+        closed_messages=messages,
         usage_before_iteration=state.usage,
         iteration_first_call=len(state.calls),
+        **changes,
     )
 
 

@@ -5,7 +5,7 @@ with ``reduce_turn`` recorded; its inputs are then replayed from the idle state 
 so every replay makes the same states). The replay alternates, in one process, between the shipped
 ``TurnState.evolved`` and ``attrs.evolve`` in its place, so the same-run ratio shows what the reducer's
 cheaper state copy saves per loop iteration, load included on both sides alike. CPU time per
-iteration (turn / K).
+iteration (turn / K). It also counts the state copies one replay makes (deterministic, load-free).
 """
 
 from __future__ import annotations
@@ -48,6 +48,24 @@ def replay(inputs: Sequence[TurnInput]) -> TurnState:
     return state
 
 
+def count_copies(inputs: Sequence[TurnInput]) -> int:
+    """How many states the reducer copies (``TurnState.evolved``) over one replay of the turn."""
+    shipped = TurnState.evolved
+    count = 0
+
+    def counting(self: TurnState, **changes: Any) -> TurnState:
+        nonlocal count
+        count += 1
+        return shipped(self, **changes)
+
+    TurnState.evolved = counting  # type: ignore[method-assign]
+    try:
+        replay(inputs)
+    finally:
+        TurnState.evolved = shipped  # type: ignore[method-assign]
+    return count
+
+
 def _with_attrs_evolve(self: TurnState, **changes: Any) -> TurnState:
     return attrs.evolve(self, **changes)
 
@@ -62,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not replay(inputs).is_settled:
         raise RuntimeError("the recorded turn did not settle on replay")
     shipped = TurnState.evolved
+    copies = count_copies(inputs)
     variants: dict[str, Callable[..., TurnState]] = {"evolved": shipped, "attrs_evolve": _with_attrs_evolve}
     samples: dict[str, list[float]] = {name: [] for name in variants}
     try:
@@ -80,11 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ratio = round(stats["attrs_evolve"]["median"] / stats["evolved"]["median"], 2)
     for name, summary in stats.items():
         emit(case_record("reducer_turn", name, inputs_per_turn=len(inputs), per_iteration_cpu_us=summary))
-    emit(case_record("reducer_turn", "ratio_attrs_evolve_vs_evolved", ratio_cpu=ratio))
+    emit(case_record("reducer_turn", "ratio_attrs_evolve_vs_evolved", ratio_cpu=ratio, state_copies_per_turn=copies))
     print()
     rows = [(name, s["median"], s["min"], s["p99"]) for name, s in stats.items()]
     print_table(("reducer per iteration, K=8", "cpu med us", "cpu min us", "cpu p99 us"), rows)
-    print(f"{len(inputs)} inputs per turn; attrs.evolve / evolved, median CPU: {ratio}x")
+    print(f"{len(inputs)} inputs and {copies} state copies per turn ({copies / loop.K:.1f} per iteration)")
+    print(f"attrs.evolve / evolved, median CPU: {ratio}x")
     return 0
 
 

@@ -382,6 +382,34 @@ def test_moved_to_is_evolve_with_only_the_given_fields(
     assert moved.prepared is record.prepared
 
 
+@pytest.mark.parametrize("phase", list(Phase))
+def test_evolved_is_evolve_for_every_field(phase: Phase) -> None:
+    # The reducer's cheap copy must equal attrs.evolve for each field, keep every other field as it
+    # was (the same object), and start the cached properties afresh.
+    state = phase_states()[phase]
+    _ = state.messages  # fill the source's caches: the copy must not inherit them
+    other = phase_states()[Phase.EXECUTING if phase is not Phase.EXECUTING else Phase.STREAMING]
+    for field in attrs.fields(TurnState):
+        value = getattr(other, field.name)
+        copied = state.evolved(**{field.name: value})
+        assert copied == attrs.evolve(state, **{field.name: value})
+        for kept in attrs.fields(TurnState):
+            if kept.name != field.name:
+                assert getattr(copied, kept.name) is getattr(state, kept.name)
+        assert copied.messages == attrs.evolve(state, **{field.name: value}).messages
+    assert state.evolved() == state
+
+
+def test_evolved_converts_calls_and_refuses_unknown_fields() -> None:
+    state = start(call("a"), call("b"))
+    records = tuple(state.calls)
+    copied = state.evolved(calls=records)
+    assert copied.calls == attrs.evolve(state, calls=records).calls
+    assert copied.call("b") == state.call("b")
+    with pytest.raises(TypeError):
+        state.evolved(no_such_field=1)
+
+
 # -- §1 row by row ----------------------------------------------------------------------------------
 
 

@@ -7,8 +7,11 @@ of everything before it; the tuples callers read are built once, on first access
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
+import itertools
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final, overload
@@ -522,3 +525,29 @@ class TurnState:
     @functools.cached_property
     def messages(self) -> tuple[Message, ...]:
         return self.base_messages + self.turn_messages
+
+    def evolved(self, **changes: Any) -> TurnState:
+        """``attrs.evolve(self, **changes)`` made cheaper: the reducer makes about a dozen states per iteration.
+
+        ``attrs.evolve`` walks the class's fields and builds a keyword dict on every call; this reads the
+        fields with one ``attrgetter`` made once and sets them on a fresh instance without a Python-level
+        loop (the cached properties start empty, as in a constructed one). ``calls`` still goes through
+        its converter, and an unknown name is a ``TypeError`` as in ``evolve``. ``tests/test_machine.py``
+        checks it against ``attrs.evolve`` for every field.
+        """
+        if not changes.keys() <= _STATE_FIELD_SET:
+            raise TypeError(f"TurnState has no field(s) {sorted(changes.keys() - _STATE_FIELD_SET)}")
+        if "calls" in changes:
+            changes["calls"] = _call_table(changes["calls"])
+        new: TurnState = _new_object(TurnState)
+        collections.deque(map(_set_field, itertools.repeat(new), _STATE_FIELDS, _state_values(self)), 0)
+        for name, value in changes.items():
+            _set_field(new, name, value)
+        return new
+
+
+_STATE_FIELDS: tuple[str, ...] = tuple(field.name for field in attrs.fields(TurnState))
+_STATE_FIELD_SET: frozenset[str] = frozenset(_STATE_FIELDS)
+_state_values = operator.attrgetter(*_STATE_FIELDS)
+_new_object = object.__new__
+_set_field = object.__setattr__

@@ -118,11 +118,11 @@ __all__ = [
 
 def _violate(state: TurnState, violation: Violation, call_id: str | None, detail: str) -> TurnState:
     record = ViolationRecord(violation=violation, call_id=call_id, detail=detail)
-    return attrs.evolve(state, violation_log=state.violation_log.append(record))
+    return state.evolved(violation_log=state.violation_log.append(record))
 
 
 def _notice(state: TurnState, text: str) -> TurnState:
-    return attrs.evolve(state, notice_log=state.notice_log.append(text))
+    return state.evolved(notice_log=state.notice_log.append(text))
 
 
 def _moved(
@@ -144,13 +144,13 @@ def _replace_call(state: TurnState, call: CallRecord) -> TurnState:
     position = state.calls.position(call.id)
     if position is None:
         return state
-    return attrs.evolve(state, calls=state.calls.replaced(((position, call),)))
+    return state.evolved(calls=state.calls.replaced(((position, call),)))
 
 
 def _add_call(state: TurnState, call: CallRecord, **changes: Any) -> TurnState:
     if call.status not in INITIAL_CALL_STATUSES:
         return state
-    return attrs.evolve(state, calls=state.calls.append(call), **changes)
+    return state.evolved(calls=state.calls.append(call), **changes)
 
 
 def _has_pending(state: TurnState) -> bool:
@@ -175,7 +175,7 @@ def _close_draft(state: TurnState) -> TurnState:
     if closing is None:
         return state
     draft, messages = closing
-    return attrs.evolve(state, draft=draft, closed_messages=messages)
+    return state.evolved(draft=draft, closed_messages=messages)
 
 
 def _answer_calls(state: TurnState) -> TurnState:
@@ -184,7 +184,7 @@ def _answer_calls(state: TurnState) -> TurnState:
     if not pending:
         return state
     message = _answer_message(pending)
-    return attrs.evolve(state, closed_messages=(*state.closed_messages, message), answered=len(state.calls))
+    return state.evolved(closed_messages=(*state.closed_messages, message), answered=len(state.calls))
 
 
 def _answer_message(calls: tuple[CallRecord, ...]) -> Message:
@@ -228,7 +228,7 @@ def _settle(
     changes["closed_messages"] = messages
     if bound is not None:
         changes["notice_log"] = state.notice_log.append(bound_notice(bound))
-    return attrs.evolve(state, **changes)
+    return state.evolved(**changes)
 
 
 def _not_run(call: CallRecord, reason: DenialReason) -> CallRecord:
@@ -265,14 +265,14 @@ def _on_submit(state: TurnState, cmd: Submit) -> TurnState:
 
 
 def _on_message_start(state: TurnState, event: object) -> TurnState:
-    return attrs.evolve(state, phase=Phase.STREAMING, draft=Draft())
+    return state.evolved(phase=Phase.STREAMING, draft=Draft())
 
 
 def _on_text_delta(state: TurnState, event: TextDelta) -> TurnState:
     if not event.text:
         return state
     draft = state.draft or Draft()
-    return attrs.evolve(state, draft=draft.with_text(event.text))
+    return state.evolved(draft=draft.with_text(event.text))
 
 
 def _on_informational(state: TurnState, event: object) -> TurnState:
@@ -281,7 +281,7 @@ def _on_informational(state: TurnState, event: object) -> TurnState:
 
 def _on_thinking_complete(state: TurnState, event: ThinkingComplete) -> TurnState:
     """A thinking block joins the assistant message in stream order (the model needs it back verbatim)."""
-    return attrs.evolve(state, draft=(state.draft or Draft()).with_block(event.block))
+    return state.evolved(draft=(state.draft or Draft()).with_block(event.block))
 
 
 def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnState:
@@ -289,8 +289,8 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
     call_id, name = event.id, event.name
     if call_id in state.base_call_ids or state.calls.position(call_id) is not None:
         return _violate(state, Violation.DUPLICATE_CALL_ID, call_id, f"reused tool call id {echo(call_id)}")
+    # The call's block joins the draft in the same state as its record (every path below adds one).
     draft = (state.draft or Draft()).with_call(ToolCallBlock(id=call_id, name=name, input=event.input))
-    state = attrs.evolve(state, draft=draft)
     common: dict[str, Any] = {"id": call_id, "tool_name": name, "iteration": state.iteration}
 
     tool = state.tool_set.get(name)
@@ -306,7 +306,7 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
             result=text,
             is_error=True,
         )
-        return _violate(_add_call(state, record), Violation.UNKNOWN_TOOL, call_id, text)
+        return _violate(_add_call(state, record, draft=draft), Violation.UNKNOWN_TOOL, call_id, text)
 
     common.update(effect=tool.effect, destructive=tool.destructive)
     if tool_call_cap(state.budget, state.limits, state.current_call_count) is not None:
@@ -320,7 +320,9 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
             is_error=True,
             denial_reason=DenialReason.LIMIT_EXCEEDED,
         )
-        state = _violate(_add_call(state, record), Violation.LIMIT_EXCEEDED, call_id, "tool-call limit reached")
+        state = _violate(
+            _add_call(state, record, draft=draft), Violation.LIMIT_EXCEEDED, call_id, "tool-call limit reached"
+        )
         return _notice(state, LIMIT_NOTICE) if first else state
 
     prepared = tool.prepare(event.input)
@@ -334,7 +336,7 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
             result=text,
             is_error=True,
         )
-        return _add_call(state, record)
+        return _add_call(state, record, draft=draft)
 
     budget = attrs.evolve(state.budget, tool_calls_accepted=state.budget.tool_calls_accepted + 1)
     record = CallRecord(
@@ -352,13 +354,13 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
             result=REPLAY_TEXT,
             is_error=True,
         )
-        state = _add_call(state, record, budget=budget)
+        state = _add_call(state, record, draft=draft, budget=budget)
         return _violate(state, Violation.DENIED_REPLAY, call_id, "identical action already declined")
     if tool.effect == "read" and not tool.destructive:
         grant = auto_grant_read_only(tool, record, state.iteration)
         record = attrs.evolve(record, status=CallStatus.APPROVED)
-        return _add_call(state, record, budget=budget, grants=(*state.grants, grant))
-    return _add_call(state, record, budget=budget)
+        return _add_call(state, record, draft=draft, budget=budget, grants=(*state.grants, grant))
+    return _add_call(state, record, draft=draft, budget=budget)
 
 
 def _on_usage(state: TurnState, event: Usage) -> TurnState:
@@ -369,7 +371,7 @@ def _on_usage(state: TurnState, event: Usage) -> TurnState:
         cache_read_input_tokens=before.cache_read_input_tokens + event.cache_read_input_tokens,
         cache_creation_input_tokens=before.cache_creation_input_tokens + event.cache_creation_input_tokens,
     )
-    return attrs.evolve(state, usage=total)
+    return state.evolved(usage=total)
 
 
 def _on_message_stop(state: TurnState, event: MessageStop) -> TurnState:
@@ -378,7 +380,7 @@ def _on_message_stop(state: TurnState, event: MessageStop) -> TurnState:
         # Any other stop, or a tool_use stop with no call: the model is done (a quirk must not loop).
         return _settle(state, Outcome.COMPLETED)
     phase = Phase.AWAITING_APPROVAL if _has_pending(state) else Phase.EXECUTING
-    return attrs.evolve(state, phase=phase)
+    return state.evolved(phase=phase)
 
 
 def _on_stream_error(state: TurnState, event: StreamError) -> TurnState:
@@ -410,10 +412,10 @@ def _approve(state: TurnState, grants: tuple[Grant, ...]) -> TurnState:
         if position is not None:
             changes.append((position, _moved(state.calls[position], CallStatus.APPROVED)))
     calls = state.calls.replaced(changes)
-    state = attrs.evolve(state, calls=calls, grants=state.grants + grants)
+    state = state.evolved(calls=calls, grants=state.grants + grants)
     # A decided iteration: nothing approved starts while another call of the iteration awaits a
     # decision, so the order of the clicks never changes what runs.
-    return state if _has_pending(state) else attrs.evolve(state, phase=Phase.EXECUTING)
+    return state if _has_pending(state) else state.evolved(phase=Phase.EXECUTING)
 
 
 def _on_approve_call(state: TurnState, cmd: ApproveCall) -> TurnState:
@@ -467,8 +469,8 @@ def _on_deny_call(state: TurnState, cmd: DenyCall) -> TurnState:
     )
     denial = Denial(tool_name=call.tool_name, input_digest=call.input_digest)
     denials = state.denials if denial in state.denials else (*state.denials, denial)
-    state = attrs.evolve(_replace_call(state, denied), denials=denials)
-    return state if _has_pending(state) else attrs.evolve(state, phase=Phase.EXECUTING)
+    state = _replace_call(state, denied).evolved(denials=denials)
+    return state if _has_pending(state) else state.evolved(phase=Phase.EXECUTING)
 
 
 def _on_start_call(state: TurnState, cmd: StartCall) -> TurnState:
@@ -490,7 +492,7 @@ def _on_start_call(state: TurnState, cmd: StartCall) -> TurnState:
         return state
     grants = list(state.grants)
     grants[grants.index(verdict)] = attrs.evolve(verdict, consumed=True)
-    return attrs.evolve(_replace_call(state, _moved(call, CallStatus.RUNNING)), grants=tuple(grants))
+    return _replace_call(state, _moved(call, CallStatus.RUNNING)).evolved(grants=tuple(grants))
 
 
 def _on_call_settled(state: TurnState, cmd: CallSettled) -> TurnState:
@@ -515,25 +517,36 @@ def _on_call_settled(state: TurnState, cmd: CallSettled) -> TurnState:
 def _on_advance(state: TurnState, cmd: Advance) -> TurnState:
     if state.calls.pending_count or not all(c.is_terminal for c in state.current_calls):
         return state
-    state = _answer_calls(_close_draft(state))
     bound = budget_exhaustion(state.budget, state.limits, cmd.now_ms)
     if bound is not None:
-        return _settle(state, Outcome.BOUNDED, bound=bound)
+        return _settle(_answer_calls(_close_draft(state)), Outcome.BOUNDED, bound=bound)
+    # _close_draft, then _answer_calls, then the next iteration, gathered into one state as in _settle:
+    # this runs once per iteration (the draft is dropped, so only its closed message is kept).
+    changes: dict[str, Any] = {}
+    messages = state.closed_messages
+    closing = _closing_draft(state)
+    if closing is not None:
+        messages = closing[1]
+    pending = state.calls[state.answered :]
+    if pending:
+        messages = (*messages, _answer_message(pending))
+        changes["answered"] = len(state.calls)
     budget = attrs.evolve(state.budget, iterations_started=state.budget.iterations_started + 1)
-    return attrs.evolve(
-        state,
+    return state.evolved(
         phase=Phase.REQUESTING,
         iteration=state.iteration + 1,
         budget=budget,
         draft=None,
+        closed_messages=messages,
         usage_before_iteration=state.usage,
         iteration_first_call=len(state.calls),
+        **changes,
     )
 
 
 def _on_retry(state: TurnState, cmd: Retry) -> TurnState:
     budget = attrs.evolve(state.budget, retries_used=state.budget.retries_used + 1)
-    return attrs.evolve(state, budget=budget)
+    return state.evolved(budget=budget)
 
 
 def _on_undo_turn(state: TurnState, cmd: UndoTurn) -> TurnState:
@@ -542,7 +555,7 @@ def _on_undo_turn(state: TurnState, cmd: UndoTurn) -> TurnState:
     if not any(_undoable(c) for c in state.calls):
         return state
     calls = tuple(_moved(c, CallStatus.UNDONE) if _undoable(c) else c for c in state.calls)
-    return attrs.evolve(state, calls=calls)
+    return state.evolved(calls=calls)
 
 
 def _undoable(call: CallRecord) -> bool:

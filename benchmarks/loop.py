@@ -111,11 +111,13 @@ def answer_in_process(request: ChatRequest) -> Sequence[StreamEvent]:
     return wire_events(calls=[_call(i)]) if i < K else wire_events(text=FINAL_TEXT)
 
 
-async def _trioloop_turns(provider: ChatProvider, document: ThreatModel, turns: int) -> list[Sample]:
+async def _trioloop_turns(
+    provider: ChatProvider, document: ThreatModel, turns: int, registry: Any = None
+) -> list[Sample]:
     samples = []
     for _ in range(turns):
         async with threat_model_session(
-            document=document, provider=provider, model="scripted-1", tools=REGISTRY, limits=LIMITS
+            document=document, provider=provider, model="scripted-1", tools=registry or REGISTRY, limits=LIMITS
         ) as session:
             wall, cpu = time.perf_counter(), time.process_time()
             state = await session.send(PROMPT)
@@ -147,19 +149,8 @@ async def trioloop_shipped_read(document: ThreatModel, turns: int) -> list[Sampl
     from trioloop.threatmodel.registry import create_ai_tool_registry
 
     _ENTITY_IDS[:] = [element.id for element in document.elements]
-    registry = create_ai_tool_registry()
     provider = InProcessProvider(answer_shipped, batched=BATCHED)
-    samples = []
-    for _ in range(turns):
-        async with threat_model_session(
-            document=document, provider=provider, model="scripted-1", tools=registry, limits=LIMITS
-        ) as session:
-            wall, cpu = time.perf_counter(), time.process_time()
-            state = await session.send(PROMPT)
-        samples.append(((time.perf_counter() - wall) / K, (time.process_time() - cpu) / K))
-        if state.outcome is not Outcome.COMPLETED or [c.status for c in state.calls] != [CallStatus.SUCCEEDED] * K:
-            raise RuntimeError(f"unexpected turn: {state.outcome} with {len(state.calls)} calls")
-    return samples
+    return await _trioloop_turns(provider, document, turns, create_ai_tool_registry())
 
 
 async def trioloop_loopback(document: ThreatModel, turns: int) -> list[Sample]:

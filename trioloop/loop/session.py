@@ -114,7 +114,7 @@ class Session(Generic[D]):
         self._nursery_manager: Any = None  # trio's nursery manager while ``async with`` is open
         self._controls: TurnControls | None = None
         self._state: TurnState | None = None
-        self._last_turn: tuple[str, D] | None = None  # (turn id, document before it)
+        self._last_turn_id: str | None = None  # the turn `undo_last_turn` undoes
         self._turns_started = 0
         self._changed = trio.Event()
 
@@ -218,7 +218,6 @@ class Session(Generic[D]):
         self._controls = controls
         self._turns_started += 1
         turn_id = f"turn-{self._turns_started}"
-        before = self._workspace.document
         request = TurnRequest(
             text=text,
             turn_id=turn_id,
@@ -238,7 +237,7 @@ class Session(Generic[D]):
             final = self._state
             if final is not None and final.is_settled:
                 self._history = final.messages
-                self._last_turn = (turn_id, before)
+                self._last_turn_id = turn_id
         self._publish(state)
         return state
 
@@ -255,16 +254,16 @@ class Session(Generic[D]):
         return self._controls is not None and self._controls.stop()
 
     def undo_availability(self) -> UndoAvailability:
-        if self._last_turn is None:
+        turn_id = self._last_turn_id
+        if turn_id is None:
             return UndoAvailability.NOTHING_TO_UNDO
-        turn_id, _ = self._last_turn
         return turn_undo_availability(self._workspace.undo, turn_id)
 
     def undo_last_turn(self) -> bool:
         """Restore the document from before the last turn, if nothing has superseded it since."""
-        if self._controls is not None or self._last_turn is None:
+        turn_id = self._last_turn_id
+        if self._controls is not None or turn_id is None:
             return False
-        turn_id, _ = self._last_turn
         undone = undo_turn(self._workspace.undo, self._workspace.document, turn_id)
         if undone is None:
             return False
@@ -283,7 +282,7 @@ class Session(Generic[D]):
             document=self._workspace.document,
             undo=tuple(UndoRecord(turn_id=e.turn_id, document=e.document) for e in undo.entries),
             undo_max_entries=undo.max_entries,
-            last_turn_id=None if self._last_turn is None else self._last_turn[0],
+            last_turn_id=self._last_turn_id,
             turn_count=self._turns_started,
             model=self.model,
         )
@@ -350,10 +349,7 @@ class Session(Generic[D]):
         used = [r.turn_id for r in snapshot.undo] + [snapshot.last_turn_id or ""]
         numbered = [int(m.group(1)) for m in map(_TURN_ID.fullmatch, used) if m is not None]
         session._turns_started = max([snapshot.turn_count, *numbered])
-        if snapshot.last_turn_id is not None:
-            top = entries[-1] if entries else None
-            before = top.document if top is not None and top.turn_id == snapshot.last_turn_id else snapshot.document
-            session._last_turn = (snapshot.last_turn_id, before)
+        session._last_turn_id = snapshot.last_turn_id
         return session
 
     # -- transcripts -----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from rich.text import Text
 from trioloop._demo_view import ApproveMode, LinePrompt, TurnView, document_diff, outcome_line
 from trioloop.loop.machine import Outcome, TurnState
 from trioloop.loop.session import Session
-from trioloop.protocol.events import Usage
+from trioloop.protocol.events import Usage, usage_sum
 from trioloop.protocol.preflight import lookup_model, unknown_model_warning
 from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.retry import RetryNotice
@@ -321,7 +321,7 @@ async def _chat_loop(
         if failure is not None:
             failed = True
             _error(failure)
-        totals = _added(totals, state.usage)
+        totals = usage_sum(totals, state.usage)
         _show_usage(console, state.usage, totals)
     return failed
 
@@ -355,15 +355,6 @@ async def _add_mcp_servers(session: Session[ThreatModel], mcp_servers: McpOption
     except (mcp.McpConfigError, mcp.McpConnectionError, ValueError) as exc:
         _error(f"error: {exc}")
     return False
-
-
-def _added(a: Usage, b: Usage) -> Usage:
-    return Usage(
-        input_tokens=a.input_tokens + b.input_tokens,
-        output_tokens=a.output_tokens + b.output_tokens,
-        cache_read_input_tokens=a.cache_read_input_tokens + b.cache_read_input_tokens,
-        cache_creation_input_tokens=a.cache_creation_input_tokens + b.cache_creation_input_tokens,
-    )
 
 
 def _usage_text(usage: Usage) -> str:

@@ -81,6 +81,7 @@ from trioloop.protocol.events import (
     ThinkingComplete,
     ToolCallComplete,
     Usage,
+    usage_sum,
 )
 from trioloop.protocol.messages import Message, ToolCallBlock, ToolResultBlock
 
@@ -364,14 +365,7 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
 
 
 def _on_usage(state: TurnState, event: Usage) -> TurnState:
-    before = state.usage_before_iteration
-    total = Usage(
-        input_tokens=before.input_tokens + event.input_tokens,
-        output_tokens=before.output_tokens + event.output_tokens,
-        cache_read_input_tokens=before.cache_read_input_tokens + event.cache_read_input_tokens,
-        cache_creation_input_tokens=before.cache_creation_input_tokens + event.cache_creation_input_tokens,
-    )
-    return state.evolved(usage=total)
+    return state.evolved(usage=usage_sum(state.usage_before_iteration, event))
 
 
 def _on_message_stop(state: TurnState, event: MessageStop) -> TurnState:

@@ -25,6 +25,7 @@ __all__ = [
     "ToolCallStart",
     "Usage",
     "is_terminal",
+    "usage_sum",
 ]
 
 
@@ -111,6 +112,16 @@ class Usage:
     output_tokens: int = attrs.field(default=0, validator=_count)
     cache_read_input_tokens: int = attrs.field(default=0, validator=_count)
     cache_creation_input_tokens: int = attrs.field(default=0, validator=_count)
+
+
+def usage_sum(a: Usage, b: Usage) -> Usage:
+    """Both counts added, field by field (a turn's iterations, a session's turns)."""
+    return Usage(
+        input_tokens=a.input_tokens + b.input_tokens,
+        output_tokens=a.output_tokens + b.output_tokens,
+        cache_read_input_tokens=a.cache_read_input_tokens + b.cache_read_input_tokens,
+        cache_creation_input_tokens=a.cache_creation_input_tokens + b.cache_creation_input_tokens,
+    )
 
 
 @attrs.frozen(kw_only=True)

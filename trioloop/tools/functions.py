@@ -26,7 +26,7 @@ from typing import Any, Final, Literal, Protocol, TypeVar, overload
 import attrs
 import trio
 
-from trioloop.loop.canonical import canonical_json
+from trioloop.loop.card import input_details, one_line
 from trioloop.loop.tool_runtime import (
     Effect,
     RegisteredTool,
@@ -36,12 +36,11 @@ from trioloop.loop.tool_runtime import (
     json_schema_for,
     unstructure_input,
 )
-from trioloop.loop.untrusted_text import sanitize_scalar
 
 __all__ = ["ToolError", "function_tool", "parse_docstring"]
 
 D = TypeVar("D")
-_SUMMARY_VALUE_MAX: Final = 60
+_SUMMARY_VALUE_MAX: Final = 60  # per value: the card's details show every value whole
 _TOOL_NAME: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
@@ -146,11 +145,9 @@ def _input_class(fn: Callable[..., Any], name: str, param_docs: Mapping[str, str
     return cls, context_param
 
 
-def _default_summary(name: str, values: Mapping[str, Any]) -> str:
-    parts = []
-    for key, value in values.items():
-        text, _ = sanitize_scalar(value if isinstance(value, str) else canonical_json(value), _SUMMARY_VALUE_MAX)
-        parts.append(f"{key}={text}" if not isinstance(value, str) else f'{key}="{text}"')
+def _default_summary(name: str, canonical_input: Any) -> str:
+    """``name(path=value, ...)`` from the card's own view of the input, each value cut to one line."""
+    parts = (f"{path}={one_line(value, _SUMMARY_VALUE_MAX)}" for path, value in input_details(canonical_input))
     return f"{name}({', '.join(parts)})"
 
 
@@ -260,7 +257,8 @@ def function_tool(
     ``name`` defaults to the function's name and ``description`` to its docstring's text before the
     parameter section. ``effect`` and ``destructive`` say what the tool may do; they are never inferred.
     ``summary`` is the one-line card text: a format string over the parameters (``"Delete {heading}"``),
-    a function of them, or by default ``name(param=value, ...)`` with each value sanitized and capped.
+    a function of them, or by default ``name(field=value, ...)`` as the card shows the input (each value
+    stripped of control and bidi code points and cut to one line).
     """
 
     def decorate(function: Callable[..., Any]) -> RegisteredTool[Any]:

@@ -15,7 +15,7 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
-from trioloop._demo_view import ApproveMode, LinePrompt, TurnView, document_diff, outcome_line
+from trioloop._demo_view import ApproveMode, LinePrompt, TurnView, outcome_line
 from trioloop.loop.machine import Outcome, TurnState
 from trioloop.loop.session import Session
 from trioloop.protocol.events import Usage, usage_sum
@@ -96,7 +96,7 @@ def _interruptible(run: Callable[..., Any], *args: Any) -> int:
 def _report(console: Console, session: Session[ThreatModel], state: TurnState, before: ThreatModel) -> None:
     console.print()
     console.print(Text(outcome_line(state), style="bold"))
-    diff = document_diff(before, session.document)
+    diff = session.kind.diff(before, session.document)
     if diff:
         console.print(Text("Document changes:", style="bold"))
         for line in diff.splitlines():

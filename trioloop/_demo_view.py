@@ -6,7 +6,6 @@ session's review controls; it never touches the document itself.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, Final, Literal, TypeAlias, cast
@@ -23,9 +22,9 @@ from trioloop.loop.preview import preview_call
 from trioloop.loop.session import Session
 from trioloop.loop.tool_runtime import PrepareFailure
 from trioloop.loop.untrusted_text import START_MARKER
-from trioloop.threatmodel import ThreatModel, dump_thf
+from trioloop.threatmodel import ThreatModel
 
-__all__ = ["ANSWERS", "ApproveMode", "LinePrompt", "TurnView", "document_diff", "outcome_line", "parse_answer"]
+__all__ = ["ANSWERS", "ApproveMode", "LinePrompt", "TurnView", "outcome_line", "parse_answer"]
 
 ApproveMode: TypeAlias = Literal["ask", "safe", "none"]
 Prompt: TypeAlias = Callable[[str], str]
@@ -104,17 +103,6 @@ class LinePrompt:
         if isinstance(result, BaseException):
             raise result
         return result
-
-
-def document_diff(before: ThreatModel, after: ThreatModel) -> str:
-    """A unified diff of the two documents as written to disk (empty when equal)."""
-    lines = difflib.unified_diff(
-        dump_thf(before).splitlines(keepends=True),
-        dump_thf(after).splitlines(keepends=True),
-        fromfile="before.thf",
-        tofile="after.thf",
-    )
-    return "".join(lines)
 
 
 def outcome_line(state: TurnState) -> str:

@@ -442,3 +442,58 @@ async def test_a_late_first_read_still_sees_the_document_as_the_call_started(doc
     assert workspace.document.metadata.title == "Renamed" != document.metadata.title
     assert [c.status for c in final.calls] == [CallStatus.SUCCEEDED, CallStatus.SUCCEEDED]
     assert final.calls[1].result == f"saw {document.metadata.title}"
+
+
+class _SlowTeardownProvider:
+    """Sends the start of an answer, then stalls; on cancellation it takes ``teardown_s`` (shielded) to unwind,
+    as an HTTP response that must be closed does. Notes when the teardown ended."""
+
+    def __init__(self, teardown_s: float) -> None:
+        self.teardown_s = teardown_s
+        self.teardown_ended: float | None = None
+
+    async def stream(self, request: Any, send: Any, *, cancel_scope: Any = None) -> None:
+        from trioloop.protocol.events import MessageStart, TextDelta
+
+        await send.send(MessageStart(model="scripted-1"))
+        await send.send(TextDelta(text="partial"))
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(self.teardown_s)
+            self.teardown_ended = trio.current_time()
+
+
+@pytest.mark.parametrize("how", ["deadline", "stop"])
+async def test_settled_is_published_before_the_request_unwinds_and_run_turn_waits_for_it(
+    document: ThreatModel, autojump_clock: trio.testing.MockClock, how: str
+) -> None:
+    """The settled state does not wait for the request task's teardown (it cannot touch the workspace);
+    ``run_turn`` still returns only after that task has ended. The deadline counts from the call."""
+    provider = _SlowTeardownProvider(teardown_s=3.0)
+    controls = TurnControls()
+    settled_at: list[float] = []
+
+    def observe(state: TurnState) -> None:
+        if state.is_settled:
+            settled_at.append(trio.current_time())
+        elif how == "stop" and state.streaming_text:
+            controls.stop()
+
+    start = trio.current_time()
+    final = await run_turn(
+        request("go", create_ai_tool_registry(), turn_deadline_ms=2_000),
+        Workspace(document=document, kind=THREAT_MODEL),
+        provider,  # type: ignore[arg-type]
+        controls=controls,
+        on_state=observe,
+    )
+    returned = trio.current_time()
+    cut = start + (2.0 if how == "deadline" else 0.0)
+    assert final.outcome is (Outcome.BOUNDED if how == "deadline" else Outcome.CANCELLED)
+    assert settled_at == [pytest.approx(cut, abs=1e-6)]
+    assert provider.teardown_ended == pytest.approx(cut + 3.0, abs=1e-6)
+    assert returned >= provider.teardown_ended
+    assert [flatten_text(m) for m in final.messages if m.role == "assistant"] == ["partial"]
+    assert not controls.approve("anything") and not controls.stop()  # settled: the controls do nothing

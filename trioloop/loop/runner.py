@@ -257,6 +257,7 @@ class _Turn(Generic[D]):
         controls: TurnControls,
         on_state: StateObserver | None,
         tool_nursery: trio.Nursery,
+        started_at: float,
     ) -> None:
         self.request = request
         self.workspace = workspace
@@ -273,7 +274,7 @@ class _Turn(Generic[D]):
         self.tools_idle = trio.Event()
         self.tools_idle.set()
         self.ending = False  # set when the turn starts settling: no tool value is committed after it
-        self.started_at = trio.current_time()
+        self.started_at = started_at
         self.deadline = self.started_at + request.limits.turn_deadline_ms / 1000
         self.review_paused_s = 0.0  # time spent waiting for the reviewer: the turn deadline does not run then
         self.review_since: float | None = None
@@ -332,7 +333,15 @@ class _Turn(Generic[D]):
             self.perform_effects(nursery)
             if self.state.is_settled:
                 break
-            item = await receive.receive()
+            try:
+                item = await receive.receive()
+            except trio.Cancelled:
+                # Stop, the deadline or a scope outside: settle now, before the nursery waits for the
+                # request task to unwind (an HTTP response being closed): nothing it does can reach the
+                # workspace, so the settled state need not wait for it. run_turn still returns only
+                # after every task has ended.
+                await self.settle()
+                raise
             self.handle(item, nursery)
 
     def handle(self, item: _InboxItem, nursery: trio.Nursery) -> None:
@@ -549,6 +558,25 @@ class _Turn(Generic[D]):
 
     # -- settling --------------------------------------------------------------------------------
 
+    async def settle(self) -> None:
+        """Settle the turn if it is not settled yet: cancel and await its tools (bounded), record the
+        settlements already in the inbox, then ``Cancel`` with the bound that ran out, or ``stop``.
+
+        Runs once where the consumer first sees the cancellation and again (doing nothing new) in
+        ``_drive``'s ``finally``, which also covers a turn that completed with a tool still running.
+        """
+        if self.ending and self.state.is_settled:
+            return
+        bound = None if self.controls.stop_requested else self.timing_bound()
+        reason: Literal["stop", "deadline", "review_timeout"] = (
+            "review_timeout" if bound is Bound.REVIEW_TIMEOUT else "deadline" if bound is Bound.DEADLINE else "stop"
+        )
+        await self.await_tools()
+        self.controls._closed = True
+        if not self.state.is_settled:
+            self.drain_settlements()
+            self.apply(Cancel(reason=reason))
+
     async def await_tools(self) -> None:
         """Cancel every tool still running and wait for them to unwind, for at most the grace period.
 
@@ -589,10 +617,11 @@ async def run_turn(
     discarded, and the nursery cancels and awaits it when it closes. Without one, the turn opens its own,
     and returning waits until every tool task has really ended.
     """
+    started_at = trio.current_time()  # the turn's clock (and its deadline) runs from the call
     if tool_nursery is not None:
-        return await _drive(request, workspace, provider, tool_nursery, controls, on_state)
+        return await _drive(request, workspace, provider, tool_nursery, controls, on_state, started_at)
     async with trio.open_nursery() as own:
-        state = await _drive(request, workspace, provider, own, controls, on_state)
+        state = await _drive(request, workspace, provider, own, controls, on_state, started_at)
         own.cancel_scope.cancel()  # the turn is settled: anything still running is not wanted
     return state
 
@@ -604,10 +633,11 @@ async def _drive(
     tool_nursery: trio.Nursery,
     controls: TurnControls | None,
     on_state: StateObserver | None,
+    started_at: float,
 ) -> TurnState:
     controls = controls or TurnControls()
-    turn = _Turn(request, workspace, provider, controls, on_state, tool_nursery)
-    now_ms = _now_ms()
+    turn = _Turn(request, workspace, provider, controls, on_state, tool_nursery, started_at)
+    now_ms = int(started_at * 1000)
     turn.apply(
         Submit(
             turn_id=request.turn_id,
@@ -630,15 +660,7 @@ async def _drive(
     finally:
         # Runs on Stop, on the deadline, and even when a scope outside the turn cancels us: the turn
         # always ends settled. The one await is shielded and bounded by the tool grace.
-        bound = None if controls.stop_requested else turn.timing_bound()
-        reason: Literal["stop", "deadline", "review_timeout"] = (
-            "review_timeout" if bound is Bound.REVIEW_TIMEOUT else "deadline" if bound is Bound.DEADLINE else "stop"
-        )
-        await turn.await_tools()
+        await turn.settle()
         controls._scope = None
-        controls._closed = True
-        if not turn.state.is_settled:
-            turn.drain_settlements()
-            turn.apply(Cancel(reason=reason))
         controls._send.close()
     return turn.state

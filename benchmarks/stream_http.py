@@ -14,6 +14,10 @@ contender in turn, round after round) so drift on a shared machine hits both ali
   Figures are the client's process CPU microseconds per event (the paced wall time is mostly the
   server's pauses), with connects per request counted at the server.
 
+A third contender over HTTP, ``httpx_floor``, sends the same request through a bare ``httpx.AsyncClient``
+on Trio and drops the body's bytes: the least any client on httpx's async path can cost, so ``SDK /
+floor`` is the highest ratio trioloop could reach without leaving httpx.
+
 Every record carries the load average; the ratios are SDK cost / trioloop cost from the same run.
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import statistics
 import subprocess
 import sys
@@ -112,7 +117,9 @@ def in_process(sizes: list[int], repeats: dict[int, int]) -> list[tuple[Any, ...
                 ratio_sdk_over_trioloop=ratio,
             )
         )
-        rows.append((f"in process, {events} events", round(med["trioloop"], 2), round(med["sdk"], 2), f"{ratio}x", ""))
+        rows.append(
+            (f"in process, {events} events", round(med["trioloop"], 2), round(med["sdk"], 2), f"{ratio}x", "", "", "")
+        )
     return rows
 
 
@@ -154,6 +161,30 @@ def trioloop_requests(base: str, events: int, count: int) -> list[tuple[float, f
     return trio.run(main)
 
 
+def httpx_floor_requests(base: str, events: int, count: int) -> list[tuple[float, float]]:
+    """The floor under any client of ``httpx.AsyncClient`` on Trio: the same request, the body's bytes
+    iterated and dropped (no SSE, no events, no state). trioloop cannot cost less than this."""
+    body = json.dumps(
+        {"model": MODEL, "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    ).encode()
+
+    async def main() -> list[tuple[float, float]]:
+        samples = []
+        async with httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(30.0, read=None)) as client:
+            for _ in range(count):
+                wall, cpu = time.perf_counter(), time.process_time()
+                received = 0
+                async with client.stream("POST", base + "/v1/messages", content=body) as response:
+                    async for chunk in response.aiter_raw():
+                        received += len(chunk)
+                samples.append((time.perf_counter() - wall, time.process_time() - cpu))
+                if response.status_code != 200 or not received:
+                    raise RuntimeError(f"floor request failed: HTTP {response.status_code}")
+        return samples
+
+    return trio.run(main)
+
+
 def sdk_requests(base: str, events: int, count: int) -> list[tuple[float, float]]:
     import anthropic
 
@@ -176,14 +207,15 @@ def over_http(url: str, cases: list[tuple[str, int]], rounds: int, per_round: in
     contenders: tuple[tuple[str, Callable[[str, int, int], list[tuple[float, float]]]], ...] = (
         ("trioloop", trioloop_requests),
         ("sdk", sdk_requests),
+        ("httpx_floor", httpx_floor_requests),
     )
     for mode, events in cases:
         base = f"{url}/{mode}/{events}"
         for _, fn in contenders:
             fn(base, events, 2)  # warm-up: imports, first connection
-        cpu: dict[str, list[float]] = {"trioloop": [], "sdk": []}
-        wall: dict[str, list[float]] = {"trioloop": [], "sdk": []}
-        connects: dict[str, list[float]] = {"trioloop": [], "sdk": []}
+        cpu: dict[str, list[float]] = {name: [] for name, _ in contenders}
+        wall: dict[str, list[float]] = {name: [] for name, _ in contenders}
+        connects: dict[str, list[float]] = {name: [] for name, _ in contenders}
         for _ in range(rounds):
             for name, fn in contenders:
                 gc.collect()
@@ -198,6 +230,7 @@ def over_http(url: str, cases: list[tuple[str, int]], rounds: int, per_round: in
         med_wall = {name: statistics.median(values) for name, values in wall.items()}
         per_request = {name: round(statistics.mean(values), 3) for name, values in connects.items()}
         ratio = round(med_cpu["sdk"] / med_cpu["trioloop"], 2)
+        ceiling = round(med_cpu["sdk"] / med_cpu["httpx_floor"], 2)
         emit(
             case_record(
                 "stream_http",
@@ -209,9 +242,12 @@ def over_http(url: str, cases: list[tuple[str, int]], rounds: int, per_round: in
                 sdk_cpu_us_per_event=round(med_cpu["sdk"], 2),
                 trioloop_wall_us_per_event=round(med_wall["trioloop"], 2),
                 sdk_wall_us_per_event=round(med_wall["sdk"], 2),
+                httpx_floor_cpu_us_per_event=round(med_cpu["httpx_floor"], 2),
                 connects_per_request=per_request,
                 requests=len(cpu["sdk"]),
                 ratio_sdk_over_trioloop_cpu=ratio,
+                ratio_sdk_over_httpx_floor_cpu=ceiling,
+                trioloop_above_floor_us_per_event=round(med_cpu["trioloop"] - med_cpu["httpx_floor"], 2),
             )
         )
         rows.append(
@@ -220,6 +256,8 @@ def over_http(url: str, cases: list[tuple[str, int]], rounds: int, per_round: in
                 round(med_cpu["trioloop"], 2),
                 round(med_cpu["sdk"], 2),
                 f"{ratio}x",
+                round(med_cpu["httpx_floor"], 2),
+                f"{ceiling}x",
                 f"{per_request['trioloop']} / {per_request['sdk']}",
             )
         )
@@ -246,7 +284,18 @@ def main(argv: list[str] | None = None) -> int:
         process.stdin.close()
         process.wait(timeout=10)
     print()
-    print_table(("us per event", "trioloop", "anthropic SDK", "SDK / trioloop", "connects/request (t / sdk)"), rows)
+    print_table(
+        (
+            "us per event",
+            "trioloop",
+            "anthropic SDK",
+            "SDK / trioloop",
+            "httpx floor",
+            "SDK / floor",
+            "connects/request (t / sdk)",
+        ),
+        rows,
+    )
     return 0
 
 

@@ -240,7 +240,9 @@ def iteration_of(request: ChatRequest) -> int:
 
 
 def _is_tool_results(message: Message) -> bool:
-    return bool(message.content) and all(isinstance(b, ToolResultBlock) for b in message.content)
+    # A results message holds tool results only (the runner never mixes them with text): its first
+    # block says which kind it is, as pydantic-ai's harness checks one isinstance per message.
+    return bool(message.content) and isinstance(message.content[0], ToolResultBlock)
 
 
 class InProcessProvider:

@@ -116,7 +116,7 @@ class Session(Generic[D]):
         self._state: TurnState | None = None
         self._last_turn_id: str | None = None  # the turn `undo_last_turn` undoes
         self._turns_started = 0
-        self._changed = trio.Event()
+        self._changed = trio.lowlevel.ParkingLot()  # `states()` readers park here until the next state
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -200,12 +200,11 @@ class Session(Generic[D]):
                 seen = self._state
                 yield seen
                 continue
-            await self._changed.wait()
+            await self._changed.park()
 
     def _publish(self, state: TurnState) -> None:
         self._state = state
-        changed, self._changed = self._changed, trio.Event()
-        changed.set()
+        self._changed.unpark_all()  # no allocation per state: a turn publishes about ten per iteration
 
     # -- turns -----------------------------------------------------------------------------------
 

@@ -16,7 +16,8 @@ contender in turn, round after round) so drift on a shared machine hits both ali
 
 A third contender over HTTP, ``httpx_floor``, sends the same request through a bare ``httpx.AsyncClient``
 on Trio and drops the body's bytes: the least any client on httpx's async path can cost, so ``SDK /
-floor`` is the highest ratio trioloop could reach without leaving httpx.
+floor`` is the highest ratio trioloop could reach without leaving httpx. A fourth, ``sdk_async``, is the
+SDK's ``AsyncAnthropic`` on Trio (through anyio): the SDK as a Trio application would have to use it.
 
 Every record carries the load average; the ratios are SDK cost / trioloop cost from the same run.
 """
@@ -118,7 +119,16 @@ def in_process(sizes: list[int], repeats: dict[int, int]) -> list[tuple[Any, ...
             )
         )
         rows.append(
-            (f"in process, {events} events", round(med["trioloop"], 2), round(med["sdk"], 2), f"{ratio}x", "", "", "")
+            (
+                f"in process, {events} events",
+                round(med["trioloop"], 2),
+                round(med["sdk"], 2),
+                f"{ratio}x",
+                "",
+                "",
+                "",
+                "",
+            )
         )
     return rows
 
@@ -202,11 +212,35 @@ def sdk_requests(base: str, events: int, count: int) -> list[tuple[float, float]
     return samples
 
 
+def async_sdk_requests(base: str, events: int, count: int) -> list[tuple[float, float]]:
+    """The SDK's async client on Trio (through anyio), as a Trio app would have to use it."""
+    import anthropic
+
+    async def main() -> list[tuple[float, float]]:
+        samples = []
+        async with anthropic.AsyncAnthropic(api_key="k", base_url=base, max_retries=0) as client:
+            for _ in range(count):
+                wall, cpu = time.perf_counter(), time.process_time()
+                messages: Any = [{"role": "user", "content": "go"}]
+                async with client.messages.stream(model=MODEL, max_tokens=10, messages=messages) as stream:
+                    counted = 0
+                    async for event in stream:
+                        counted += event.type == "text"
+                    final = await stream.get_final_message()
+                samples.append((time.perf_counter() - wall, time.process_time() - cpu))
+                if counted != events or not final.content:
+                    raise RuntimeError(f"async SDK counted {counted} text events, expected {events}")
+        return samples
+
+    return trio.run(main)
+
+
 def over_http(url: str, cases: list[tuple[str, int]], rounds: int, per_round: int) -> list[tuple[Any, ...]]:
     rows = []
     contenders: tuple[tuple[str, Callable[[str, int, int], list[tuple[float, float]]]], ...] = (
         ("trioloop", trioloop_requests),
         ("sdk", sdk_requests),
+        ("sdk_async", async_sdk_requests),
         ("httpx_floor", httpx_floor_requests),
     )
     for mode, events in cases:
@@ -231,6 +265,7 @@ def over_http(url: str, cases: list[tuple[str, int]], rounds: int, per_round: in
         per_request = {name: round(statistics.mean(values), 3) for name, values in connects.items()}
         ratio = round(med_cpu["sdk"] / med_cpu["trioloop"], 2)
         ceiling = round(med_cpu["sdk"] / med_cpu["httpx_floor"], 2)
+        ratio_async = round(med_cpu["sdk_async"] / med_cpu["trioloop"], 2)
         emit(
             case_record(
                 "stream_http",
@@ -242,10 +277,12 @@ def over_http(url: str, cases: list[tuple[str, int]], rounds: int, per_round: in
                 sdk_cpu_us_per_event=round(med_cpu["sdk"], 2),
                 trioloop_wall_us_per_event=round(med_wall["trioloop"], 2),
                 sdk_wall_us_per_event=round(med_wall["sdk"], 2),
+                sdk_async_cpu_us_per_event=round(med_cpu["sdk_async"], 2),
                 httpx_floor_cpu_us_per_event=round(med_cpu["httpx_floor"], 2),
                 connects_per_request=per_request,
                 requests=len(cpu["sdk"]),
                 ratio_sdk_over_trioloop_cpu=ratio,
+                ratio_sdk_async_over_trioloop_cpu=ratio_async,
                 ratio_sdk_over_httpx_floor_cpu=ceiling,
                 trioloop_above_floor_us_per_event=round(med_cpu["trioloop"] - med_cpu["httpx_floor"], 2),
             )
@@ -256,6 +293,7 @@ def over_http(url: str, cases: list[tuple[str, int]], rounds: int, per_round: in
                 round(med_cpu["trioloop"], 2),
                 round(med_cpu["sdk"], 2),
                 f"{ratio}x",
+                f"{ratio_async}x",
                 round(med_cpu["httpx_floor"], 2),
                 f"{ceiling}x",
                 f"{per_request['trioloop']} / {per_request['sdk']}",
@@ -290,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             "trioloop",
             "anthropic SDK",
             "SDK / trioloop",
+            "async SDK / trioloop",
             "httpx floor",
             "SDK / floor",
             "connects/request (t / sdk)",

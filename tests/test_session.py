@@ -205,3 +205,28 @@ def test_history_passed_in_is_kept_and_must_be_pairable(document: ThreatModel) -
     open_call = (*history, Message(role="assistant", content=(ToolCallBlock(id="1", name="t"),)))
     with pytest.raises(TranscriptError):
         threat_model_session(document=document, provider=None, model="m", history=open_call)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "openai"])
+async def test_a_session_holds_its_providers_connection_for_every_turn(
+    document: ThreatModel, wire: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The app never opens the provider: the session holds it, so three turns share one connection,
+    and the provider's client is closed when the session block ends."""
+    from trioloop.providers import AnthropicProvider, OpenAIProvider
+    from trioloop.providers._loopback import LoopbackResponse, open_loopback_server, replay
+
+    body = (Path(__file__).parent / "fixtures" / "providers" / wire / "text_answer.sse").read_bytes()
+    async with open_loopback_server(replay([LoopbackResponse(body=body)] * 3), keep_alive=True) as server:
+        provider: AnthropicProvider | OpenAIProvider = (
+            AnthropicProvider("k", base_url=server.url, retry=None)
+            if wire == "anthropic"
+            else OpenAIProvider("k", base_url=server.url + "/v1", retry=None)
+        )
+        async with threat_model_session(document=document, provider=provider, model="fixture-model-1") as session:
+            for text in ("one", "two", "three"):
+                assert (await session.send(text)).outcome is Outcome.COMPLETED
+            client = provider._http.held_client
+            assert client is not None and not client.is_closed
+        assert provider._http.held_client is None and client.is_closed
+        assert (len(server.requests), server.connections) == (3, 1)

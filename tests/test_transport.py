@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from trioloop.protocol import (
     ChatRequest,
+    HoldsConnections,
     Message,
     MessageStart,
     MessageStop,
@@ -616,6 +617,23 @@ async def test_an_open_provider_holds_one_connection_for_all_its_requests(
         for _ in range(2):  # closed again: each request has its own client and connection
             assert isinstance((await collect(chat))[-1], MessageStop)
         assert (len(server.requests), server.connections) == (5, 3)
+
+
+@pytest.mark.parametrize("wire", WIRES)
+async def test_nested_holds_share_one_client_that_closes_at_the_outermost_exit(
+    wire: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    answer = LoopbackResponse(body=fixture(wire, "text_answer"))
+    async with open_loopback_server(replay([answer] * 3), keep_alive=True) as server:
+        chat = provider(wire, server.url)
+        assert isinstance(chat, HoldsConnections) and chat.hold_connections() is chat
         async with chat:
-            with pytest.raises(RuntimeError):
-                await chat.__aenter__()
+            client = chat._http.held_client
+            assert isinstance((await collect(chat))[-1], MessageStop)
+            async with chat.hold_connections():  # a Session's hold inside the app's block
+                assert chat._http.held_client is client
+                assert isinstance((await collect(chat))[-1], MessageStop)
+            assert chat._http.held_client is client and client is not None and not client.is_closed
+            assert isinstance((await collect(chat))[-1], MessageStop)
+        assert chat._http.held_client is None and client.is_closed
+        assert (len(server.requests), server.connections) == (3, 1)

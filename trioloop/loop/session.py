@@ -18,6 +18,7 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
@@ -39,7 +40,7 @@ from trioloop.loop.session_file import (
 from trioloop.loop.tool_runtime import RegisteredTool, ToolRegistry, create_tool_registry
 from trioloop.loop.transaction import UndoAvailability, UndoEntry, UndoHistory, turn_undo_availability, undo_turn
 from trioloop.protocol.messages import Message, assert_tool_pairing
-from trioloop.protocol.provider import ChatProvider
+from trioloop.protocol.provider import ChatProvider, HoldsConnections
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
 
 __all__ = ["Session", "SessionBusy", "SessionClosed", "Toolset", "TranscriptError", "default_system_prompt"]
@@ -112,6 +113,7 @@ class Session(Generic[D]):
             raise TranscriptError(f"The history is not pairable: {problems[0].kind.value} for {problems[0].call_id!r}.")
         self._nursery = nursery
         self._nursery_manager: Any = None  # trio's nursery manager while ``async with`` is open
+        self._held: AbstractAsyncContextManager[object] | None = None  # the provider's connections, held
         self._controls: TurnControls | None = None
         self._state: TurnState | None = None
         self._last_turn_id: str | None = None  # the turn `undo_last_turn` undoes
@@ -121,18 +123,29 @@ class Session(Generic[D]):
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def __aenter__(self) -> Session[D]:
+        """Open the session's nursery and, when the provider offers it (``HoldsConnections``), hold its
+        connections open until the block ends: every turn then shares one keep-alive connection."""
         if self._nursery is not None:
             raise RuntimeError("This session already has a nursery; enter it only once.")
+        held = self.provider.hold_connections() if isinstance(self.provider, HoldsConnections) else None
+        if held is not None:
+            await held.__aenter__()
         manager = trio.open_nursery()
-        self._nursery = await manager.__aenter__()
+        try:
+            self._nursery = await manager.__aenter__()
+        except BaseException:
+            if held is not None:
+                await held.__aexit__(None, None, None)
+            raise
         self._nursery_manager = manager
+        self._held = held
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
-        manager, nursery = self._nursery_manager, self._nursery
-        self._nursery_manager = None
+        manager, nursery, held = self._nursery_manager, self._nursery, self._held
+        self._nursery_manager = self._held = None
         if self._controls is not None:
             self._controls.stop()
         if nursery is not None:
@@ -141,6 +154,8 @@ class Session(Generic[D]):
             return bool(await manager.__aexit__(exc_type, exc, tb))
         finally:
             self._nursery = None
+            if held is not None:
+                await held.__aexit__(None, None, None)
 
     @property
     def nursery(self) -> trio.Nursery:

@@ -32,7 +32,7 @@ from trioloop.protocol.messages import (
     assert_tool_pairing,
     flatten_text,
 )
-from trioloop.protocol.provider import ChatProvider
+from trioloop.protocol.provider import ChatProvider, HoldsConnections
 from trioloop.protocol.serialization import (
     SerializationError,
     event_from_json,
@@ -49,6 +49,7 @@ __all__ = [
     "ChatProvider",
     "ChatRequest",
     "ContentBlock",
+    "HoldsConnections",
     "JsonValue",
     "Message",
     "MessageStart",

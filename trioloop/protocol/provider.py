@@ -7,14 +7,15 @@ and an app can bring its own provider without importing any of the shipped ones.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol, runtime_checkable
 
 import trio
 
 from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
 
-__all__ = ["BatchSendChannel", "ChatProvider", "send_events"]
+__all__ = ["BatchSendChannel", "ChatProvider", "HoldsConnections", "send_events"]
 
 
 class ChatProvider(Protocol):
@@ -33,6 +34,19 @@ class ChatProvider(Protocol):
         *,
         cancel_scope: trio.CancelScope | None = None,
     ) -> None: ...
+
+
+@runtime_checkable
+class HoldsConnections(Protocol):
+    """A provider that keeps its connections open across requests while it is held.
+
+    ``hold_connections()`` is an async context manager and re-entrant: holds nest, and the connections
+    close when the outermost one ends. A `Session` holds its provider from ``async with session:`` to the
+    end of the block, so every turn of the session shares one keep-alive connection (no new TCP connect
+    or TLS handshake per iteration) even when the app never opened the provider itself.
+    """
+
+    def hold_connections(self) -> AbstractAsyncContextManager[object]: ...
 
 
 class BatchSendChannel(Protocol):

@@ -528,6 +528,7 @@ class HttpChatProvider:
             max_response_bytes=max_response_bytes,
         )
         self._http = http
+        self._holds = 0  # nested `async with` blocks holding ``held_client`` open
         self._transport: Transport = http if retry is None else RetryingTransport(http, retry, on_retry)
 
     def __repr__(self) -> str:
@@ -535,18 +536,27 @@ class HttpChatProvider:
 
     async def __aenter__(self) -> Self:
         """Without an app-supplied client, hold one for the block: its keep-alive connection serves every
-        request (no connect or TLS handshake per iteration). Outside a block, each request has its own."""
-        if self._http.held_client is not None:
-            raise RuntimeError(f"{type(self).__name__} is already open")
-        if self._http._client is None:
+        request (no connect or TLS handshake per iteration). Outside a block, each request has its own.
+
+        Re-entrant: blocks nest (the app's and a `Session`'s, say) and share one client, which closes
+        when the outermost block ends."""
+        self._holds += 1
+        if self._holds == 1 and self._http._client is None:
             self._http.held_client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        self._holds -= 1
+        if self._holds:
+            return
         client, self._http.held_client = self._http.held_client, None
         if client is not None:
             with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
                 await client.aclose()
+
+    def hold_connections(self) -> Self:
+        """The provider itself, as a re-entrant hold (see ``HoldsConnections``)."""
+        return self
 
     async def stream(
         self,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from typing import Any
 
+import jsonschema
 import mcp_types
 import pytest
 import trio
@@ -19,7 +21,7 @@ from trioloop.loop.tool_runtime import (
     ToolExecutionContext,
     ToolOutcome,
 )
-from trioloop.loop.untrusted_text import END_MARKER, START_MARKER
+from trioloop.loop.untrusted_text import END_MARKER, START_MARKER, sanitize_scalar
 from trioloop.mcp.results import mcp_result_outcome
 from trioloop.mcp.servers import ToolClass
 from trioloop.mcp.tools import TOOL_NAME_PATTERN, UnusableTool, build_mcp_tool, namespaced_name
@@ -212,3 +214,99 @@ def test_a_long_input_says_how_much_the_card_does_not_show() -> None:
     prepared = build_mcp_tool("srv", mcp_tool(), "destructive", never_called).prepare({"path": "p" * 1000})
     assert isinstance(prepared, PreparedCall)
     assert "… [412 more characters not shown]" in prepared.summary  # 1011 characters of JSON, 599 shown
+
+
+# -- the server's patterns, matched in bounded time ---------------------------------------------------
+
+#: Exponential backtracking in the ``regex`` engine (``^(x+x+)+y$`` is its counterpart for ``re``, where
+#: ``re.search`` takes minutes on 30 characters; ``regex`` answers that one at once).
+SLOW_IN_REGEX = r"^(a|a)*$"
+SLOW_INPUT = "a" * 40 + "!"
+SLOW_IN_RE = r"^(x+x+)+y$"
+
+
+def _refused_in_time(tool: Any, raw: dict[str, Any]) -> PrepareFailure:
+    started = time.monotonic()
+    refused = tool.prepare(raw)
+    # A hang guard, not a timing claim: unbounded, this call would not return for minutes.
+    assert time.monotonic() - started < 5.0
+    assert isinstance(refused, PrepareFailure)
+    return refused
+
+
+@pytest.mark.parametrize(
+    ("schema", "raw"),
+    [
+        ({"type": "object", "properties": {"q": {"type": "string", "pattern": SLOW_IN_REGEX}}}, {"q": SLOW_INPUT}),
+        ({"type": "object", "patternProperties": {SLOW_IN_REGEX: {"type": "string"}}}, {SLOW_INPUT: "v"}),
+        (
+            {"type": "object", "patternProperties": {SLOW_IN_REGEX: {}}, "additionalProperties": False},
+            {SLOW_INPUT: "v"},
+        ),
+        ({"type": "object", "propertyNames": {"pattern": SLOW_IN_REGEX}}, {SLOW_INPUT: "v"}),
+        (
+            {"type": "object", "properties": {"l": {"type": "array", "items": {"pattern": SLOW_IN_REGEX}}}},
+            {"l": [SLOW_INPUT] * 50},
+        ),
+    ],
+    ids=["pattern", "patternProperties", "additionalProperties", "propertyNames", "many-items"],
+)
+def test_a_hostile_pattern_cannot_stall_prepare_and_the_input_is_refused(schema: dict[str, Any], raw: Any) -> None:
+    """Every keyword that matches a pattern shares one budget per input; past it the input is refused."""
+    tool = build_mcp_tool("srv", mcp_tool(schema=schema), "destructive", never_called)
+    refused = _refused_in_time(tool, raw)
+    assert refused.issues == (
+        "$: the input could not be checked against the server's schema: its patterns took too long to check",
+    )
+
+
+def test_a_pattern_that_backtracks_without_end_in_re_is_answered_at_once() -> None:
+    schema = {"type": "object", "properties": {"q": {"type": "string", "pattern": SLOW_IN_RE}}}
+    tool = build_mcp_tool("srv", mcp_tool(schema=schema), "destructive", never_called)
+    refused = _refused_in_time(tool, {"q": "x" * 40})
+    assert refused.issues == (f"$.q: {'x' * 40!r} does not match {SLOW_IN_RE!r}",)
+    assert isinstance(tool.prepare({"q": "xxy"}), PreparedCall)
+
+
+def test_a_schema_whose_patterns_jsonschema_would_match_unbounded_is_refused() -> None:
+    schema = {
+        "type": "object",
+        "allOf": [{"patternProperties": {"^a": {"type": "string"}}}],
+        "unevaluatedProperties": False,
+    }
+    with pytest.raises(UnusableTool, match="unevaluatedProperties"):
+        build_mcp_tool("srv", mcp_tool(schema=schema), "destructive", never_called)
+
+
+PATTERN_SCHEMAS: list[dict[str, Any]] = [
+    {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]+$"}}},
+    {"type": "object", "patternProperties": {"^x_": {"type": "integer"}}, "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {"name": {"type": "string"}},
+        "patternProperties": {"^n[0-9]$": {"type": "string", "pattern": "b"}},
+        "additionalProperties": {"type": "boolean"},
+    },
+    {"type": "object", "properties": {"name": {"type": "string"}}, "additionalProperties": False},
+    {"type": "object", "patternProperties": {"^x_": {}, "^n": {"type": "string"}}, "additionalProperties": False},
+    {"type": "object", "propertyNames": {"pattern": "^[a-z_]+$"}},
+]
+_keys = st.sampled_from(["code", "name", "x_1", "x_", "n1", "n22", "Other", "x y", ""])
+_values = st.one_of(
+    st.integers(), st.booleans(), st.sampled_from(["AB-12", "ab-12", "AB-", "b", "abc", ""]), st.text(max_size=6)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(schema=st.sampled_from(PATTERN_SCHEMAS), raw=st.dictionaries(_keys, _values, max_size=4))
+def test_bounded_matching_agrees_with_jsonschema_on_benign_patterns(
+    schema: dict[str, Any], raw: dict[str, Any]
+) -> None:
+    """For every input, the bounded validator gives exactly jsonschema's own verdict and messages."""
+    stock = jsonschema.Draft202012Validator(schema)
+    expected = sorted(
+        f"{error.json_path}: {sanitize_scalar(error.message, 200)[0]}" for error in stock.iter_errors(raw)
+    )[:10]
+    prepared = build_mcp_tool("srv", mcp_tool(schema=schema), "destructive", never_called).prepare(raw)
+    found = sorted(prepared.issues) if isinstance(prepared, PrepareFailure) else []
+    assert found == expected

@@ -26,6 +26,7 @@ from trioloop.loop.tool_runtime import (
     ToolOutcome,
 )
 from trioloop.loop.untrusted_text import TRUNCATION_MARK, is_stripped_code_point, sanitize_scalar
+from trioloop.mcp._patterns import PatternTimeout, bounded_validator_class, pattern_budget, uses_unbounded_regex
 from trioloop.mcp.servers import ToolClass
 
 __all__ = [
@@ -92,12 +93,20 @@ def _validator(schema: dict[str, Any]) -> Validator:
         cls.check_schema(schema)
     except SchemaError as exc:
         raise UnusableTool(f"its input schema is invalid ({sanitize_scalar(exc.message, _ISSUE_MAX)[0]})") from None
-    validator: Validator = cls(schema)
+    if uses_unbounded_regex(schema):
+        raise UnusableTool("its input schema combines patternProperties with unevaluatedProperties")
+    validator: Validator = bounded_validator_class(cls)(schema)
     return validator
 
 
 def _issues(validator: Validator, raw: dict[str, Any]) -> tuple[str, ...]:
-    found = sorted(itertools.islice(validator.iter_errors(raw), _MAX_ISSUES), key=lambda e: e.json_path)
+    """The input's schema violations (at most ``_MAX_ISSUES``), its patterns matched within one budget:
+    an input whose patterns cannot be checked in time is refused, never passed unchecked."""
+    try:
+        with pattern_budget():
+            found = sorted(itertools.islice(validator.iter_errors(raw), _MAX_ISSUES), key=lambda e: e.json_path)
+    except PatternTimeout as exc:
+        return (f"$: the input could not be checked against the server's schema: {exc}",)
     return tuple(f"{error.json_path}: {sanitize_scalar(error.message, _ISSUE_MAX)[0]}" for error in found)
 
 

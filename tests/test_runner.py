@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -448,8 +449,9 @@ class _SlowTeardownProvider:
     """Sends the start of an answer, then stalls; on cancellation it takes ``teardown_s`` (shielded) to unwind,
     as an HTTP response that must be closed does. Notes when the teardown ended."""
 
-    def __init__(self, teardown_s: float) -> None:
+    def __init__(self, teardown_s: float, stall_s: float = math.inf) -> None:
         self.teardown_s = teardown_s
+        self.stall_s = stall_s
         self.teardown_ended: float | None = None
 
     async def stream(self, request: Any, send: Any, *, cancel_scope: Any = None) -> None:
@@ -458,7 +460,7 @@ class _SlowTeardownProvider:
         await send.send(MessageStart(model="scripted-1"))
         await send.send(TextDelta(text="partial"))
         try:
-            await trio.sleep_forever()
+            await trio.sleep(self.stall_s)
         finally:
             with trio.CancelScope(shield=True):
                 await trio.sleep(self.teardown_s)
@@ -497,3 +499,28 @@ async def test_settled_is_published_before_the_request_unwinds_and_run_turn_wait
     assert returned >= provider.teardown_ended
     assert [flatten_text(m) for m in final.messages if m.role == "assistant"] == ["partial"]
     assert not controls.approve("anything") and not controls.stop()  # settled: the controls do nothing
+
+
+async def test_a_failing_observer_still_ends_the_shielded_request(
+    document: ThreatModel, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The request task is shielded from the turn's scope (it is cancelled after the turn settles), so
+    every way out of the consumer must cancel it: here an observer's bug ends the turn mid-stream."""
+    provider = _SlowTeardownProvider(teardown_s=1.0, stall_s=3600.0)
+    raised: list[str] = []
+
+    def observe(state: TurnState) -> None:
+        if state.streaming_text and not raised:
+            raised.append(state.streaming_text)
+            raise RuntimeError("observer bug")
+
+    start = trio.current_time()
+    with pytest.RaisesGroup(pytest.RaisesExc(RuntimeError, match="observer bug"), flatten_subgroups=True):
+        await run_turn(
+            request("go", create_ai_tool_registry()),
+            Workspace(document=document, kind=THREAT_MODEL),
+            provider,  # type: ignore[arg-type]
+            on_state=observe,
+        )
+    # cancelled at once, then its 1 s teardown; left running, it would have stalled for an hour first
+    assert raised == ["partial"] and provider.teardown_ended == pytest.approx(start + 1.0, abs=1e-6)

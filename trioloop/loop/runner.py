@@ -278,6 +278,7 @@ class _Turn(Generic[D]):
         self.deadline = self.started_at + request.limits.turn_deadline_ms / 1000
         self.review_paused_s = 0.0  # time spent waiting for the reviewer: the turn deadline does not run then
         self.review_since: float | None = None
+        self.request_scopes: set[trio.CancelScope] = set()  # one per request task still running
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -341,6 +342,7 @@ class _Turn(Generic[D]):
                 # workspace, so the settled state need not wait for it. run_turn still returns only
                 # after every task has ended.
                 await self.settle()
+                self.cancel_requests()
                 raise
             self.handle(item, nursery)
 
@@ -428,26 +430,39 @@ class _Turn(Generic[D]):
             tools=self.request.registry.definitions(),
             max_tokens=self.request.max_output_tokens,
         )
-        nursery.start_soon(self.request_task, self.attempt, request, backoff_s)
+        # Shielded from the turn's scope: on Stop or the deadline the consumer settles first and then
+        # cancels the request (``cancel_requests``), so the settled state never waits behind a response
+        # being torn down. Every exit of the consumer cancels it, so it never outlives the turn.
+        scope = trio.CancelScope(shield=True)
+        self.request_scopes.add(scope)
+        nursery.start_soon(self.request_task, self.attempt, request, backoff_s, scope)
 
-    async def request_task(self, attempt: int, request: ChatRequest, backoff_s: float) -> None:
+    def cancel_requests(self) -> None:
+        for scope in self.request_scopes:
+            scope.cancel()
+
+    async def request_task(self, attempt: int, request: ChatRequest, backoff_s: float, scope: trio.CancelScope) -> None:
         inbox = self.controls._send
         sink = _SendToInbox(inbox, attempt)
-        if backoff_s > 0:
-            await trio.sleep(backoff_s)
         try:
-            await self.provider.stream(request, sink)
-        except trio.Cancelled:
-            raise
-        except Exception as exc:  # a provider bug must end the turn as a typed failure, not a crash
-            await sink.send(
-                StreamError(
-                    code="transport",
-                    message="The AI request could not be completed.",
-                    provider_detail=type(exc).__name__,
-                )
-            )
-        inbox.send_nowait(_RequestEnded(attempt, sink.terminal_sent))
+            with scope:
+                if backoff_s > 0:
+                    await trio.sleep(backoff_s)
+                try:
+                    await self.provider.stream(request, sink)
+                except trio.Cancelled:
+                    raise
+                except Exception as exc:  # a provider bug must end the turn as a typed failure, not a crash
+                    await sink.send(
+                        StreamError(
+                            code="transport",
+                            message="The AI request could not be completed.",
+                            provider_detail=type(exc).__name__,
+                        )
+                    )
+                inbox.send_nowait(_RequestEnded(attempt, sink.terminal_sent))
+        finally:
+            self.request_scopes.discard(scope)
 
     def start_approved_calls(self, nursery: trio.Nursery) -> None:
         # Reads run concurrently; mutations run one at a time, each from the document as the previous
@@ -654,8 +669,12 @@ async def _drive(
             if controls.stop_requested:
                 turn_scope.cancel()
             async with trio.open_nursery() as nursery:
-                await turn.consume(nursery)
-                # Settled: nothing still running is wanted. Cancelled tools unwind; their values are dropped.
+                try:
+                    await turn.consume(nursery)
+                finally:
+                    # Settled (or failing): nothing still running is wanted. The request tasks are shielded
+                    # from the turn's scope, so they are cancelled here, on every way out.
+                    turn.cancel_requests()
                 nursery.cancel_scope.cancel()
     finally:
         # Runs on Stop, on the deadline, and even when a scope outside the turn cancels us: the turn

@@ -13,13 +13,16 @@ the ratio to it is the runner's own share. Deadline case: a turn with
 ``turn_deadline_ms=50`` whose stream stalls, once over the loopback ``ScriptedProvider``
 (``stall_after_bytes=200``) and once from an in-process provider that goes silent after its first events
 (the runner alone, no HTTP teardown); the overshoot is the settled time minus (start + 50 ms), beside a
-bare ``CancelScope(deadline=...)`` around ``sleep_forever``. All times are the real clock.
+bare ``CancelScope(deadline=...)`` around ``sleep_forever`` parked at once (the target's floor), and
+once more parked at a random phase within Trio's 1 ms timer granularity (what Trio gives a deadline set at
+an arbitrary moment; see ``_bare_overshoot``). All times are the real clock.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import random
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -284,16 +287,27 @@ async def _overshoot(provider: ChatProvider, document: ThreatModel) -> float:
     return clock.at - (start + DEADLINE_MS / 1000)
 
 
-async def _bare_overshoot() -> float:
+async def _bare_overshoot(*, late_park_s: float = 0.0) -> float:
+    """A bare ``CancelScope`` deadline around ``sleep_forever``, parked ``late_park_s`` after it was set.
+
+    Trio's epoll wait takes whole milliseconds, rounded up, so a deadline overshoots by what separates the
+    time left at the park from the next millisecond. Parked at once (the default), that is about nothing;
+    a turn parks some hundred microseconds after its deadline is set (it starts the request first). With
+    ``late_park_s`` drawn from [0, 1 ms) the floor is what Trio gives a deadline at an arbitrary phase.
+    """
     start = trio.current_time()
     with trio.CancelScope(deadline=start + DEADLINE_MS / 1000):
+        busy_until = time.perf_counter() + late_park_s
+        while time.perf_counter() < busy_until:  # no checkpoint: the park itself is what is delayed
+            pass
         await trio.sleep_forever()
     return trio.current_time() - (start + DEADLINE_MS / 1000)
 
 
 async def deadline_case(repeat: int, document: ThreatModel) -> dict[str, list[float]]:
     """Interleaved: loopback HTTP stall, in-process stall, bare Trio deadline; the first three are warm-up."""
-    found: dict[str, list[float]] = {"loopback": [], "in_process": [], "bare": []}
+    found: dict[str, list[float]] = {"loopback": [], "in_process": [], "bare": [], "bare_any_phase": []}
+    phases = random.Random(16)
     stalled = _StallingProvider()
     steps = [ScriptStep(text=STALLED_TEXT, stall_after_bytes=200)]
     async with ScriptedProvider(steps * (repeat + 3)) as provider:
@@ -302,6 +316,7 @@ async def deadline_case(repeat: int, document: ThreatModel) -> dict[str, list[fl
                 await _overshoot(provider, document),
                 await _overshoot(stalled, document),
                 await _bare_overshoot(),
+                await _bare_overshoot(late_park_s=phases.uniform(0.0, 0.001)),
             )
             if i >= 3:
                 for key, value in zip(found, figures, strict=True):
@@ -387,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     found_deadline = trio.run(deadline_case, args.deadline_repeat, document)
     floor = summarize(found_deadline["bare"])
+    any_phase = summarize(found_deadline["bare_any_phase"])
     for key, label in (("loopback", "loopback HTTP"), ("in_process", "in-process")):
         ours = summarize(found_deadline[key])
         ratio = ours["median"] / floor["median"]
@@ -397,11 +413,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 turn_deadline_ms=DEADLINE_MS,
                 overshoot_us=ours,
                 bare_trio_deadline_overshoot_us=floor,
+                p99_over_bare_p99_us=round(ours["p99"] - floor["p99"], 1),
+                bare_trio_any_phase_overshoot_us=any_phase,
+                p99_over_any_phase_p99_us=round(ours["p99"] - any_phase["p99"], 1),
                 ratio_median=round(ratio, 2),
             )
         )
         row = (f"deadline 50 ms overshoot, {label} stall", ours["median"], ours["p99"], floor["median"], floor["p99"])
         rows.append((*row, f"{ratio:.2f}x", "", "", "", "", "", ""))
+    row = ("deadline 50 ms, bare Trio parked at any phase", any_phase["median"], any_phase["p99"])
+    rows.append((*row, floor["median"], floor["p99"], f"{any_phase['median'] / floor['median']:.2f}x", *[""] * 6))
     print()
     headers = ("case (us)", "median", "p99", "floor med", "floor p99", "ratio", "cpu med", "floor cpu", "cpu ratio")
     print_table((*headers, "reducer cpu", "<= 3x", "vs same-work floor"), rows)

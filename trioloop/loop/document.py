@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import difflib
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar, final
+from typing import Any, Generic, Protocol, TypeVar, final, runtime_checkable
 
 import attrs
 
@@ -53,6 +53,7 @@ class DocumentKind(Protocol[D]):
         ...
 
 
+@runtime_checkable
 class TextDocumentKind(DocumentKind[D], Protocol[D]):
     """A `DocumentKind` whose documents have a text form, so sessions on them can be saved and resumed."""
 

@@ -310,10 +310,9 @@ class Session(Generic[D]):
         if self._controls is not None:
             raise SessionBusy("A session cannot be saved while a turn is running; save it once the turn settles.")
         kind = self.kind
-        if not hasattr(kind, "dump") or not hasattr(kind, "load"):
+        if not isinstance(kind, TextDocumentKind):
             raise TypeError(f"the {kind.name} kind has no text form (dump/load), so this session cannot be saved")
-        text_kind: TextDocumentKind[D] = kind  # type: ignore[assignment]  # checked just above
-        write_atomic(path, encode_session(self.snapshot(), dump_document=text_kind.dump))
+        write_atomic(path, encode_session(self.snapshot(), dump_document=kind.dump))
 
     @classmethod
     def resume(

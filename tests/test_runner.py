@@ -524,3 +524,28 @@ async def test_a_failing_observer_still_ends_the_shielded_request(
         )
     # cancelled at once, then its 1 s teardown; left running, it would have stalled for an hour first
     assert raised == ["partial"] and provider.teardown_ended == pytest.approx(start + 1.0, abs=1e-6)
+
+
+async def test_the_provider_sees_the_turns_deadline_and_is_cancelled_after_the_settle(
+    document: ThreatModel, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Shielded from the turn's scope, the request still carries the turn's deadline (plus a small
+    backstop grace) as its own, so a provider that reads ``current_effective_deadline`` sees it."""
+    seen: list[float] = []
+    provider = _SlowTeardownProvider(teardown_s=0.0)
+    stream = provider.stream
+
+    async def recording(request: Any, send: Any, *, cancel_scope: Any = None) -> None:
+        seen.append(trio.current_effective_deadline())
+        await stream(request, send, cancel_scope=cancel_scope)
+
+    provider.stream = recording  # type: ignore[method-assign]
+    start = trio.current_time()
+    final = await run_turn(
+        request("go", create_ai_tool_registry(), turn_deadline_ms=2_000),
+        Workspace(document=document, kind=THREAT_MODEL),
+        provider,  # type: ignore[arg-type]
+    )
+    assert final.outcome is Outcome.BOUNDED
+    assert seen == [pytest.approx(start + 2.0 + 0.25, abs=1e-6)]
+    assert provider.teardown_ended == pytest.approx(start + 2.0, abs=1e-6)  # cancelled by the consumer, not later

@@ -61,6 +61,10 @@ NOT_AN_OUTCOME = "The tool returned something that is not a tool outcome."
 #: Turn-level retry backoff: 0.5 s doubling, capped at 10 s (the transport has its own, earlier retries).
 _RETRY_BASE_S = 0.5
 _RETRY_CAP_S = 10.0
+#: A request task is shielded from the turn's scope and cancelled by the consumer once the turn settles;
+#: its own deadline, this much after the turn's, is the backstop (and what the provider sees as the
+#: effective deadline).
+_REQUEST_DEADLINE_GRACE_S = 0.25
 
 StateObserver: TypeAlias = Callable[[TurnState], None]
 
@@ -432,8 +436,8 @@ class _Turn(Generic[D]):
         )
         # Shielded from the turn's scope: on Stop or the deadline the consumer settles first and then
         # cancels the request (``cancel_requests``), so the settled state never waits behind a response
-        # being torn down. Every exit of the consumer cancels it, so it never outlives the turn.
-        scope = trio.CancelScope(shield=True)
+        # being torn down. Every exit of the consumer cancels it; its own deadline is the backstop.
+        scope = trio.CancelScope(shield=True, deadline=self.deadline + _REQUEST_DEADLINE_GRACE_S)
         self.request_scopes.add(scope)
         nursery.start_soon(self.request_task, self.attempt, request, backoff_s, scope)
 

@@ -341,12 +341,11 @@ class _Turn(Generic[D]):
             try:
                 item = await receive.receive()
             except trio.Cancelled:
-                # Stop, the deadline or a scope outside: settle now, before the nursery waits for the
-                # request task to unwind (an HTTP response being closed): nothing it does can reach the
-                # workspace, so the settled state need not wait for it. run_turn still returns only
-                # after every task has ended.
+                # Stop, the deadline or a scope outside: settle now, before the request task is
+                # cancelled (``_drive`` does that next) and unwinds (an HTTP response being closed):
+                # nothing it does can reach the workspace, so the settled state need not wait for it.
+                # run_turn still returns only after every task has ended.
                 await self.settle()
-                self.cancel_requests()
                 raise
             self.handle(item, nursery)
 

@@ -47,6 +47,7 @@ from trioloop.loop._machine_state import (
 )
 from trioloop.loop._machine_tables import CALL_STATUS_EDGES, INITIAL_CALL_STATUSES, PHASE_TRANSITIONS
 from trioloop.loop._machine_text import (
+    DENY_REASON_MAX,
     INTERRUPTED_TEXT,
     LIMIT_NOTICE,
     LIMIT_TEXT,
@@ -87,6 +88,7 @@ from trioloop.protocol.messages import Message, ToolCallBlock, ToolResultBlock
 
 __all__ = [
     "CALL_STATUS_EDGES",
+    "DENY_REASON_MAX",
     "INITIAL_CALL_STATUSES",
     "PHASE_TRANSITIONS",
     "Advance",

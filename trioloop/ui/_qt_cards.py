@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QPushButton,
     QSizePolicy,
     QToolButton,
@@ -23,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from trioloop.loop.machine import CallRecord, CallStatus, DenialReason
+from trioloop.loop.machine import DENY_REASON_MAX, CallRecord, CallStatus, DenialReason
 
 __all__ = ["CallCard", "call_status_text", "plain_label"]
 
@@ -78,10 +79,11 @@ def _result_preview(call: CallRecord) -> str:
 
 @final
 class CallCard(QFrame):
-    """The review card of one tool call. ``approve_clicked`` / ``deny_clicked`` carry the call id."""
+    """The review card of one tool call. ``approve_clicked`` carries the call id; ``deny_clicked`` the
+    call id and the reason typed on the card ("" for none), which the model receives as the user's words."""
 
     approve_clicked = Signal(str)
-    deny_clicked = Signal(str)
+    deny_clicked = Signal(str, str)
 
     def __init__(self, call: CallRecord, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -104,13 +106,18 @@ class CallCard(QFrame):
         self.approve_button.setObjectName("approveButton")
         self.deny_button = QPushButton("Deny")
         self.deny_button.setObjectName("denyButton")
+        self.reason_edit = QLineEdit()
+        self.reason_edit.setObjectName("denyReason")
+        self.reason_edit.setPlaceholderText("Reason to deny (optional; the model is told)")
+        self.reason_edit.setMaxLength(DENY_REASON_MAX)
+        self.reason_edit.returnPressed.connect(self.deny_button.click)  # type a reason, Enter denies
         self.approve_button.clicked.connect(self._on_approve)
         self.deny_button.clicked.connect(self._on_deny)
-        for button in (self.approve_button, self.deny_button):
+        for control in self._review_controls:
             # A decided card keeps the buttons' room, so nothing moves under the pointer after a click.
-            policy = button.sizePolicy()
+            policy = control.sizePolicy()
             policy.setRetainSizeWhenHidden(True)
-            button.setSizePolicy(policy)
+            control.setSizePolicy(policy)
         self.details_button = QToolButton()
         self.details_button.setObjectName("detailsButton")
         self.details_button.setText("Details")
@@ -131,6 +138,7 @@ class CallCard(QFrame):
         buttons = QHBoxLayout()
         buttons.addWidget(self.details_button)
         buttons.addStretch(1)
+        buttons.addWidget(self.reason_edit, 2)
         buttons.addWidget(self.deny_button)
         buttons.addWidget(self.approve_button)
         body = QVBoxLayout(self)
@@ -167,10 +175,9 @@ class CallCard(QFrame):
         self.result_label.setText(preview)
         self.result_label.setVisible(bool(preview) and preview != call.summary)
         pending = call.status is CallStatus.PENDING
-        self.approve_button.setVisible(pending)
-        self.deny_button.setVisible(pending)
-        self.approve_button.setEnabled(reviewable and pending)
-        self.deny_button.setEnabled(reviewable and pending)
+        for control in self._review_controls:
+            control.setVisible(pending)
+            control.setEnabled(reviewable and pending)
         for widget in (self, self.status_label):
             widget.style().unpolish(widget)
             widget.style().polish(widget)
@@ -210,12 +217,18 @@ class CallCard(QFrame):
         self.details_label.setText("\n".join(lines))
         self.details_button.setEnabled(bool(lines))
 
+    @property
+    def _review_controls(self) -> tuple[QWidget, ...]:
+        return (self.approve_button, self.deny_button, self.reason_edit)
+
+    def _decided(self) -> None:
+        for control in self._review_controls:
+            control.setEnabled(False)
+
     def _on_approve(self) -> None:
-        self.approve_button.setEnabled(False)
-        self.deny_button.setEnabled(False)
+        self._decided()
         self.approve_clicked.emit(self.call_id)
 
     def _on_deny(self) -> None:
-        self.approve_button.setEnabled(False)
-        self.deny_button.setEnabled(False)
-        self.deny_clicked.emit(self.call_id)
+        self._decided()
+        self.deny_clicked.emit(self.call_id, self.reason_edit.text())

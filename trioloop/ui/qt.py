@@ -405,8 +405,8 @@ class ReviewPanel(QWidget):
     def _on_approve(self, call_id: str) -> None:
         self._post(lambda: self._session.approve(call_id))
 
-    def _on_deny(self, call_id: str) -> None:
-        self._post(lambda: self._session.deny(call_id))
+    def _on_deny(self, call_id: str, reason: str = "") -> None:
+        self._post(lambda: self._session.deny(call_id, reason))
 
     def _decide_current(self, *, approve: bool) -> None:
         card = self.current_card

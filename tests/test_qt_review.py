@@ -40,6 +40,7 @@ from trioloop.loop.tool_runtime import (
     define_executable_tool,
     tool_field,
 )
+from trioloop.protocol.messages import ToolResultBlock
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
@@ -732,3 +733,59 @@ def test_a_reason_typed_on_the_card_reaches_the_model_with_the_denial(app: QAppl
         assert "reason" not in plain
         assert panel.session.document == document
         assert not rename.reason_edit.isVisibleTo(rename)
+
+
+def test_an_input_edited_on_the_card_is_what_runs_and_the_model_is_told(
+    app: QApplication, document: ThreatModel
+) -> None:
+    steps = [
+        ScriptStep(tool_calls=(call("c1", "rename_model", title="Payments \u202ev2"),)),
+        ScriptStep(text="Renamed as you edited."),
+    ]
+    with review_panel(app, steps, document, registry=metadata_tools()) as run:
+        panel = run.panel
+        run.send("Rename it")
+        run.until_phase(Phase.AWAITING_APPROVAL)
+        card = panel.cards["c1"]
+        assert not card.input_editor.isVisibleTo(card)
+        click(card.edit_button)
+        assert card.input_editor.isVisibleTo(card)
+        shown = card.input_editor.toPlainText()
+        assert "\u202e" not in shown and "\\u202e" in shown  # nothing invisible hides in the editor
+
+        card.input_editor.setPlainText('{"title": "Payments v2", ')  # not JSON: nothing is approved
+        click(card.approve_button)
+        assert card.edit_error.isVisibleTo(card) and "not valid JSON" in card.edit_error.text()
+        assert card.approve_button.isEnabled() and card.call.status is CallStatus.PENDING
+
+        card.input_editor.setPlainText('{"title": "Payments v3"}')
+        click(card.approve_button)
+        run.until_settled()
+        assert panel.session.document.metadata.title == "Payments v3"
+        assert card.call.status is CallStatus.SUCCEEDED
+        assert [path for path, _, _ in card.call.edits] == ["title"]
+        assert "You edited:" in card.details_text
+        state = panel.state
+        assert state is not None
+        told = [
+            block.content
+            for message in state.messages
+            for block in message.content
+            if isinstance(block, ToolResultBlock) and block.call_id == "c1"
+        ]
+        assert len(told) == 1 and "The user edited this call's input" in told[0]
+        assert not card.edit_button.isEnabled() and not card.edit_error.isVisibleTo(card)
+
+
+def test_an_editor_left_unchanged_approves_the_call_as_proposed(app: QApplication, document: ThreatModel) -> None:
+    steps = [ScriptStep(tool_calls=(call("c1", "rename_model", title="Payments v2"),)), ScriptStep(text="Done.")]
+    with review_panel(app, steps, document, registry=metadata_tools()) as run:
+        run.send("Rename it")
+        run.until_phase(Phase.AWAITING_APPROVAL)
+        card = run.panel.cards["c1"]
+        click(card.edit_button)
+        card.input_editor.setPlainText('{\n  "title":   "Payments v2"\n}')  # the same object, spaced otherwise
+        click(card.approve_button)
+        run.until_settled()
+        assert run.panel.session.document.metadata.title == "Payments v2"
+        assert card.call.edits == ()

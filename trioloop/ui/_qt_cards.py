@@ -2,14 +2,16 @@
 
 A card shows what the model asked for (tool name, the tool's own plain-text summary, a destructive
 badge), expands to the call's whole input and its dry-run preview, and shows what became of it. It
-decides nothing: its buttons only report clicks, and the panel turns them into session commands.
+decides nothing: its buttons only report clicks (with a reason to deny, or an edited input to approve),
+and the panel turns them into session commands.
 Every string that came from the model, a tool or the document is shown with ``Qt.PlainText``, so
 markup in it is displayed, never interpreted.
 """
 
 from __future__ import annotations
 
-from typing import Final, final
+import json
+from typing import Any, Final, final
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -17,6 +19,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QPlainTextEdit,
     QPushButton,
     QSizePolicy,
     QToolButton,
@@ -77,15 +80,25 @@ def _result_preview(call: CallRecord) -> str:
     return first
 
 
+def _input_text(raw_input: Any) -> str:
+    """The call's input as the editor shows it: indented JSON, every non-ASCII code point escaped, so
+    nothing invisible (a bidi control, a zero-width space) can hide in what the user approves."""
+    return json.dumps(raw_input, indent=2, ensure_ascii=True)
+
+
 @final
 class CallCard(QFrame):
-    """The review card of one tool call. ``approve_clicked`` carries the call id; ``deny_clicked`` the
-    call id and the reason typed on the card ("" for none), which the model receives as the user's words."""
+    """The review card of one tool call.
 
-    approve_clicked = Signal(str)
+    ``approve_clicked`` carries the call id and, when the user changed the input in the card's editor,
+    the edited input (a dict; None otherwise). ``deny_clicked`` carries the call id and the reason typed
+    on the card ("" for none), which the model receives as the user's words.
+    """
+
+    approve_clicked = Signal(str, object)
     deny_clicked = Signal(str, str)
 
-    def __init__(self, call: CallRecord, parent: QWidget | None = None) -> None:
+    def __init__(self, call: CallRecord, raw_input: Any = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("callCard")
         self.setFrameShape(QFrame.Shape.StyledPanel)
@@ -108,9 +121,22 @@ class CallCard(QFrame):
         self.deny_button.setObjectName("denyButton")
         self.reason_edit = QLineEdit()
         self.reason_edit.setObjectName("denyReason")
-        self.reason_edit.setPlaceholderText("Reason to deny (optional; the model is told)")
+        self.reason_edit.setPlaceholderText("Reason to deny (optional)")
+        self.reason_edit.setToolTip("Why you deny this call: the model is told, in your words")
         self.reason_edit.setMaxLength(DENY_REASON_MAX)
         self.reason_edit.returnPressed.connect(self.deny_button.click)  # type a reason, Enter denies
+        self._raw_input = raw_input
+        self.edit_button = QToolButton()
+        self.edit_button.setObjectName("editButton")
+        self.edit_button.setText("Edit input")
+        self.edit_button.setCheckable(True)
+        self.edit_button.setToolTip("Change the input before approving; the tool checks the edit, the model is told")
+        self.input_editor = QPlainTextEdit(_input_text(raw_input))
+        self.input_editor.setObjectName("inputEditor")
+        self.input_editor.setVisible(False)
+        self.edit_error = plain_label(object_name="editError", wrap=True)
+        self.edit_error.setVisible(False)
+        self.edit_button.toggled.connect(self.input_editor.setVisible)
         self.approve_button.clicked.connect(self._on_approve)
         self.deny_button.clicked.connect(self._on_deny)
         for control in self._review_controls:
@@ -137,6 +163,7 @@ class CallCard(QFrame):
         header.addWidget(self.status_label)
         buttons = QHBoxLayout()
         buttons.addWidget(self.details_button)
+        buttons.addWidget(self.edit_button)
         buttons.addStretch(1)
         buttons.addWidget(self.reason_edit, 2)
         buttons.addWidget(self.deny_button)
@@ -148,6 +175,8 @@ class CallCard(QFrame):
         body.addWidget(self.summary_label)
         body.addWidget(self.result_label)
         body.addWidget(self.details_label)
+        body.addWidget(self.input_editor)
+        body.addWidget(self.edit_error)
         body.addLayout(buttons)
 
         self.destructive_badge.setVisible(call.destructive)
@@ -178,6 +207,9 @@ class CallCard(QFrame):
         for control in self._review_controls:
             control.setVisible(pending)
             control.setEnabled(reviewable and pending)
+        if not pending:
+            self.edit_button.setChecked(False)
+            self.edit_error.setVisible(False)
         for widget in (self, self.status_label):
             widget.style().unpolish(widget)
             widget.style().polish(widget)
@@ -219,15 +251,35 @@ class CallCard(QFrame):
 
     @property
     def _review_controls(self) -> tuple[QWidget, ...]:
-        return (self.approve_button, self.deny_button, self.reason_edit)
+        return (self.approve_button, self.deny_button, self.reason_edit, self.edit_button)
+
+    def edited_input(self) -> dict[str, Any] | None:
+        """The input in the editor when the user changed it (None when unchanged or the editor is closed);
+        raises ValueError, with a message for the card, when it is not a JSON object."""
+        if not self.edit_button.isChecked():
+            return None
+        try:
+            edited = json.loads(self.input_editor.toPlainText())
+        except ValueError as exc:
+            raise ValueError(f"The edited input is not valid JSON ({exc.args[0]}).") from None
+        if not isinstance(edited, dict):
+            raise ValueError("The edited input must be a JSON object ({...}).")
+        return None if edited == self._raw_input else edited
 
     def _decided(self) -> None:
         for control in self._review_controls:
             control.setEnabled(False)
 
     def _on_approve(self) -> None:
+        try:
+            edited = self.edited_input()
+        except ValueError as exc:  # nothing is approved: the card stays open for a fix or a denial
+            self.edit_error.setText(str(exc))
+            self.edit_error.setVisible(True)
+            return
+        self.edit_error.setVisible(False)
         self._decided()
-        self.approve_clicked.emit(self.call_id)
+        self.approve_clicked.emit(self.call_id, edited)
 
     def _on_deny(self) -> None:
         self._decided()

@@ -52,7 +52,7 @@ from PySide6.QtWidgets import (
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.preview import preview_call
 from trioloop.loop.session import Session, SessionBusy
-from trioloop.protocol.messages import flatten_text
+from trioloop.protocol.messages import JsonValue, ToolCallBlock, flatten_text
 from trioloop.ui._qt_cards import CallCard, call_status_text, plain_label
 from trioloop.ui._qt_guest import TrioGuestHost, run_trio_guest
 
@@ -97,6 +97,16 @@ _OUTCOME_TEXT: Final = {
 SHORTCUTS: Final = {"approve": "Alt+A", "deny": "Alt+D", "next": "Alt+N", "stop": "Esc"}
 
 UNDONE_NOTICE: Final = "Undo turn restored the document as it was before this turn."
+
+
+def _call_input(state: TurnState, call_id: str) -> JsonValue:
+    """The raw input the model gave ``call_id`` in this turn (its latest block of that id), for the
+    card's editor; None when no block carries it."""
+    for message in reversed(state.turn_messages):
+        for block in message.content:
+            if isinstance(block, ToolCallBlock) and block.id == call_id:
+                return block.input
+    return None
 
 
 def turn_notice(state: TurnState | None, *, undoable: bool, undone: bool = False) -> tuple[NoticeKind, str]:
@@ -402,8 +412,8 @@ class ReviewPanel(QWidget):
         self.undo_button.setEnabled(False)
         self._post(self._undo)
 
-    def _on_approve(self, call_id: str) -> None:
-        self._post(lambda: self._session.approve(call_id))
+    def _on_approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> None:
+        self._post(lambda: self._session.approve(call_id, edited_input))
 
     def _on_deny(self, call_id: str, reason: str = "") -> None:
         self._post(lambda: self._session.deny(call_id, reason))
@@ -511,7 +521,7 @@ class ReviewPanel(QWidget):
         for call in state.calls:
             card = self._cards.get(call.id)
             if card is None:
-                card = CallCard(call)
+                card = CallCard(call, _call_input(state, call.id))
                 card.approve_clicked.connect(self._on_approve)
                 card.deny_clicked.connect(self._on_deny)
                 self._card_layout.insertWidget(self._card_layout.count() - 1, card)

@@ -6,7 +6,7 @@ import json
 import unicodedata
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from strategies_document import models_with_actions
 
@@ -63,10 +63,10 @@ def test_nested_lists_are_flattened_with_their_path_and_empty_containers_are_sho
     assert input_details({}) == ()
 
 
-def test_control_and_bidi_code_points_are_stripped_and_long_values_kept_whole() -> None:
+def test_control_and_bidi_code_points_are_written_out_and_long_values_kept_whole() -> None:
     long = "x" * 5000
     details = dict(input_details({"name": "pay\u202ement\x1b[2J\u200b", "text": long, "lines": "one\ntwo"}))
-    assert details["name"] == "payment[2J"
+    assert details["name"] == "pay\\u{202E}ment\\u{001B}[2J\\u{200B}"
     assert details["text"] == long  # the detail view shows it whole
     assert details["lines"] == "one\ntwo"
     assert one_line(details["text"]) == "x" * 59 + "…"  # the one-line view cuts it, and says so
@@ -139,3 +139,20 @@ def test_details_are_sanitized_for_any_json_value(value: Any) -> None:
     for path, shown in input_details({"v": value}):
         for text in (path, shown):
             assert not any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") and ch not in "\n\t" for ch in text)
+
+
+_texts = st.text(
+    alphabet=st.sampled_from(["a", "-", "\\", "u", "{", "}", "2", "0", "B", "\u200b", "\u202e", "\x1b", "\n", '"'])
+    | st.characters(),
+    max_size=8,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_texts, _texts)
+def test_distinct_values_never_look_alike_on_the_card(first: str, second: str) -> None:
+    """Nothing invisible can make two inputs read the same: a zero-width or bidi code point is written out,
+    and a backslash is doubled so that writing the escape out by hand reads differently from the real thing."""
+    assume(first != second)
+    assert input_details({"v": first}) != input_details({"v": second})
+    assert input_details({first: 1}) != input_details({second: 1})

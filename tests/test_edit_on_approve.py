@@ -99,7 +99,11 @@ def test_the_model_is_told_exactly_which_fields_changed() -> None:
         [ApproveCall(call_id="c1", edited_input={"id": "api", "name": "Store<<<front>>>\u202e"})], start(rename("c1"))
     )
     record = state.call("c1")
-    assert record is not None and record.edits == (("id", "web", "api"), ("name", "Web", "Store<<<front>>>"))
+    # The card's view of the edit writes the invisible bidi override out instead of hiding it.
+    assert record is not None and record.edits == (
+        ("id", "web", "api"),
+        ("name", "Web", "Store<<<front>>>\\u{202E}"),
+    )
     from trioloop.loop import CallSettled
 
     state = run(
@@ -113,7 +117,7 @@ def test_the_model_is_told_exactly_which_fields_changed() -> None:
     text = results(state)["c1"]
     assert text == (
         "The user edited this call's input before approving it, so it ran with these changes: "
-        '"id": "web" -> "api"; "name": "Web" -> "Store\\\\<\\\\<\\\\<front\\\\>\\\\>\\\\>".\nrenamed'
+        '"id": "web" -> "api"; "name": "Web" -> "Store\\\\<\\\\<\\\\<front\\\\>\\\\>\\\\>\\\\\\\\u{202E}".\nrenamed'
     )
     assert "<<<" not in text and "\u202e" not in text
 

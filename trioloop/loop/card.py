@@ -3,8 +3,10 @@
 The lines come from the canonical (unstructured) input, the very value the grant's digest is computed
 over, so nothing a tool is handed comes from a field the reviewer could not see. Nested fields are
 flattened with their path (``threat.mitigation.status``, ``technologies[0]``); values are shown whole,
-stripped of control and bidi code points as read results are. `one_line` cuts a value for a compact
-view and marks the cut; the detail view shows the whole value.
+with nothing hidden: every control, bidi and zero-width code point is written as ``\\u{XXXX}`` (and a
+backslash doubled, so a lone backslash always starts such an escape), so two inputs that differ only by
+an invisible character never look alike. `one_line` cuts a value for a compact view and marks the cut;
+the detail view shows the whole value.
 """
 
 from __future__ import annotations
@@ -25,10 +27,20 @@ ONE_LINE_MAX: Final = 60
 
 
 def plain_value(text: str) -> str:
-    """``text`` with every control, bidi and zero-width code point removed (newline and tab kept)."""
-    if text.isascii() and text.isprintable():
+    """``text`` as plain text with nothing hidden: every control, bidi and zero-width code point written as
+    ``\\u{XXXX}`` (newline and tab kept), and a backslash doubled, so the escape cannot be typed to pose as
+    one: distinct texts always read differently."""
+    if text.isascii() and text.isprintable() and "\\" not in text:
         return text
-    return "".join(char for char in text if not is_stripped_code_point(char, allow_newlines=True))
+    return "".join(_visible_char(char) for char in text)
+
+
+def _visible_char(char: str) -> str:
+    if char == "\\":
+        return "\\\\"
+    if is_stripped_code_point(char, allow_newlines=True):
+        return f"\\u{{{ord(char):04X}}}"
+    return char
 
 
 def _leaf(value: Any) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Final, TypeAlias
 from trioloop.loop.canonical import canonical_json
 from trioloop.loop.untrusted_text import TRUNCATION_MARK, is_stripped_code_point
 
-__all__ = ["CardDetails", "changed_fields", "input_details", "one_line", "plain_value"]
+__all__ = ["CardDetails", "changed_fields", "input_details", "one_line", "plain_value", "visible_char"]
 
 #: Ordered (field path, value) pairs, one per leaf of the canonical input.
 CardDetails: TypeAlias = tuple[tuple[str, str], ...]
@@ -32,13 +32,15 @@ def plain_value(text: str) -> str:
     one: distinct texts always read differently."""
     if text.isascii() and text.isprintable() and "\\" not in text:
         return text
-    return "".join(_visible_char(char) for char in text)
+    return "".join(visible_char(char) for char in text)
 
 
-def _visible_char(char: str) -> str:
+def visible_char(char: str, *, allow_newlines: bool = True) -> str:
+    """One code point as a card shows it: a backslash doubled, a control, bidi or zero-width code point
+    (and, unless ``allow_newlines``, a newline or tab) written as ``\\u{XXXX}``, anything else as itself."""
     if char == "\\":
         return "\\\\"
-    if is_stripped_code_point(char, allow_newlines=True):
+    if is_stripped_code_point(char, allow_newlines=allow_newlines):
         return f"\\u{{{ord(char):04X}}}"
     return char
 

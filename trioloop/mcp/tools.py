@@ -18,6 +18,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
 
 from trioloop.loop.canonical import canonical_json, input_digest
+from trioloop.loop.card import visible_char
 from trioloop.loop.tool_runtime import (
     PreparedCall,
     PrepareFailure,
@@ -25,7 +26,7 @@ from trioloop.loop.tool_runtime import (
     ToolExecutionContext,
     ToolOutcome,
 )
-from trioloop.loop.untrusted_text import TRUNCATION_MARK, is_stripped_code_point, sanitize_scalar
+from trioloop.loop.untrusted_text import TRUNCATION_MARK, sanitize_scalar
 from trioloop.mcp._patterns import PatternTimeout, bounded_validator_class, pattern_budget, uses_unbounded_regex
 from trioloop.mcp.servers import ToolClass
 
@@ -136,24 +137,19 @@ _CLASS_LINES: Final[Mapping[ToolClass, str]] = {
 }
 
 
-_CARD_ESCAPES: Final = {"\\": "\\\\", "<": "\\<", ">": "\\>"}
+_FENCE_ESCAPES: Final = {"<": "\\<", ">": "\\>"}
 
 
 def _visible(text: str, cap: int) -> str:
-    """``text`` for the card with nothing hidden, so what the reviewer reads is what is sent: a backslash is
-    doubled, ``<`` and ``>`` are escaped (no fence marker), and every invisible or control code point is shown
-    as ``\\u{XXXX}``; a lone backslash therefore always starts an escape. Cut at ``cap`` code points with "…"."""
+    """``text`` for the card with nothing hidden, so what the reviewer reads is what is sent: the core card's
+    rule (``visible_char``: a backslash doubled, every invisible or control code point, line breaks included,
+    shown as ``\\u{XXXX}``), and ``<`` and ``>`` escaped (no fence marker). Cut at ``cap`` code points with "…"."""
     shown: list[str] = []
     for index, char in enumerate(text):
         if index == cap:
             shown[-1] = TRUNCATION_MARK
             break
-        if char in _CARD_ESCAPES:
-            shown.append(_CARD_ESCAPES[char])
-        elif is_stripped_code_point(char):
-            shown.append(f"\\u{{{ord(char):04X}}}")
-        else:
-            shown.append(char)
+        shown.append(_FENCE_ESCAPES.get(char) or visible_char(char, allow_newlines=False))
     return "".join(shown)
 
 

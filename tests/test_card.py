@@ -6,10 +6,12 @@ import json
 import unicodedata
 from typing import Any
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from strategies_document import models_with_actions
 
+from trioloop.loop.canonical import canonical_json
 from trioloop.loop.card import changed_fields, input_details, one_line, plain_value
 from trioloop.loop.tool_runtime import PreparedCall, unstructure_input
 from trioloop.threatmodel.graph_tools import GRAPH_ACTION_TOOLS
@@ -156,3 +158,45 @@ def test_distinct_values_never_look_alike_on_the_card(first: str, second: str) -
     assume(first != second)
     assert input_details({"v": first}) != input_details({"v": second})
     assert input_details({first: 1}) != input_details({second: 1})
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"a.b": 1}, {"a": {"b": 1}}),
+        ({"a[0]": 1}, {"a": [1]}),
+        ({"x": {"": 1}}, {"x.": 1}),
+        ({'q"': 1}, {"q\\": 1}),
+    ],
+)
+def test_a_key_that_looks_like_a_path_is_quoted(first: dict[str, Any], second: dict[str, Any]) -> None:
+    assert input_details(first) != input_details(second)
+    assert input_details({"a.b": 1}) == (('["a.b"]', "1"),)
+    assert input_details({"threat": {"mitigation": {"status": "open"}}}) == (("threat.mitigation.status", "open"),)
+
+
+_path_keys = st.text(alphabet=st.sampled_from(["a", "0", ".", "[", "]", '"', "\\", "\u200b", " "]), max_size=3)
+_leaf_values = (
+    st.none()
+    | st.booleans()
+    | st.integers(-2, 2)
+    | st.text(alphabet=st.sampled_from(["a", "1", '"', "{", "\\", "\u200b", "n"]), max_size=4)
+)
+_inputs = st.dictionaries(
+    _path_keys,
+    st.recursive(
+        _leaf_values,
+        lambda inner: st.lists(inner, max_size=2) | st.dictionaries(_path_keys, inner, max_size=2),
+        max_leaves=6,
+    ),
+    max_size=2,
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_inputs, _inputs)
+def test_distinct_inputs_never_give_the_same_details(first: dict[str, Any], second: dict[str, Any]) -> None:
+    """For all inputs: two that differ (as the grant's digest sees them) never read the same on the card,
+    whatever their keys and values hold (dots, brackets, quotes, backslashes, invisible code points)."""
+    assume(canonical_json(first) != canonical_json(second))
+    assert input_details(first) != input_details(second)

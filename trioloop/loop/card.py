@@ -69,11 +69,23 @@ def _is_number(text: str) -> bool:
     return True
 
 
+#: A key containing one of these (or empty) is written ``["key"]`` in a path, so ``{"a.b": 1}`` and
+#: ``{"a": {"b": 1}}`` (or ``{"a[0]": 1}`` and ``{"a": [1]}``) never share a line.
+_PATH_SPECIALS: Final = frozenset('.[]"')
+
+
+def _child(path: str, key: str) -> str:
+    name = plain_value(key)
+    if name and _PATH_SPECIALS.isdisjoint(name):
+        return f"{path}.{name}" if path else name
+    quoted = name.replace('"', '\\"')  # plain_value doubled every backslash: \" reads only as a quote
+    return f'{path}["{quoted}"]'
+
+
 def _flatten(value: Any, path: str, inline: bool) -> Iterator[tuple[str, str]]:
     if isinstance(value, Mapping) and value:
         for key, item in value.items():
-            name = plain_value(str(key))
-            yield from _flatten(item, f"{path}.{name}" if path else name, inline)
+            yield from _flatten(item, _child(path, str(key)), inline)
     elif inline and isinstance(value, list | tuple) and all(not isinstance(v, Mapping | list | tuple) for v in value):
         yield path, "[" + ", ".join(_leaf(item) for item in value) + "]"
     elif isinstance(value, list | tuple) and value:

@@ -7,9 +7,11 @@ the wall-clock cap is a hang guard that fails the test, never a timing assertion
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ from trioloop.protocol.messages import ToolResultBlock
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
+from trioloop.ui._qt_cards import _input_text
 from trioloop.ui.qt import CallCard, NoticeKind, ReviewPanel, TrioGuestHost, run_trio_guest, turn_notice
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -789,3 +792,20 @@ def test_an_editor_left_unchanged_approves_the_call_as_proposed(app: QApplicatio
         run.until_settled()
         assert run.panel.session.document.metadata.title == "Payments v2"
         assert card.call.edits == ()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+        max_leaves=10,
+    )
+)
+def test_the_input_editor_hides_nothing_and_reads_back_exactly(value: Any) -> None:
+    """For any input: the editor's text parses back to exactly that input, and holds no invisible code
+    point (each is a JSON escape), while visible text in any script is shown as itself."""
+    shown = _input_text({"v": value})
+    assert json.loads(shown) == {"v": value}
+    assert not any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") and ch != "\n" for ch in shown)
+    assert "Zahlungsdienst für Karten" in _input_text({"name": "Zahlungsdienst für Karten"})

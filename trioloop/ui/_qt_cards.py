@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from trioloop.loop.machine import DENY_REASON_MAX, CallRecord, CallStatus, DenialReason
+from trioloop.loop.untrusted_text import is_stripped_code_point
 
 __all__ = ["CallCard", "call_status_text", "plain_label"]
 
@@ -81,9 +82,19 @@ def _result_preview(call: CallRecord) -> str:
 
 
 def _input_text(raw_input: Any) -> str:
-    """The call's input as the editor shows it: indented JSON, every non-ASCII code point escaped, so
-    nothing invisible (a bidi control, a zero-width space) can hide in what the user approves."""
-    return json.dumps(raw_input, indent=2, ensure_ascii=True)
+    """The call's input as the editor shows it: indented JSON in which every invisible code point (a bidi
+    control, a zero-width space, a line separator) is a JSON escape, so nothing can hide in what the user
+    approves, while visible text in any script reads as itself. ``json.loads`` gives the input back."""
+    text = json.dumps(raw_input, indent=2, ensure_ascii=False)
+    return "".join(_json_escape(char) if is_stripped_code_point(char, allow_newlines=True) else char for char in text)
+
+
+def _json_escape(char: str) -> str:
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # outside the BMP: a UTF-16 surrogate pair, as JSON writes it
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 @final

@@ -31,6 +31,7 @@ from PySide6.QtGui import Qt as GuiQt
 from PySide6.QtGui import QTextCursor
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QAbstractButton, QApplication, QLabel
+from strategies_document import json_values
 
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.loop.machine import CallRecord, CallStatus, DenialReason, Outcome, Phase, TurnState
@@ -795,13 +796,7 @@ def test_an_editor_left_unchanged_approves_the_call_as_proposed(app: QApplicatio
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    st.recursive(
-        st.none() | st.booleans() | st.integers() | st.text(),
-        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-        max_leaves=10,
-    )
-)
+@given(json_values)
 def test_the_input_editor_hides_nothing_and_reads_back_exactly(value: Any) -> None:
     """For any input: the editor's text parses back to exactly that input, and holds no invisible code
     point (each is a JSON escape), while visible text in any script is shown as itself."""

@@ -24,6 +24,7 @@ from trioloop.loop import (
     Cancel,
     DenialReason,
     DenyCall,
+    Grant,
     InputKind,
     Outcome,
     Phase,
@@ -32,6 +33,7 @@ from trioloop.loop import (
     StartCall,
     Submit,
     ToolOutcome,
+    TurnBudget,
     TurnInput,
     TurnLimits,
     TurnState,
@@ -352,6 +354,7 @@ def _call_records(draw: st.DrawFn) -> CallRecord:
         result=draw(st.none() | text),
         is_error=draw(st.booleans()),
         denial_reason=draw(st.none() | st.sampled_from(DenialReason)),
+        changed_document=draw(st.booleans()),
     )
 
 
@@ -369,17 +372,55 @@ def test_call_record_fields_are_the_ones_moved_to_copies() -> None:
     result=st.none() | st.text(max_size=8),
     is_error=st.none() | st.booleans(),
     reason=st.none() | st.sampled_from(DenialReason),
+    changed=st.none() | st.booleans(),
 )
 def test_moved_to_is_evolve_with_only_the_given_fields(
-    record: CallRecord, status: CallStatus, result: str | None, is_error: bool | None, reason: DenialReason | None
+    record: CallRecord,
+    status: CallStatus,
+    result: str | None,
+    is_error: bool | None,
+    reason: DenialReason | None,
+    changed: bool | None,
 ) -> None:
     given_changes: dict[str, Any] = {"status": status}
-    for name, value in (("result", result), ("is_error", is_error), ("denial_reason", reason)):
+    optional = (("result", result), ("is_error", is_error), ("denial_reason", reason), ("changed_document", changed))
+    for name, value in optional:
         if value is not None:
             given_changes[name] = value
-    moved = record.moved_to(status, result=result, is_error=is_error, denial_reason=reason)
+    moved = record.moved_to(status, result=result, is_error=is_error, denial_reason=reason, changed_document=changed)
     assert moved == attrs.evolve(record, **given_changes)
     assert moved.prepared is record.prepared
+
+
+@given(
+    budget=st.builds(
+        TurnBudget,
+        iterations_started=st.integers(0, 99),
+        tool_calls_accepted=st.integers(0, 99),
+        retries_used=st.integers(0, 99),
+        started_at_ms=st.integers(0, 10**12),
+    ),
+    more=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
+)
+def test_budget_spent_is_evolve_of_the_counters(budget: TurnBudget, more: tuple[int, int, int]) -> None:
+    # spent() constructs directly; a field added to TurnBudget must be carried there too.
+    assert [f.name for f in attrs.fields(TurnBudget)] == [
+        "iterations_started", "tool_calls_accepted", "retries_used", "started_at_ms",
+    ]  # fmt: skip
+    iterations, tool_calls, retries = more
+    assert budget.spent(iterations=iterations, tool_calls=tool_calls, retries=retries) == attrs.evolve(
+        budget,
+        iterations_started=budget.iterations_started + iterations,
+        tool_calls_accepted=budget.tool_calls_accepted + tool_calls,
+        retries_used=budget.retries_used + retries,
+    )
+
+
+def test_grant_spent_is_evolve_consumed() -> None:
+    assert [f.name for f in attrs.fields(Grant)] == ["call_id", "tool_name", "input_digest", "iteration", "consumed"]
+    grant = Grant(call_id="c", tool_name="t", input_digest="d", iteration=3)
+    assert grant.spent() == attrs.evolve(grant, consumed=True)
+    assert not grant.consumed
 
 
 @pytest.mark.parametrize("phase", list(Phase))

@@ -56,6 +56,16 @@ class Grant:
     iteration: int
     consumed: bool = False
 
+    def spent(self) -> Grant:
+        """This grant, consumed (it permits no further run)."""
+        return Grant(
+            call_id=self.call_id,
+            tool_name=self.tool_name,
+            input_digest=self.input_digest,
+            iteration=self.iteration,
+            consumed=True,
+        )
+
 
 @final
 @attrs.frozen(kw_only=True)

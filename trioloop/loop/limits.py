@@ -82,6 +82,15 @@ class TurnBudget:
     retries_used: int = 0
     started_at_ms: int = 0
 
+    def spent(self, *, iterations: int = 0, tool_calls: int = 0, retries: int = 0) -> TurnBudget:
+        """This budget with more spent (a direct construction: the reducer calls it every iteration)."""
+        return TurnBudget(
+            iterations_started=self.iterations_started + iterations,
+            tool_calls_accepted=self.tool_calls_accepted + tool_calls,
+            retries_used=self.retries_used + retries,
+            started_at_ms=self.started_at_ms,
+        )
+
 
 def budget_exhaustion(
     budget: TurnBudget, limits: TurnLimits, now_ms: int, *, review_waited_ms: int | None = None

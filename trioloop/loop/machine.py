@@ -341,17 +341,11 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
         )
         return _add_call(state, record, draft=draft)
 
-    budget = attrs.evolve(state.budget, tool_calls_accepted=state.budget.tool_calls_accepted + 1)
-    record = CallRecord(
-        **common,
-        input_digest=prepared.input_digest,
-        summary=prepared.summary,
-        prepared=prepared,
-        status=CallStatus.PENDING,
-    )
+    budget = state.budget.spent(tool_calls=1)
+    common.update(input_digest=prepared.input_digest, summary=prepared.summary, prepared=prepared)
     if Denial(tool_name=name, input_digest=prepared.input_digest) in state.denials:
-        record = attrs.evolve(
-            record,
+        record = CallRecord(
+            **common,
             status=CallStatus.DENIED,
             denial_reason=DenialReason.USER_DECLINED,
             result=REPLAY_TEXT,
@@ -360,10 +354,10 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
         state = _add_call(state, record, draft=draft, budget=budget)
         return _violate(state, Violation.DENIED_REPLAY, call_id, "identical action already declined")
     if tool.effect == "read" and not tool.destructive:
+        record = CallRecord(**common, status=CallStatus.APPROVED)
         grant = auto_grant_read_only(tool, record, state.iteration)
-        record = attrs.evolve(record, status=CallStatus.APPROVED)
         return _add_call(state, record, draft=draft, budget=budget, grants=(*state.grants, grant))
-    return _add_call(state, record, draft=draft, budget=budget)
+    return _add_call(state, CallRecord(**common, status=CallStatus.PENDING), draft=draft, budget=budget)
 
 
 def _on_usage(state: TurnState, event: Usage) -> TurnState:
@@ -487,7 +481,7 @@ def _on_start_call(state: TurnState, cmd: StartCall) -> TurnState:
     if call is None:  # authorize_start found it; kept total all the same
         return state
     grants = list(state.grants)
-    grants[grants.index(verdict)] = attrs.evolve(verdict, consumed=True)
+    grants[grants.index(verdict)] = verdict.spent()
     return _replace_call(state, _moved(call, CallStatus.RUNNING)).evolved(grants=tuple(grants))
 
 
@@ -500,9 +494,7 @@ def _on_call_settled(state: TurnState, cmd: CallSettled) -> TurnState:
             # it running forever, and never store a non-text result in the history.
             return _replace_call(state, _moved(call, CallStatus.FAILED, result=NOT_TEXT_RESULT, is_error=True))
         status = CallStatus.SUCCEEDED if ok else CallStatus.FAILED
-        moved = _moved(call, status, result=result, is_error=not ok)
-        if ok and cmd.changed_document:
-            moved = attrs.evolve(moved, changed_document=True)
+        moved = call.moved_to(status, result=result, is_error=not ok, changed_document=ok and cmd.changed_document)
         return _replace_call(state, moved)
     # Not running: either no grant was ever spent on it, or the run that spent it already settled.
     spent = any(g.call_id == cmd.call_id and g.consumed for g in state.grants)
@@ -527,7 +519,7 @@ def _on_advance(state: TurnState, cmd: Advance) -> TurnState:
     if pending:
         messages = (*messages, _answer_message(pending))
         changes["answered"] = len(state.calls)
-    budget = attrs.evolve(state.budget, iterations_started=state.budget.iterations_started + 1)
+    budget = state.budget.spent(iterations=1)
     return state.evolved(
         phase=Phase.REQUESTING,
         iteration=state.iteration + 1,
@@ -541,7 +533,7 @@ def _on_advance(state: TurnState, cmd: Advance) -> TurnState:
 
 
 def _on_retry(state: TurnState, cmd: Retry) -> TurnState:
-    budget = attrs.evolve(state.budget, retries_used=state.budget.retries_used + 1)
+    budget = state.budget.spent(retries=1)
     return state.evolved(budget=budget)
 
 

@@ -50,11 +50,14 @@ class Probe:
         self.saw_cancel: list[bool] = []
         self.running = 0
         self.max_running = 0
+        self.on_start: Callable[[], object] | None = None  # called once a tool's code is running
 
 
 def sleepy_tool(name: str, probe: Probe, seconds: float, *, effect: Any = "read", rename_to: str | None = None) -> Any:
     async def run(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
         probe.started.append(name)
+        if probe.on_start is not None:
+            probe.on_start()
         probe.running += 1
         probe.max_running = max(probe.max_running, probe.running)
         try:
@@ -74,7 +77,10 @@ def sleepy_tool(name: str, probe: Probe, seconds: float, *, effect: Any = "read"
 
 
 def plain_tool(
-    name: str, run: Callable[[Nothing, ToolExecutionContext], Awaitable[ToolOutcome]], *, effect: Any = "read"
+    name: str,
+    run: Callable[[Nothing, ToolExecutionContext], ToolOutcome | Awaitable[ToolOutcome]],
+    *,
+    effect: Any = "read",
 ) -> Any:
     return define_executable_tool(
         name=name,
@@ -244,18 +250,50 @@ async def test_stop_during_running_tool_discards_its_value(document: ThreatModel
     registry = create_tool_registry([sleepy_tool("retitle", probe, 0.2, effect="mutate", rename_to="hacked")])
     workspace = Workspace(document=document, kind=THREAT_MODEL)
 
+    def approve_then_stop_once_running(state: TurnState, controls: TurnControls) -> None:
+        approve_all(state, controls)
+        probe.on_start = controls.stop
+
+    steps = [ScriptStep(tool_calls=(ScriptedCall(id="t", name="retitle"),))]
+    final, _ = await drive(steps, workspace, registry, approve_then_stop_once_running)
+    assert final.outcome is Outcome.CANCELLED
+    assert probe.started == ["retitle"]
+    assert probe.saw_cancel == [True]  # the tool saw its own scope cancelled
+    assert probe.finished == []
+    assert workspace.document is document and workspace.undo.entries == ()
+    assert final.calls[0].status is CallStatus.DENIED
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["def", "async def"])
+async def test_stop_as_a_call_starts_runs_none_of_its_code(document: ThreatModel, plain: bool) -> None:
+    # Stop lands when the call has just turned running (its StartCall state is published): the runner
+    # still starts nothing of the tool, whether it is a plain function or a coroutine.
+    ran: list[str] = []
+
+    def plain_run(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        ran.append("plain")
+        return ToolOutcome.success("ran")
+
+    async def async_run(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        ran.append("async")
+        await trio.lowlevel.checkpoint()
+        return ToolOutcome.success("ran")
+
+    registry = create_tool_registry([plain_tool("act", plain_run if plain else async_run, effect="mutate")])
+
     def approve_then_stop(state: TurnState, controls: TurnControls) -> None:
         approve_all(state, controls)
         if any(c.status is CallStatus.RUNNING for c in state.calls):
             controls.stop()
 
-    steps = [ScriptStep(tool_calls=(ScriptedCall(id="t", name="retitle"),))]
-    final, _ = await drive(steps, workspace, registry, approve_then_stop)
+    workspace = Workspace(document=document, kind=THREAT_MODEL)
+    final, _ = await drive(
+        [ScriptStep(tool_calls=(ScriptedCall(id="t", name="act"),))], workspace, registry, approve_then_stop
+    )
     assert final.outcome is Outcome.CANCELLED
-    assert probe.saw_cancel == [True]  # the tool saw its own scope cancelled
-    assert probe.finished == []
-    assert workspace.document is document and workspace.undo.entries == ()
+    assert ran == []
     assert final.calls[0].status is CallStatus.DENIED
+    assert workspace.document is document and workspace.undo.entries == ()
 
 
 async def test_tool_that_ignores_cancel_and_returns_a_document_is_not_committed(document: ThreatModel) -> None:
@@ -443,6 +481,78 @@ async def test_a_late_first_read_still_sees_the_document_as_the_call_started(doc
     assert workspace.document.metadata.title == "Renamed" != document.metadata.title
     assert [c.status for c in final.calls] == [CallStatus.SUCCEEDED, CallStatus.SUCCEEDED]
     assert final.calls[1].result == f"saw {document.metadata.title}"
+
+
+class _ToolTasks(trio.abc.Instrument):
+    """Names the tool tasks the runner spawns."""
+
+    def __init__(self) -> None:
+        self.spawned: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        if task.name.startswith("trioloop tool "):
+            self.spawned.append(task.name.removeprefix("trioloop tool "))
+
+
+def _retitle(title: str, log: list[str]) -> Callable[[Nothing, ToolExecutionContext], ToolOutcome]:
+    def run(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        log.append(f"{title} saw {ctx.document.metadata.title}")
+        metadata = attrs.evolve(ctx.document.metadata, title=title)
+        return ToolOutcome.success(f"now {title}", document=attrs.evolve(ctx.document, metadata=metadata))
+
+    return run
+
+
+async def test_a_plain_def_tool_runs_in_place_and_an_async_one_in_a_task_of_its_own(document: ThreatModel) -> None:
+    # A tool that returns without awaiting settles where the runner starts it (no task, no scheduler pass);
+    # an async one still gets its own task. Mutations of either kind run one at a time, in order, each
+    # from the document the previous one left, and all of it is one undo step.
+    log: list[str] = []
+
+    async def retitle_async(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        await trio.lowlevel.checkpoint()
+        return _retitle("B", log)(inp, ctx)
+
+    def read(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        return ToolOutcome.success(f"read {ctx.document.metadata.title}")
+
+    def broken(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        raise LookupError("no such thing")
+
+    registry = create_tool_registry(
+        [
+            plain_tool("a", _retitle("A", log), effect="mutate"),
+            plain_tool("b", retitle_async, effect="mutate"),
+            plain_tool("c", _retitle("C", log), effect="mutate"),
+            plain_tool("read", read),
+            plain_tool("broken", broken),
+            plain_tool("odd", lambda inp, ctx: "not an outcome", effect="mutate"),  # type: ignore[arg-type, return-value]
+        ]
+    )
+    calls = tuple(ScriptedCall(id=name, name=name) for name in ("a", "b", "c", "read", "broken", "odd"))
+    workspace = Workspace(document=document, kind=THREAT_MODEL)
+    tasks = _ToolTasks()
+    trio.lowlevel.add_instrument(tasks)
+    try:
+        final, _ = await drive([ScriptStep(tool_calls=calls), ScriptStep(text="ok")], workspace, registry, approve_all)
+    finally:
+        trio.lowlevel.remove_instrument(tasks)
+    assert tasks.spawned == ["b"]
+    original = document.metadata.title
+    assert log == [f"A saw {original}", "B saw A", "C saw B"]
+    assert workspace.document.metadata.title == "C"
+    by_id = {c.id: c for c in final.calls}
+    assert [by_id[i].status for i in ("a", "b", "c", "read")] == [CallStatus.SUCCEEDED] * 4
+    assert by_id["read"].result in {f"read {original}", "read A"}  # reads run beside the first mutation
+    assert by_id["broken"].status is CallStatus.FAILED
+    assert by_id["broken"].result == "The tool failed while running (LookupError)."
+    assert (
+        by_id["odd"].status is CallStatus.FAILED
+        and by_id["odd"].result == "The tool returned something that is not a tool outcome."
+    )
+    assert len(workspace.undo.entries) == 1
+    undone = undo_turn(workspace.undo, workspace.document, "turn-1")
+    assert undone is not None and undone[0] == document
 
 
 class _SlowTeardownProvider:

@@ -15,9 +15,9 @@ the only bound then) and moves forward by the time waited once the review is dec
 
 from __future__ import annotations
 
-import contextlib
+import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
@@ -202,14 +202,21 @@ class _SendToInbox(trio.abc.SendChannel[StreamEvent]):
         self._inbox.send_nowait(_StreamItem(self._attempt, value))
 
     async def send_batch(self, events: Sequence[StreamEvent]) -> None:
-        """Like ``send`` for each event in turn, with one checkpoint: seen cancelled before any is delivered."""
+        """Like ``send`` for each event in turn, with one checkpoint: seen cancelled before any is delivered.
+
+        A batch that ends the stream does not yield after it is delivered: nothing the provider sends
+        later counts, so the request ends (and its end reaches the inbox) in the same scheduler pass.
+        """
         await trio.lowlevel.checkpoint_if_cancelled()
+        if self.terminal_sent:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        cut = next((index + 1 for index, event in enumerate(events) if is_terminal(event)), len(events))
+        if cut:
+            self.terminal_sent = is_terminal(events[cut - 1])
+            self._inbox.send_nowait(_StreamBatch(self._attempt, tuple(events[:cut])))
         if not self.terminal_sent:
-            cut = next((index + 1 for index, event in enumerate(events) if is_terminal(event)), len(events))
-            if cut:
-                self.terminal_sent = is_terminal(events[cut - 1])
-                self._inbox.send_nowait(_StreamBatch(self._attempt, tuple(events[:cut])))
-        await trio.lowlevel.cancel_shielded_checkpoint()
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -231,6 +238,16 @@ class TurnRequest(Generic[D]):
     limits: TurnLimits = DEFAULT_TURN_LIMITS
     max_output_tokens: int = 4096
     tool_cancel_grace_s: float = TOOL_CANCEL_GRACE_S
+
+
+async def _not_run() -> ToolOutcome[Any]:
+    """What a call started after Stop awaits in its (cancelled) task: it ends at its first checkpoint."""
+    await trio.lowlevel.checkpoint()
+    return ToolOutcome.failure("The tool was not run.")
+
+
+def _failed_while_running(exc: Exception) -> ToolOutcome[Any]:
+    return ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
 
 
 def _checked_outcome(produced: object, snapshot: D, kind: DocumentKind[D]) -> ToolOutcome[D]:
@@ -339,7 +356,15 @@ class _Turn(Generic[D]):
             if self.state.is_settled:
                 break
             try:
-                item = await receive.receive()
+                # What is already in the inbox is taken without a scheduler pass (a batch and the
+                # request's end arrive together; a plain tool's settlement is put there by this task):
+                # the wait, and the pass it costs, come only when the inbox is empty. Stop and the
+                # deadline are still seen first, before anything queued is handled.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                try:
+                    item = receive.receive_nowait()
+                except trio.WouldBlock:
+                    item = await receive.receive()
             except trio.Cancelled:
                 # Stop, the deadline or a scope outside: settle now, before the request task is
                 # cancelled (``_drive`` does that next) and unwinds (an HTTP response being closed):
@@ -490,9 +515,35 @@ class _Turn(Generic[D]):
             # The tool's own scope carries the turn deadline, so at the deadline (as on Stop) the
             # tool sees its own scope cancelled, not just a Cancelled from further out.
             scope = trio.CancelScope(deadline=self.deadline)
-            self.controls._tool_scopes.add(scope)
             if self.controls.turn_cancelled:
                 scope.cancel()  # Stop arrived while this call was being started
+            # The tool gets a private copy, made when it first reads ctx.document (or the snapshot
+            # itself when the kind is immutable): nothing it does to it can reach the live document or
+            # the undo snapshot that undo restores.
+            kind = self.workspace.kind
+            if kind.immutable:
+                context = ToolExecutionContext(document=snapshot, cancel_scope=scope)
+            else:
+                context = ToolExecutionContext.deferred(partial(kind.private_copy, snapshot), cancel_scope=scope)
+            invoke = started.prepared.invoke
+            if scope.cancel_called:
+                pending: Awaitable[object] = _not_run()  # Stop came first: none of the tool's code runs
+            elif invoke is None:
+                pending = started.prepared.run(context)
+            else:
+                # A plain ``def`` tool runs here and now, as it would in a task of its own (no checkpoint
+                # can come between its start and its end either way): no spawn, no scheduler pass, and
+                # its settlement goes straight to the reducer, as the one consumer's own input.
+                try:
+                    produced = invoke(context)
+                except Exception as exc:
+                    produced = _failed_while_running(exc)
+                if not inspect.isawaitable(produced):
+                    outcome = _checked_outcome(produced, snapshot, kind)
+                    self.finish_tool(call.id, tool, snapshot, scope, outcome, report=self.apply)
+                    continue
+                pending = produced
+            self.controls._tool_scopes.add(scope)
             if self.tools_running == 0:
                 self.tools_idle = trio.Event()  # set again when the last running tool ends
             self.tools_running += 1
@@ -500,57 +551,64 @@ class _Turn(Generic[D]):
             # going is abandoned after a bounded grace (``await_tools``) instead of holding the turn,
             # and the nursery's owner cancels and awaits it when it closes.
             self.tool_nursery.start_soon(
-                self.tool_task, call.id, tool, started.prepared.run, snapshot, scope, name=f"trioloop tool {tool.name}"
+                self.tool_task, call.id, tool, pending, snapshot, scope, name=f"trioloop tool {tool.name}"
             )
 
     async def tool_task(
         self,
         call_id: str,
         tool: RegisteredTool[D],
-        run: Callable[[ToolExecutionContext[D]], Any],
+        pending: Awaitable[object],
         snapshot: D,
         scope: trio.CancelScope,
     ) -> None:
         try:
-            # The tool gets a private copy, made when it first reads ctx.document (or the snapshot
-            # itself when the kind is immutable): nothing it does to it can reach the live document or
-            # the undo snapshot that undo restores.
-            kind = self.workspace.kind
             outcome: ToolOutcome[D] | None = None
             with scope:
                 try:
-                    if kind.immutable:
-                        context = ToolExecutionContext(document=snapshot, cancel_scope=scope)
-                    else:
-                        context = ToolExecutionContext.deferred(
-                            partial(kind.private_copy, snapshot), cancel_scope=scope
-                        )
-                    produced = await run(context)
+                    produced = await pending
                 except Exception as exc:  # contained to this call (Cancelled is not an Exception), reported
-                    produced = ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
-                outcome = _checked_outcome(produced, snapshot, kind)
-            if (
-                scope.cancel_called
-                or self.ending
-                or self.controls.turn_cancelled
-                or outcome is None
-                or self.state.is_settled
-            ):
-                return  # cancelled or no longer wanted: whatever it returned is discarded, never committed
-            self.commit_and_report(call_id, tool, snapshot, outcome)
-        except Exception as exc:  # a tool task must never crash its nursery: report it as this call's failure
-            if not self.ending:
-                failure: ToolOutcome[D] = ToolOutcome.failure(f"The tool could not be settled ({type(exc).__name__}).")
-                with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
-                    self.controls._send.send_nowait(CallSettled(call_id=call_id, outcome=failure, now_ms=_now_ms()))
+                    produced = _failed_while_running(exc)
+                outcome = _checked_outcome(produced, snapshot, self.workspace.kind)
+            self.finish_tool(call_id, tool, snapshot, scope, outcome, report=self.controls._put)
         finally:
             self.controls._tool_scopes.discard(scope)
             self.tools_running -= 1
             if self.tools_running == 0:
                 self.tools_idle.set()
 
-    def commit_and_report(self, call_id: str, tool: RegisteredTool[D], snapshot: D, outcome: ToolOutcome[D]) -> None:
-        """Commit and report with no checkpoint in between, so no cancellation can split them."""
+    def finish_tool(
+        self,
+        call_id: str,
+        tool: RegisteredTool[D],
+        snapshot: D,
+        scope: trio.CancelScope,
+        outcome: ToolOutcome[D] | None,
+        *,
+        report: Callable[[CallSettled], object],
+    ) -> None:
+        """Commit a tool's outcome and ``report`` the settlement, unless the call is no longer wanted.
+
+        Commit and report happen with no checkpoint in between, so no cancellation can split them. A
+        fault in the commit is reported as the call's failure.
+        """
+        if (
+            scope.cancel_called
+            or self.ending
+            or self.controls.turn_cancelled
+            or outcome is None
+            or self.state.is_settled
+        ):
+            return  # cancelled or no longer wanted: whatever it returned is discarded, never committed
+        try:
+            settled = self.commit(call_id, tool, snapshot, outcome)
+        except Exception as exc:  # a tool must never crash the turn: report it as this call's failure
+            failure: ToolOutcome[D] = ToolOutcome.failure(f"The tool could not be settled ({type(exc).__name__}).")
+            settled = CallSettled(call_id=call_id, outcome=failure, now_ms=_now_ms())
+        report(settled)
+
+    def commit(self, call_id: str, tool: RegisteredTool[D], snapshot: D, outcome: ToolOutcome[D]) -> CallSettled:
+        """Commit ``outcome`` to the workspace (if it proposes a valid change) and say how the call settled."""
         committed = commit_tool_outcome(
             self.workspace.document,
             snapshot,
@@ -570,9 +628,7 @@ class _Turn(Generic[D]):
             settled = ToolOutcome.failure(committed.result)
         else:
             settled = ToolOutcome.success(committed.result)
-        self.controls._send.send_nowait(
-            CallSettled(call_id=call_id, outcome=settled, now_ms=_now_ms(), changed_document=changed)
-        )
+        return CallSettled(call_id=call_id, outcome=settled, now_ms=_now_ms(), changed_document=changed)
 
     # -- settling --------------------------------------------------------------------------------
 

@@ -116,6 +116,9 @@ class ToolExecutionContext(Generic[D]):
 
 
 RunFn: TypeAlias = Callable[[ToolExecutionContext[D]], Awaitable[ToolOutcome[D]]]
+#: The tool's own function, called directly: its outcome when it returned without awaiting (a plain
+#: ``def`` tool), or the awaitable an ``async def`` tool returns, still to be awaited.
+InvokeFn: TypeAlias = Callable[[ToolExecutionContext[D]], "ToolOutcome[D] | Awaitable[ToolOutcome[D]]"]
 
 
 @attrs.frozen(kw_only=True)
@@ -125,6 +128,11 @@ class PreparedCall(Generic[D]):
     ``details`` is the whole input the digest covers, as ordered (field path, value) lines for the
     card (`trioloop.loop.card`); ``preview`` (when the tool declares one) is its dry run, bound to this
     input: ``preview(document) -> Preview`` (`trioloop.loop.preview`).
+
+    ``invoke``, when set, is the same run without the ``async`` wrapper: it returns the outcome
+    itself when the tool finished without awaiting, and the runner then settles the call in place,
+    with no task and no scheduler pass (a plain ``def`` tool cannot see a checkpoint anyway); what it
+    returns otherwise is awaited in the call's task, as ``run`` would be.
     """
 
     summary: str
@@ -132,6 +140,7 @@ class PreparedCall(Generic[D]):
     run: RunFn[D] = attrs.field(eq=False, repr=False)
     details: CardDetails = ()
     preview: Callable[[Any], Preview] | None = attrs.field(default=None, eq=False, repr=False)
+    invoke: InvokeFn[D] | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -549,6 +558,7 @@ def define_executable_tool(
             run=run_call,
             details=input_details(canonical),
             preview=bound,
+            invoke=partial(run, validated),
         )
 
     return RegisteredTool(

@@ -5,8 +5,11 @@ Run ``python -m benchmarks.loop``. One turn is K = 8 iterations in which the mod
 to end (``await session.send(...)`` / ``await agent.run(...)``) and divided by K. trioloop runs over the
 loopback ``ScriptedProvider`` (real HTTP, SSE, mapper) and over an in-process ``ChatProvider`` that sends
 the very same ``StreamEvent``s with no socket, which is what pydantic-ai's ``FunctionModel`` costs too; the
-in-process figure is the like-for-like one. The batches of each contender alternate in rounds, so drift
-hits all of them alike. Target: trioloop at least 2x faster per iteration.
+in-process figure is the like-for-like one. ``read_note`` is a plain ``def`` for trioloop (as its shipped
+read tools are; the runner settles such a tool in place) and ``async def`` for pydantic-ai (which runs a
+plain function in a worker thread); ``trioloop_in_process_async_tool`` measures trioloop with the
+``async def`` tool as well. The batches of each contender alternate in rounds, so drift hits all of them
+alike. Target (issue 16): trioloop in process at least 10x faster per iteration at K = 8, 32 and 100.
 """
 
 from __future__ import annotations
@@ -68,23 +71,34 @@ class NoteInput:
     id: str = tool_field(description="The note id.", min_length=1, max_length=64)
 
 
-async def _read_note(request: NoteInput, ctx: ToolExecutionContext) -> ToolOutcome:
+def _read_note(request: NoteInput, ctx: ToolExecutionContext) -> ToolOutcome:
+    # A plain function, as trioloop's shipped read tools are: the runner settles it in place. The
+    # async variant below measures the same tool as a coroutine (a task of its own per call).
     return ToolOutcome.success(NOTE_TEXT)
 
 
-REGISTRY = create_tool_registry(
-    [
-        define_executable_tool(
-            name="read_note",
-            description="Read one note by id.",
-            effect="read",
-            destructive=False,
-            input_type=NoteInput,
-            run=_read_note,
-            summarize=lambda request: f"Read note {request.id}",
-        )
-    ]
-)
+async def _read_note_async(request: NoteInput, ctx: ToolExecutionContext) -> ToolOutcome:
+    return ToolOutcome.success(NOTE_TEXT)
+
+
+def _note_registry(run: Any) -> Any:
+    return create_tool_registry(
+        [
+            define_executable_tool(
+                name="read_note",
+                description="Read one note by id.",
+                effect="read",
+                destructive=False,
+                input_type=NoteInput,
+                run=run,
+                summarize=lambda request: f"Read note {request.id}",
+            )
+        ]
+    )
+
+
+REGISTRY = _note_registry(_read_note)
+ASYNC_REGISTRY = _note_registry(_read_note_async)
 LIMITS = TurnLimits(max_iterations=K + 1)  # K tool iterations plus the final answer
 BATCHED = True  # the in-process provider hands each answer over as one read (see InProcessProvider)
 
@@ -129,6 +143,11 @@ async def _trioloop_turns(
 
 async def trioloop_in_process(document: ThreatModel, turns: int) -> list[Sample]:
     return await _trioloop_turns(InProcessProvider(answer_in_process, batched=BATCHED), document, turns)
+
+
+async def trioloop_in_process_async_tool(document: ThreatModel, turns: int) -> list[Sample]:
+    provider = InProcessProvider(answer_in_process, batched=BATCHED)
+    return await _trioloop_turns(provider, document, turns, ASYNC_REGISTRY)
 
 
 # The shipped read tool: each iteration calls get_entity on the example document (a projection of
@@ -232,6 +251,7 @@ Contender = tuple[str, Callable[[int], list[Sample]]]
 def contenders(document: ThreatModel) -> list[Contender]:
     found: list[Contender] = [
         ("trioloop_in_process", lambda n: trio.run(trioloop_in_process, document, n)),
+        ("trioloop_in_process_async_tool", lambda n: trio.run(trioloop_in_process_async_tool, document, n)),
         ("trioloop_loopback_http", lambda n: trio.run(trioloop_loopback, document, n)),
         ("trioloop_shipped_get_entity", lambda n: trio.run(trioloop_shipped_read, document, n)),
     ]
@@ -263,12 +283,12 @@ def _ratio_rows(stats: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[Any, 
     peers = [name for name in stats if name.startswith("pydantic")]
     if not peers:
         return rows
-    for name in ("trioloop_in_process", "trioloop_loopback_http"):
+    for name in ("trioloop_in_process", "trioloop_in_process_async_tool", "trioloop_loopback_http"):
         ratios = {}
         for clock in ("wall_us", "cpu_us"):
             best = min(stats[p][clock]["median"] for p in peers)
             ratios[clock] = round(best / stats[name][clock]["median"], 2)
-        target = 10.0 if name == "trioloop_in_process" else 2.0
+        target = 2.0 if name == "trioloop_loopback_http" else 10.0
         met = ratios["wall_us"] >= target
         emit(
             case_record(

@@ -143,11 +143,12 @@ def _moved(
     return call.moved_to(status, result=result, is_error=is_error, denial_reason=denial_reason)
 
 
-def _replace_call(state: TurnState, call: CallRecord) -> TurnState:
+def _replace_call(state: TurnState, call: CallRecord, **changes: Any) -> TurnState:
+    """``state`` with ``call`` in place of the record of the same id (and ``changes``, in the same copy)."""
     position = state.calls.position(call.id)
     if position is None:
         return state
-    return state.evolved(calls=state.calls.replaced(((position, call),)))
+    return state.evolved(calls=state.calls.replaced(((position, call),)), **changes)
 
 
 def _add_call(state: TurnState, call: CallRecord, **changes: Any) -> TurnState:
@@ -365,12 +366,14 @@ def _on_usage(state: TurnState, event: Usage) -> TurnState:
 
 
 def _on_message_stop(state: TurnState, event: MessageStop) -> TurnState:
-    state = _close_draft(state)
     if event.stop_reason is not StopReason.TOOL_USE or not state.current_call_count:
         # Any other stop, or a tool_use stop with no call: the model is done (a quirk must not loop).
-        return _settle(state, Outcome.COMPLETED)
+        return _settle(_close_draft(state), Outcome.COMPLETED)
     phase = Phase.AWAITING_APPROVAL if _has_pending(state) else Phase.EXECUTING
-    return state.evolved(phase=phase)
+    closing = _closing_draft(state)  # closed in the same copy that moves the phase
+    if closing is None:
+        return state.evolved(phase=phase)
+    return state.evolved(phase=phase, draft=closing[0], closed_messages=closing[1])
 
 
 def _on_stream_error(state: TurnState, event: StreamError) -> TurnState:
@@ -482,7 +485,7 @@ def _on_start_call(state: TurnState, cmd: StartCall) -> TurnState:
         return state
     grants = list(state.grants)
     grants[grants.index(verdict)] = verdict.spent()
-    return _replace_call(state, _moved(call, CallStatus.RUNNING)).evolved(grants=tuple(grants))
+    return _replace_call(state, _moved(call, CallStatus.RUNNING), grants=tuple(grants))
 
 
 def _on_call_settled(state: TurnState, cmd: CallSettled) -> TurnState:

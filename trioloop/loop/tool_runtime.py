@@ -449,13 +449,26 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}".lstrip(".")
 
 
+_FieldRules: TypeAlias = tuple[tuple[str, str, Mapping[str, Any]], ...]
+_field_rules_by_class: dict[type[Any], _FieldRules] = {}
+
+
+def _field_rules(cls: type[Any]) -> _FieldRules:
+    """(attribute, name in the input, constraint rules) for each field of an attrs input class, read once."""
+    rules = _field_rules_by_class.get(cls)
+    if rules is None:
+        fields = attrs.fields(cls)
+        rules = tuple((field.name, field.alias or field.name, field.metadata.get("trioloop", {})) for field in fields)
+        _field_rules_by_class[cls] = rules
+    return rules
+
+
 def _check_constraints(instance: Any, path: str) -> Iterator[str]:
-    for field in attrs.fields(type(instance)):
-        value = getattr(instance, field.name)
-        where = _join(path, field.alias or field.name)
-        rules = field.metadata.get("trioloop", {})
+    for name, alias, rules in _field_rules(type(instance)):
+        value = getattr(instance, name)
         if value is None:
             continue
+        where = _join(path, alias)
         if isinstance(value, str):
             if "minLength" in rules and len(value) < rules["minLength"]:
                 yield f"{where}: must be at least {rules['minLength']} character(s)"
@@ -581,6 +594,7 @@ class ToolRegistry(Generic[D]):
 
     tools: tuple[RegisteredTool[D], ...]
     _by_name: Mapping[str, RegisteredTool[D]] = attrs.field(init=False, repr=False, eq=False)
+    _definitions: tuple[ToolDefinition, ...] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         by_name: dict[str, RegisteredTool[D]] = {}
@@ -589,6 +603,8 @@ class ToolRegistry(Generic[D]):
                 raise ValueError(f'Duplicate tool name "{tool.name}" in registry.')
             by_name[tool.name] = tool
         object.__setattr__(self, "_by_name", types.MappingProxyType(by_name))
+        # Built once: every model request carries them.
+        object.__setattr__(self, "_definitions", tuple(t.definition for t in self.tools))
 
     def get(self, name: str) -> RegisteredTool[D] | None:
         if type(name) is not str:
@@ -609,7 +625,7 @@ class ToolRegistry(Generic[D]):
         return tuple(t.name for t in self.tools)
 
     def definitions(self) -> tuple[ToolDefinition, ...]:
-        return tuple(t.definition for t in self.tools)
+        return self._definitions
 
 
 def create_tool_registry(tools: Iterable[RegisteredTool[D]] = ()) -> ToolRegistry[D]:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from strategies_document import models_with_actions
 
 from trioloop.loop.canonical import canonical_json
-from trioloop.loop.card import changed_fields, input_details, one_line, plain_value
+from trioloop.loop.card import _is_number, changed_fields, input_details, one_line, plain_value
 from trioloop.loop.tool_runtime import PreparedCall, unstructure_input
 from trioloop.threatmodel.graph_tools import GRAPH_ACTION_TOOLS
 
@@ -200,3 +200,19 @@ def test_distinct_inputs_never_give_the_same_details(first: dict[str, Any], seco
     whatever their keys and values hold (dots, brackets, quotes, backslashes, invisible code points)."""
     assume(canonical_json(first) != canonical_json(second))
     assert input_details(first) != input_details(second)
+
+
+def _float_parses(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+@given(
+    st.text(alphabet=st.sampled_from("aeiInNfty0123456789+-._ eE\t\u0661\uff11xX"), max_size=8) | st.text(max_size=8)
+)
+def test_a_value_reads_as_a_number_exactly_when_float_parses_it(text: str) -> None:
+    # The card quotes text that would read as a number; its shortcut for a leading letter must agree with float().
+    assert _is_number(text) is _float_parses(text)

@@ -62,6 +62,9 @@ _JSON_OPENERS: Final = frozenset('"[{')
 
 
 def _is_number(text: str) -> bool:
+    first = text[:1]
+    if first.isascii() and first.isalpha() and first not in "iInN":
+        return False  # float() takes a sign, a digit, a point, inf or nan first (after spaces): no need to ask
     try:
         float(text)
     except ValueError:

@@ -90,6 +90,29 @@ def test_the_fast_path_gives_the_pure_encoders_text(value: dict[str, object]) ->
     assert canonical_json(value) == "".join(out)
 
 
+_no_float_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | _scalar_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_scalar_text, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_no_float_json)
+def test_the_reused_c_encoder_gives_the_pure_encoders_text_at_any_depth(value: object) -> None:
+    # The fast path keeps one C encoder for every call (no cycle markers: it only takes values in which no
+    # container appears twice); nested lists, objects, booleans and null must come out as RFC 8785 has them.
+    assert canonical._C_ENCODE is not None  # CPython: the accelerated encoder is the one in use
+    out: list[str] = []
+    canonical._encode(value, out)
+    assert canonical_json(value) == "".join(out)
+
+
+def test_a_value_holding_one_list_twice_leaves_the_fast_path_and_still_encodes() -> None:
+    shared = [1, 2]
+    assert not canonical._fast_path_applies({"a": shared, "b": shared})
+    assert canonical_json({"a": shared, "b": shared}) == '{"a":[1,2],"b":[1,2]}'
+
+
 def test_integral_doubles_at_or_above_2_to_the_53_use_the_ecmascript_form() -> None:
     assert canonical_json(4.081293495242753e16) == "40812934952427530"
     assert canonical_json(2.0**53) == "9007199254740992"

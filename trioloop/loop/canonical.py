@@ -25,12 +25,42 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["canonical_json", "input_digest"]
 
 _EXACT_INTEGER = 2**53
 _FAST = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"))
+
+
+def _not_json(value: object) -> object:
+    raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+def _c_encoder() -> Callable[[Any, int], Any] | None:
+    """The C encoder behind ``_FAST``, made once: ``JSONEncoder.encode`` builds a new one per call, which
+    costs more than encoding a tool input. No cycle markers: the fast path only takes values in which no
+    container appears twice. None where CPython's ``_json`` accelerator is missing."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    try:
+        encoder: Callable[[Any, int], Any] = make(
+            None, _not_json, json.encoder.encode_basestring, None, ":", ",", True, False, False
+        )
+    except TypeError:  # a CPython whose accelerator takes other arguments: use the public encoder
+        return None
+    return encoder
+
+
+_C_ENCODE = _c_encoder()
+
+
+def _encode_fast(value: Any) -> str:
+    if _C_ENCODE is None or not isinstance(value, dict | list | tuple):
+        return _FAST.encode(value)
+    return "".join(_C_ENCODE(value, 0))
 
 
 def _number(value: float) -> str:
@@ -133,7 +163,7 @@ def canonical_json(value: Any) -> str:
     """Serialize a JSON value per RFC 8785: sorted keys (by UTF-16 code units), no whitespace,
     ECMAScript number formatting. Equal values give equal text whatever their key order."""
     if _fast_path_applies(value):
-        return _FAST.encode(value)
+        return _encode_fast(value)
     out: list[str] = []
     _encode(value, out)
     return "".join(out)

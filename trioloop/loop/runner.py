@@ -1,16 +1,18 @@
 """The Trio shell around the pure turn machine.
 
 ``run_turn`` owns one cancel scope (the turn deadline; Stop cancels it) and one nursery per turn. The
-provider request is a child task of the turn; every tool run is a child task of the *tool nursery* the
-caller owns (the `Session` passes its own), so a tool that ignores cancellation can be abandoned after a
-bounded grace without leaving the structured-concurrency tree: it still has a parent, which cancels and
-awaits it when it closes. Everything the tasks learn reaches the reducer through one inbox consumed by
-one task, so state has a single writer and a single order. The runner knows no document type: the
-`DocumentKind` in the `Workspace` validates, copies and compares documents. The runner performs
-only the effects the state asks for and decides nothing about authorization: it starts what the reducer
-moved to ``running`` and nothing else. The turn deadline measures the machine, not the person: while the
-turn waits in ``awaiting_approval`` the scope's deadline stands still (``review_timeout_ms``, if set, is
-the only bound then) and moves forward by the time waited once the review is decided.
+provider request is a child task of the turn; every ``async`` tool run is a child task of the *tool
+nursery* the caller owns (the `Session` passes its own), so a tool that ignores cancellation can be
+abandoned after a bounded grace without leaving the structured-concurrency tree: it still has a parent,
+which cancels and awaits it when it closes. A plain ``def`` tool has no checkpoint to be cancelled at,
+so it runs in place, in the consumer, where its call is started. Everything the tasks learn reaches the
+reducer through one inbox consumed by one task, so state has a single writer and a single order. The
+runner knows no document type: the `DocumentKind` in the `Workspace` validates, copies and compares
+documents. The runner performs only the effects the state asks for and decides nothing about
+authorization: it starts what the reducer moved to ``running`` and nothing else. The turn deadline
+measures the machine, not the person: while the turn waits in ``awaiting_approval`` the scope's deadline
+stands still (``review_timeout_ms``, if set, is the only bound then) and moves forward by the time
+waited once the review is decided.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from trioloop.loop.machine import (
     Advance,
     ApproveBatch,
     ApproveCall,
+    CallRecord,
     CallSettled,
     CallStatus,
     Cancel,
@@ -437,11 +440,11 @@ class _Turn(Generic[D]):
             if state.phase is Phase.REQUESTING and not self.request_open:
                 self.open_request(nursery, backoff_s=0.0)
             elif state.phase is Phase.EXECUTING:
-                self.start_approved_calls(nursery)
+                current = state.current_calls
+                self.start_approved_calls(nursery, current)
                 if self.state is not state:
                     continue
-                current = self.state.current_calls
-                if all(c.status not in (CallStatus.PENDING, CallStatus.APPROVED, CallStatus.RUNNING) for c in current):
+                if all(c.status.is_terminal for c in current):
                     self.apply(Advance(now_ms=self.machine_now_ms()))
                     if self.state is not state:
                         continue
@@ -492,11 +495,12 @@ class _Turn(Generic[D]):
         finally:
             self.request_scopes.discard(scope)
 
-    def start_approved_calls(self, nursery: trio.Nursery) -> None:
+    def start_approved_calls(self, nursery: trio.Nursery, current: Sequence[CallRecord]) -> None:
+        """Start the approved calls of ``current`` (the iteration's calls in the state as it is now)."""
         # Reads run concurrently; mutations run one at a time, each from the document as the previous
         # one left it, so two approved edits never race into a document_changed refusal.
-        mutating = any(c.status is CallStatus.RUNNING and c.effect == "mutate" for c in self.state.current_calls)
-        for call in self.state.current_calls:
+        mutating = any(c.status is CallStatus.RUNNING and c.effect == "mutate" for c in current)
+        for call in current:
             if call.status is not CallStatus.APPROVED or call.id in self.started:
                 continue
             if call.effect == "mutate":

@@ -134,6 +134,46 @@ def test_unusable_schemas_are_refused(schema: dict[str, Any]) -> None:
         build_mcp_tool("srv", mcp_tool(schema=schema), "destructive", never_called)
 
 
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"type": "object", "properties": {"mode": {"enum": ["safe", "safe\u200b"]}}}, "$.properties.mode.enum[1]"),
+        ({"type": "object", "properties": {"path\u202e": {"type": "string"}}}, "$.properties"),
+        ({"type": "object", "properties": {"x": {"const": "a\x00"}}}, "$.properties.x.const"),
+        ({"type": "object", "properties": {"x": {"default": "\u2066ok"}}}, "$.properties.x.default"),
+    ],
+)
+def test_an_invisible_character_outside_the_annotations_makes_the_tool_unusable(
+    schema: dict[str, Any], where: str
+) -> None:
+    # An enum value, a property name, a const or a default reaches the model as is, and the validator matches
+    # the exact text: it cannot be cleaned, so a tool whose schema hides a character in one is not offered.
+    with pytest.raises(UnusableTool) as refused:
+        build_mcp_tool("srv", mcp_tool(schema=schema), "destructive", never_called)
+    assert str(refused.value) == f"its input schema holds an invisible or control character at {where}"
+
+
+_schema_text = st.text(alphabet=st.sampled_from("ab é\n\u200b\u202e\x00<>"), max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(names=st.lists(_schema_text, min_size=1, max_size=3, unique=True), values=st.lists(_schema_text, max_size=4))
+def test_what_the_model_sees_of_a_schema_holds_nothing_invisible(names: list[str], values: list[str]) -> None:
+    properties: dict[str, Any] = {name: {"enum": values or ["x"], "description": name} for name in names}
+    schema = {"type": "object", "properties": properties}
+    try:
+        tool = build_mcp_tool("srv", mcp_tool(schema=schema), "destructive", never_called)
+    except UnusableTool:
+        hidden = [text for text in (*names, *values) if sanitize_scalar(text, 100, allow_newlines=True)[0] != text]
+        assert any(any(char in text for char in "\u200b\u202e\x00") for text in hidden)
+        return
+    shown = json.dumps(tool.json_schema, ensure_ascii=False)
+    assert not any(char in shown for char in "\u200b\u202e\x00")
+    # Enum values and names are the server's exact text, so what the model picks from them still validates.
+    for name in names:
+        assert tool.json_schema["properties"][name]["enum"] == (values or ["x"])
+
+
 def fenced(outcome: ToolOutcome) -> dict[str, Any]:
     lines = outcome.result.splitlines()
     start = lines.index(START_MARKER)

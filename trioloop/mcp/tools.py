@@ -26,7 +26,7 @@ from trioloop.loop.tool_runtime import (
     ToolExecutionContext,
     ToolOutcome,
 )
-from trioloop.loop.untrusted_text import TRUNCATION_MARK, sanitize_scalar
+from trioloop.loop.untrusted_text import TRUNCATION_MARK, is_stripped_code_point, sanitize_scalar
 from trioloop.mcp._patterns import PatternTimeout, bounded_validator_class, pattern_budget, uses_unbounded_regex
 from trioloop.mcp.servers import ToolClass
 
@@ -69,15 +69,31 @@ def namespaced_name(server: str, tool: str) -> str:
     return f"{server}{_SEPARATOR}{cleaned + '_' if cleaned else ''}{digest}"
 
 
-def _clean_schema(value: Any, key: str | None = None) -> Any:
-    """The schema with its free-text annotations (description, title) sanitized; validation keywords kept."""
+def _clean_schema(value: Any, key: str | None = None, path: str = "$") -> Any:
+    """The schema with its free-text annotations (description, title) sanitized; validation keywords kept.
+
+    Every other string in it (a property name, an ``enum`` or ``const`` value, a ``default``) reaches the
+    model as is, and the validator matches the exact text, so it cannot be cleaned without changing what
+    the tool accepts: one that holds a control, bidi or zero-width code point makes the tool unusable.
+    """
     if isinstance(value, dict):
-        return {k: _clean_schema(v, k) for k, v in value.items()}
+        cleaned: dict[str, Any] = {}
+        for k, v in value.items():
+            where = f"{path}.{k}" if isinstance(k, str) and k.isascii() and k.isprintable() else path
+            _refuse_invisible(k, where)
+            cleaned[k] = _clean_schema(v, k, where)
+        return cleaned
     if isinstance(value, list):
-        return [_clean_schema(item) for item in value]
+        return [_clean_schema(item, None, f"{path}[{index}]") for index, item in enumerate(value)]
     if key in ("description", "title") and isinstance(value, str):
         return sanitize_scalar(value, _SCHEMA_TEXT_MAX, allow_newlines=True)[0]
+    _refuse_invisible(value, path)
     return value
+
+
+def _refuse_invisible(text: object, path: str) -> None:
+    if isinstance(text, str) and any(is_stripped_code_point(char, allow_newlines=True) for char in text):
+        raise UnusableTool(f"its input schema holds an invisible or control character at {path}")
 
 
 def _validator(schema: dict[str, Any]) -> Validator:

@@ -48,6 +48,7 @@ from trioloop.loop import (
 from trioloop.loop._machine_state import CallRecord, Log
 from trioloop.loop._machine_tables import INITIAL_CALL_STATUSES
 from trioloop.loop._machine_text import NOT_RUN_TEXT
+from trioloop.loop.machine import NO_STATE_CHANGE
 from trioloop.protocol import (
     Aborted,
     Message,
@@ -421,6 +422,22 @@ def test_grant_spent_is_evolve_consumed() -> None:
     grant = Grant(call_id="c", tool_name="t", input_digest="d", iteration=3)
     assert grant.spent() == attrs.evolve(grant, consumed=True)
     assert not grant.consumed
+
+
+@pytest.mark.parametrize("phase", [p for p in Phase if p is not Phase.SETTLED])
+@given(
+    event=st.one_of(
+        st.builds(ToolCallStart, id=st.text(max_size=4), name=st.text(max_size=4)),
+        st.builds(ToolCallInputDelta, id=st.text(max_size=4), partial_json=st.text(max_size=8)),
+        st.builds(ThinkingDelta, text=st.text(max_size=8)),
+    )
+)
+def test_the_inputs_a_runner_may_skip_never_change_a_live_state(phase: Phase, event: object) -> None:
+    # The runner skips NO_STATE_CHANGE inputs while the turn is live; that is exact only if the reducer
+    # returns the very same state for them in every phase but settled.
+    assert {ToolCallStart, ToolCallInputDelta, ThinkingDelta} == NO_STATE_CHANGE
+    state = phase_states()[phase]
+    assert reduce_turn(state, event) is state  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("phase", list(Phase))

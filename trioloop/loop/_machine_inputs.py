@@ -305,6 +305,10 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
 )
 
 
+#: The kind each input type is classified as (when its fields are well formed).
+INPUT_TYPE_KINDS: Final[Mapping[type, InputKind]] = MappingProxyType({t: kind for t, (kind, _) in _DOOR.items()})
+
+
 def classify(value: object) -> InputKind | None:
     """The kind of a well-formed turn input, or None for anything else (never raises)."""
     entry = _DOOR.get(type(value))

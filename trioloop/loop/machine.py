@@ -20,6 +20,7 @@ from typing import Any, Final, TypeAlias
 import attrs
 
 from trioloop.loop._machine_inputs import (
+    INPUT_TYPE_KINDS,
     Advance,
     ApproveBatch,
     ApproveCall,
@@ -579,6 +580,13 @@ _HANDLERS: Final[Mapping[InputKind, _Handler]] = MappingProxyType(
         _K.CANCEL: _on_cancel,
         _K.UNDO_TURN: _on_undo_turn,
     }
+)
+
+
+#: Input types the reducer takes in without changing the state, in every phase but ``settled`` (where any
+#: input is recorded as a violation): a runner may skip them while the turn is live.
+NO_STATE_CHANGE: Final[frozenset[type]] = frozenset(
+    input_type for input_type, kind in INPUT_TYPE_KINDS.items() if _HANDLERS[kind] is _on_informational
 )
 
 

@@ -31,6 +31,7 @@ from trioloop.loop._stream_fold import fold_text_deltas
 from trioloop.loop.document import DocumentKind
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, Bound, TurnLimits, budget_exhaustion
 from trioloop.loop.machine import (
+    NO_STATE_CHANGE,
     Advance,
     ApproveBatch,
     ApproveCall,
@@ -399,15 +400,18 @@ class _Turn(Generic[D]):
             for event in fold_text_deltas(item.events):
                 if item.attempt != self.attempt or self.controls.turn_cancelled or self.state.is_settled:
                     return  # stale (a retry superseded it), or Stop: the rest is never seen, as if cut off
+                if type(event) in NO_STATE_CHANGE:
+                    self.saw_first_event = True  # a tool call's start, an input delta: no state to make
+                    continue
                 self.handle_stream_event(event, nursery)
             return
         self.apply(item)
 
     def handle_stream_event(self, event: StreamEvent, nursery: trio.Nursery) -> None:
-        if (
-            isinstance(event, StreamError)
-            and event.terminal
-            and self.state.phase is Phase.REQUESTING
+        if not isinstance(event, StreamError) or not event.terminal:
+            self.saw_first_event = True
+        elif (
+            self.state.phase is Phase.REQUESTING
             and not self.saw_first_event
             and (is_retriable(event) or event.code == "malformed_stream")
             and self.may_retry()
@@ -418,8 +422,6 @@ class _Turn(Generic[D]):
             self.request_open = False
             self.open_request(nursery, backoff_s=self.retry_backoff())
             return
-        if not isinstance(event, StreamError) or not event.terminal:
-            self.saw_first_event = True
         self.apply(event)
 
     def may_retry(self) -> bool:

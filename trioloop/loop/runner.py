@@ -397,9 +397,11 @@ class _Turn(Generic[D]):
             self.handle_stream_event(item.event, nursery)
             return
         if isinstance(item, _StreamBatch):
+            if item.attempt != self.attempt or self.controls.turn_cancelled:
+                return  # stale (a retry superseded it), or Stop or the deadline came first: never seen
             for event in fold_text_deltas(item.events):
-                if item.attempt != self.attempt or self.controls.turn_cancelled or self.state.is_settled:
-                    return  # stale (a retry superseded it), or Stop: the rest is never seen, as if cut off
+                if self.controls._stop_requested or self.state.is_settled or item.attempt != self.attempt:
+                    return  # an observer stopped the turn, or it settled, or retried: the rest is cut off
                 if type(event) in NO_STATE_CHANGE:
                     self.saw_first_event = True  # a tool call's start, an input delta: no state to make
                     continue

@@ -15,7 +15,7 @@ import trio.testing
 from trioloop.loop.document import define_document_kind
 from trioloop.loop.limits import TurnLimits
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
-from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.loop.runner import TOOL_CANCELLED_ITSELF, TurnControls, TurnRequest, Workspace, run_turn
 from trioloop.loop.tool_runtime import (
     ToolExecutionContext,
     ToolOutcome,
@@ -553,6 +553,34 @@ async def test_a_plain_def_tool_runs_in_place_and_an_async_one_in_a_task_of_its_
     assert len(workspace.undo.entries) == 1
     undone = undo_turn(workspace.undo, workspace.document, "turn-1")
     assert undone is not None and undone[0] == document
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["def", "async def"])
+async def test_a_tool_that_cancels_its_own_scope_fails_its_call_and_the_turn_goes_on(
+    document: ThreatModel, plain: bool, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Nothing it returned is used, and the turn does not wait for its deadline on a call that cannot settle.
+    def plain_run(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        ctx.cancel_scope.cancel()
+        return ToolOutcome.success(
+            "renamed", document=attrs.evolve(ctx.document, metadata=attrs.evolve(ctx.document.metadata, title="x"))
+        )
+
+    async def async_run(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        ctx.cancel_scope.cancel()
+        await trio.sleep(1)
+        raise AssertionError("unreachable: its own scope is cancelled")
+
+    registry = create_tool_registry([plain_tool("act", plain_run if plain else async_run, effect="mutate")])
+    workspace = Workspace(document=document, kind=THREAT_MODEL)
+    started = trio.current_time()
+    steps = [ScriptStep(tool_calls=(ScriptedCall(id="t", name="act"),)), ScriptStep(text="ok")]
+    final, _ = await drive(steps, workspace, registry, approve_all)
+    assert final.outcome is Outcome.COMPLETED
+    assert final.calls[0].status is CallStatus.FAILED
+    assert final.calls[0].result == TOOL_CANCELLED_ITSELF
+    assert workspace.document is document and workspace.undo.entries == ()
+    assert trio.current_time() - started < 1  # not bounded by the turn deadline
 
 
 class _SlowTeardownProvider:

@@ -61,6 +61,7 @@ __all__ = ["TOOL_CANCEL_GRACE_S", "TurnControls", "TurnRequest", "Workspace", "r
 #: How long a cancelled tool may take to unwind before the turn abandons it (its value discarded).
 TOOL_CANCEL_GRACE_S = 2.0
 NOT_AN_OUTCOME = "The tool returned something that is not a tool outcome."
+TOOL_CANCELLED_ITSELF = "The tool cancelled its own run; nothing it returned was used."
 
 #: Turn-level retry backoff: 0.5 s doubling, capped at 10 s (the transport has its own, earlier retries).
 _RETRY_BASE_S = 0.5
@@ -600,14 +601,12 @@ class _Turn(Generic[D]):
         Commit and report happen with no checkpoint in between, so no cancellation can split them. A
         fault in the commit is reported as the call's failure.
         """
-        if (
-            scope.cancel_called
-            or self.ending
-            or self.controls.turn_cancelled
-            or outcome is None
-            or self.state.is_settled
-        ):
-            return  # cancelled or no longer wanted: whatever it returned is discarded, never committed
+        if self.ending or self.controls.turn_cancelled or self.state.is_settled:
+            return  # Stop, the deadline or the end of the turn: whatever it returned is discarded, never committed
+        if scope.cancel_called or outcome is None:
+            # The tool cancelled its own scope: the call fails (nothing it returned is used) and the turn
+            # goes on, rather than waiting for its deadline on a call that will never settle.
+            outcome = ToolOutcome.failure(TOOL_CANCELLED_ITSELF)
         try:
             settled = self.commit(call_id, tool, snapshot, outcome)
         except Exception as exc:  # a tool must never crash the turn: report it as this call's failure

@@ -583,6 +583,33 @@ async def test_a_tool_that_cancels_its_own_scope_fails_its_call_and_the_turn_goe
     assert trio.current_time() - started < 1  # not bounded by the turn deadline
 
 
+class _Slippery:
+    """A proposed "document" that raises when asked what it is."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        raise RuntimeError("ask me not")
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["def", "async def"])
+async def test_an_outcome_that_raises_when_inspected_fails_only_its_call(document: ThreatModel, plain: bool) -> None:
+    def plain_run(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        return ToolOutcome.success("done", document=_Slippery())
+
+    async def async_run(inp: Nothing, ctx: ToolExecutionContext) -> ToolOutcome:
+        await trio.lowlevel.checkpoint()
+        return plain_run(inp, ctx)
+
+    registry = create_tool_registry([plain_tool("act", plain_run if plain else async_run, effect="mutate")])
+    workspace = Workspace(document=document, kind=THREAT_MODEL)
+    steps = [ScriptStep(tool_calls=(ScriptedCall(id="t", name="act"),)), ScriptStep(text="ok")]
+    final, _ = await drive(steps, workspace, registry, approve_all)
+    assert final.outcome is Outcome.COMPLETED
+    assert final.calls[0].status is CallStatus.FAILED
+    assert final.calls[0].result == "The tool returned something that is not a tool outcome."
+    assert workspace.document is document
+
+
 class _SlowTeardownProvider:
     """Sends the start of an answer, then stalls; on cancellation it takes ``teardown_s`` (shielded) to unwind,
     as an HTTP response that must be closed does. Notes when the teardown ended."""

@@ -259,7 +259,15 @@ def _checked_outcome(produced: object, snapshot: D, kind: DocumentKind[D]) -> To
     """What a tool returned, or a failure naming the fault: only a well-formed outcome may be committed.
 
     A proposed document must be of the live document's own type; anything else is named, not committed.
+    Never raises (a tool's object could misbehave when inspected): the call then fails as not an outcome.
     """
+    try:
+        return _checked(produced, snapshot, kind)
+    except Exception:
+        return ToolOutcome.failure(NOT_AN_OUTCOME)
+
+
+def _checked(produced: object, snapshot: D, kind: DocumentKind[D]) -> ToolOutcome[D]:
     if not isinstance(produced, ToolOutcome):
         return ToolOutcome.failure(NOT_AN_OUTCOME)
     if not produced.is_text:
@@ -362,8 +370,8 @@ class _Turn(Generic[D]):
                 break
             try:
                 # What is already in the inbox is taken without a scheduler pass (a batch and the
-                # request's end arrive together; a plain tool's settlement is put there by this task):
-                # the wait, and the pass it costs, come only when the inbox is empty. Stop and the
+                # request's end arrive together): the wait, and the pass it costs, come only when the
+                # inbox is empty. Stop and the
                 # deadline are still seen first, before anything queued is handled.
                 await trio.lowlevel.checkpoint_if_cancelled()
                 try:

@@ -245,12 +245,6 @@ class TurnRequest(Generic[D]):
     tool_cancel_grace_s: float = TOOL_CANCEL_GRACE_S
 
 
-async def _not_run() -> ToolOutcome[Any]:
-    """What a call started after Stop awaits in its (cancelled) task: it ends at its first checkpoint."""
-    await trio.lowlevel.checkpoint()
-    return ToolOutcome.failure("The tool was not run.")
-
-
 def _failed_while_running(exc: Exception) -> ToolOutcome[Any]:
     return ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
 
@@ -531,9 +525,9 @@ class _Turn(Generic[D]):
                 continue
             # The tool's own scope carries the turn deadline, so at the deadline (as on Stop) the
             # tool sees its own scope cancelled, not just a Cancelled from further out.
-            scope = trio.CancelScope(deadline=self.deadline)
             if self.controls.turn_cancelled:
-                scope.cancel()  # Stop arrived while this call was being started
+                continue  # Stop or the deadline came first: none of the tool's code runs; the settle ends the call
+            scope = trio.CancelScope(deadline=self.deadline)
             # The tool gets a private copy, made when it first reads ctx.document (or the snapshot
             # itself when the kind is immutable): nothing it does to it can reach the live document or
             # the undo snapshot that undo restores.
@@ -543,10 +537,8 @@ class _Turn(Generic[D]):
             else:
                 context = ToolExecutionContext.deferred(partial(kind.private_copy, snapshot), cancel_scope=scope)
             invoke = started.prepared.invoke
-            if scope.cancel_called:
-                pending: Awaitable[object] = _not_run()  # Stop came first: none of the tool's code runs
-            elif invoke is None:
-                pending = started.prepared.run(context)
+            if invoke is None:
+                pending: Awaitable[object] = started.prepared.run(context)
             else:
                 # A plain ``def`` tool runs here and now, as it would in a task of its own (no checkpoint
                 # can come between its start and its end either way): no spawn, no scheduler pass, and

@@ -119,7 +119,6 @@ class Session(Generic[D]):
         self._last_turn_id: str | None = None  # the turn `undo_last_turn` undoes
         self._turns_started = 0
         self._changed = trio.lowlevel.ParkingLot()  # `states()` readers park here until the next state
-        self._parked_readers = 0  # how many are parked there: publishing with none costs one comparison
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -216,15 +215,11 @@ class Session(Generic[D]):
                 seen = self._state
                 yield seen
                 continue
-            self._parked_readers += 1
-            try:
-                await self._changed.park()
-            finally:
-                self._parked_readers -= 1
+            await self._changed.park()
 
     def _publish(self, state: TurnState) -> None:
         self._state = state
-        if self._parked_readers:  # no allocation per state: a turn publishes about seven per iteration
+        if self._changed:  # no reader parked: nothing to wake (a turn publishes about seven states per iteration)
             self._changed.unpark_all()
 
     # -- turns -----------------------------------------------------------------------------------

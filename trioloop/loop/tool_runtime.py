@@ -556,8 +556,10 @@ def define_executable_tool(
         canonical = unstructure_input(validated)
         digest = input_digest(canonical)
 
+        invoke = partial(run, validated)
+
         async def run_call(ctx: ToolExecutionContext[D]) -> ToolOutcome[D]:
-            produced = run(validated, ctx)
+            produced = invoke(ctx)
             if inspect.isawaitable(produced):
                 produced = await produced
             else:
@@ -571,7 +573,7 @@ def define_executable_tool(
             run=run_call,
             details=input_details(canonical),
             preview=bound,
-            invoke=partial(run, validated),
+            invoke=invoke,
         )
 
     return RegisteredTool(

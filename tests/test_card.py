@@ -6,6 +6,7 @@ import json
 import unicodedata
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -13,7 +14,14 @@ from strategies_document import models_with_actions
 
 from trioloop.loop.canonical import canonical_json
 from trioloop.loop.card import _is_number, changed_fields, input_details, one_line, plain_value
-from trioloop.loop.tool_runtime import PreparedCall, unstructure_input
+from trioloop.loop.tool_runtime import (
+    PreparedCall,
+    ToolExecutionContext,
+    ToolOutcome,
+    define_executable_tool,
+    tool_field,
+    unstructure_input,
+)
 from trioloop.threatmodel.graph_tools import GRAPH_ACTION_TOOLS
 
 TOOLS = {tool.name: tool for tool in GRAPH_ACTION_TOOLS}
@@ -216,3 +224,49 @@ def _float_parses(text: str) -> bool:
 def test_a_value_reads_as_a_number_exactly_when_float_parses_it(text: str) -> None:
     # The card quotes text that would read as a number; its shortcut for a leading letter must agree with float().
     assert _is_number(text) is _float_parses(text)
+
+
+# -- details made on first read ------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class _FreeInput:
+    name: str = tool_field(description="A name.", max_length=40)
+    payload: Any = attrs.field()  # any JSON value
+
+
+def test_details_read_after_the_tool_changed_its_input_in_place_show_the_input_as_sent() -> None:
+    # The lines are made on the first read (an auto-approved read never shows a card). They must still
+    # be the input the digest covers, even when the tool has since rewritten the objects it was given.
+    def meddle(request: _FreeInput, ctx: Any) -> ToolOutcome[Any]:
+        request.payload["items"].append("smuggled")
+        request.payload["mode"] = "rewritten"
+        return ToolOutcome.success("done")
+
+    tool = define_executable_tool(
+        name="meddle",
+        description="Rewrites its own input.",
+        effect="read",
+        destructive=False,
+        input_type=_FreeInput,
+        run=meddle,
+        summarize=lambda request: f"Meddle with {request.name}",
+    )
+    call = tool.prepare({"name": "n", "payload": {"items": ["a"], "mode": "plain"}})
+    assert isinstance(call, PreparedCall) and call.invoke is not None
+    call.invoke(ToolExecutionContext(document=None))
+    assert call.details == (("name", "n"), ("payload.items[0]", "a"), ("payload.mode", "plain"))
+    assert call.details is call.details  # made once
+
+
+def test_prepared_calls_compare_by_summary_digest_and_details_however_the_details_were_given() -> None:
+    async def run(ctx: Any) -> ToolOutcome[Any]:
+        return ToolOutcome.success("")
+
+    lines = (("a", "1"),)
+    given_lines = PreparedCall(summary="s", input_digest="d", run=run, details=lines)
+    given_function = PreparedCall(summary="s", input_digest="d", run=run, details=lambda: lines)
+    assert given_lines == given_function and hash(given_lines) == hash(given_function)
+    assert given_lines != PreparedCall(summary="s", input_digest="d", run=run, details=(("a", "2"),))
+    assert given_lines != PreparedCall(summary="s", input_digest="e", run=run, details=lines)
+    assert "details=(('a', '1'),)" in repr(given_function)

@@ -121,13 +121,17 @@ RunFn: TypeAlias = Callable[[ToolExecutionContext[D]], Awaitable[ToolOutcome[D]]
 InvokeFn: TypeAlias = Callable[[ToolExecutionContext[D]], "ToolOutcome[D] | Awaitable[ToolOutcome[D]]"]
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False, eq=False)
 class PreparedCall(Generic[D]):
     """A validated call: plain-text summary for the reviewer, the digest a grant binds to, and ``run``.
 
     ``details`` is the whole input the digest covers, as ordered (field path, value) lines for the
     card (`trioloop.loop.card`); ``preview`` (when the tool declares one) is its dry run, bound to this
-    input: ``preview(document) -> Preview`` (`trioloop.loop.preview`).
+    input: ``preview(document) -> Preview`` (`trioloop.loop.preview`). ``details`` may be given as a
+    function of no arguments instead of the lines themselves: it is then called on the first read and
+    its lines kept (a call auto-approved by the read-only policy is never shown on a card, so it need
+    not pay for them). The function must be pure, over a value no one else holds: what it returns is
+    what the card shows, whenever it is first read.
 
     ``invoke``, when set, is the same run without the ``async`` wrapper: it returns the outcome
     itself when the tool finished without awaiting, and the runner then settles the call in place,
@@ -138,9 +142,34 @@ class PreparedCall(Generic[D]):
     summary: str
     input_digest: str
     run: RunFn[D] = attrs.field(eq=False, repr=False)
-    details: CardDetails = ()
+    _details: CardDetails | Callable[[], CardDetails] = attrs.field(default=(), alias="details")
     preview: Callable[[Any], Preview] | None = attrs.field(default=None, eq=False, repr=False)
     invoke: InvokeFn[D] | None = attrs.field(default=None, eq=False, repr=False)
+
+    @property
+    def details(self) -> CardDetails:
+        """The input's (path, value) lines, made on the first read when they were given as a function."""
+        details = self._details
+        if callable(details):
+            details = details()
+            object.__setattr__(self, "_details", details)  # made once; every later read sees the same lines
+        return details
+
+    # Equal when summary, digest and details are (the functions are not compared), as attrs would make it.
+    def _key(self) -> tuple[str, str, CardDetails]:
+        return (self.summary, self.input_digest, self.details)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, PreparedCall)
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"PreparedCall(summary={self.summary!r}, input_digest={self.input_digest!r}, details={self.details!r})"
 
 
 @attrs.frozen(kw_only=True)
@@ -571,7 +600,9 @@ def define_executable_tool(
             summary=summarize(validated),
             input_digest=digest,
             run=run_call,
-            details=input_details(canonical),
+            # Lines for a card, made only if one is shown: ``canonical`` is this call's own (unstructure
+            # builds it anew), so the lines are the same whenever they are made.
+            details=partial(input_details, canonical),
             preview=bound,
             invoke=invoke,
         )

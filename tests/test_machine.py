@@ -360,7 +360,8 @@ def _call_records(draw: st.DrawFn) -> CallRecord:
 
 
 def test_call_record_fields_are_the_ones_moved_to_copies() -> None:
-    # moved_to copies fields by name; a field added to CallRecord must be added there too.
+    # moved_to copies the instance dict and sets the fields it is given; a field added to CallRecord must
+    # keep that right (the evolve test below checks every field) and be added here on purpose.
     assert [f.name for f in attrs.fields(CallRecord)] == [
         "id", "tool_name", "input_digest", "summary", "effect", "destructive", "iteration", "status",
         "prepared", "result", "is_error", "denial_reason", "edits", "changed_document",
@@ -388,8 +389,10 @@ def test_moved_to_is_evolve_with_only_the_given_fields(
     for name, value in optional:
         if value is not None:
             given_changes[name] = value
+    before = attrs.asdict(record, recurse=False)
     moved = record.moved_to(status, result=result, is_error=is_error, denial_reason=reason, changed_document=changed)
     assert moved == attrs.evolve(record, **given_changes)
+    assert attrs.asdict(record, recurse=False) == before  # the record moved from is left as it was
     assert moved.prepared is record.prepared
 
 

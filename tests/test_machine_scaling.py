@@ -14,6 +14,8 @@ from types import FrameType
 from typing import Any
 
 import attrs
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trioloop.loop import (
     Submit,
@@ -24,6 +26,7 @@ from trioloop.loop import (
     reduce_turn,
     tool_field,
 )
+from trioloop.loop._machine_state import CallRecord, CallTable
 from trioloop.loop.machine import CallStatus, DenialReason
 from trioloop.protocol import MessageStart, MessageStop, ToolCallComplete
 
@@ -125,3 +128,53 @@ def test_old_versions_never_see_later_calls_and_a_branch_gets_its_own_table() ->
     stopped = reduce_turn(grown, MessageStop(stop_reason="tool_use"))
     assert stopped.calls.pending_count == 12
     assert [c.status for c in stopped.current_calls].count(CallStatus.PENDING) == 12
+
+
+def _record(call_id: str, status: CallStatus = CallStatus.PENDING) -> CallRecord:
+    return CallRecord(
+        id=call_id,
+        tool_name="rename",
+        input_digest="d",
+        summary="s",
+        effect="mutate",
+        destructive=False,
+        iteration=1,
+        status=status,
+    )
+
+
+_OPERATIONS = st.lists(
+    st.tuples(
+        st.integers(min_value=0, max_value=30),  # which version so far to start from (a branch when not the last)
+        st.sampled_from(["append", "replace"]),
+        st.integers(min_value=0, max_value=30),  # the id to append (ids repeat: a forged duplicate), or a position
+        st.sampled_from([CallStatus.PENDING, CallStatus.APPROVED, CallStatus.DENIED]),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_OPERATIONS)
+def test_every_version_of_a_call_table_reads_as_the_tuple_it_was_made_from(operations: list[Any]) -> None:
+    # Versions share their list and index; appends to old versions (branches) and replacements in any
+    # version must leave every other version reading exactly as before.
+    versions: list[tuple[CallTable, tuple[CallRecord, ...]]] = [(CallTable(), ())]
+    for base, operation, value, status in operations:
+        table, model = versions[base % len(versions)]
+        if operation == "append":
+            record = _record(f"c{value}", status)
+            versions.append((table.append(record), (*model, record)))
+        elif model:
+            position = value % len(model)
+            record = _record(model[position].id, status)
+            versions.append(
+                (table.replaced(((position, record),)), (*model[:position], record, *model[position + 1 :]))
+            )
+        for table, model in versions:
+            assert table.items == model and len(table) == len(model)
+            assert table.pending_count == sum(r.status is CallStatus.PENDING for r in model)
+            for record in model:
+                first = next(r for r in model if r.id == record.id)  # the first of a duplicate id wins
+                assert table.get(record.id) is first
+            assert table.get("c99") is None

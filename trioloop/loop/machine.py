@@ -485,7 +485,9 @@ def _on_start_call(state: TurnState, cmd: StartCall) -> TurnState:
     if call is None:  # authorize_start found it; kept total all the same
         return state
     grants = list(state.grants)
-    grants[grants.index(verdict)] = verdict.spent()
+    # The very grant authorize_start returned (compared by identity: cheaper than attrs' field-wise eq).
+    position = next(index for index, grant in enumerate(grants) if grant is verdict)
+    grants[position] = verdict.spent()
     return _replace_call(state, _moved(call, CallStatus.RUNNING), grants=tuple(grants))
 
 

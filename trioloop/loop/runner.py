@@ -648,7 +648,8 @@ class _Turn(Generic[D]):
         """
         if self.ending and self.state.is_settled:
             return
-        bound = None if self.controls.stop_requested else self.timing_bound()
+        # Which bound ran out matters only to a turn that is not settled yet (a completed turn skips it).
+        bound = None if self.controls.stop_requested or self.state.is_settled else self.timing_bound()
         reason: Literal["stop", "deadline", "review_timeout"] = (
             "review_timeout" if bound is Bound.REVIEW_TIMEOUT else "deadline" if bound is Bound.DEADLINE else "stop"
         )
@@ -741,7 +742,8 @@ async def _drive(
                     # Settled (or failing): nothing still running is wanted. The request tasks are shielded
                     # from the turn's scope, so they are cancelled here, on every way out.
                     turn.cancel_requests()
-                nursery.cancel_scope.cancel()
+                if nursery.child_tasks:  # a cancel costs even when no task is left to see it
+                    nursery.cancel_scope.cancel()
     finally:
         # Runs on Stop, on the deadline, and even when a scope outside the turn cancels us: the turn
         # always ends settled. The one await is shielded and bounded by the tool grace.

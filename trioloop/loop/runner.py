@@ -1,18 +1,19 @@
 """The Trio shell around the pure turn machine.
 
-``run_turn`` owns one cancel scope (the turn deadline; Stop cancels it) and one nursery per turn. The
-provider request is a child task of the turn; every ``async`` tool run is a child task of the *tool
-nursery* the caller owns (the `Session` passes its own), so a tool that ignores cancellation can be
-abandoned after a bounded grace without leaving the structured-concurrency tree: it still has a parent,
-which cancels and awaits it when it closes. A plain ``def`` tool has no checkpoint to be cancelled at,
-so it runs in place, in the consumer, where its call is started. Everything the tasks learn reaches the
-reducer through one inbox consumed by one task, so state has a single writer and a single order. The
-runner knows no document type: the `DocumentKind` in the `Workspace` validates, copies and compares
-documents. The runner performs only the effects the state asks for and decides nothing about
-authorization: it starts what the reducer moved to ``running`` and nothing else. The turn deadline
-measures the machine, not the person: while the turn waits in ``awaiting_approval`` the scope's deadline
-stands still (``review_timeout_ms``, if set, is the only bound then) and moves forward by the time
-waited once the review is decided.
+``run_turn`` owns one cancel scope (the turn deadline; Stop cancels it) and one nursery per turn, which
+holds that scope. The provider request is a child task of that nursery, outside the turn's scope, so
+Stop and the deadline reach the consumer first and the request is cancelled once the turn has settled.
+Every ``async`` tool run is a child task of the *tool nursery* the caller owns (the `Session` passes
+its own), so a tool that ignores cancellation can be abandoned after a bounded grace without leaving
+the structured-concurrency tree: it still has a parent, which cancels and awaits it when it closes. A
+plain ``def`` tool has no checkpoint to be cancelled at, so it runs in place, in the consumer, where its
+call is started. Everything the tasks learn reaches the reducer through one inbox consumed by one task,
+so state has a single writer and a single order. The runner knows no document type: the `DocumentKind`
+in the `Workspace` validates, copies and compares documents. The runner performs only the effects the
+state asks for and decides nothing about authorization: it starts what the reducer moved to ``running``
+and nothing else. The turn deadline measures the machine, not the person: while the turn waits in
+``awaiting_approval`` the scope's deadline stands still (``review_timeout_ms``, if set, is the only
+bound then) and moves forward by the time waited once the review is decided.
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ class _Turn(Generic[D]):
         self.deadline = self.started_at + request.limits.turn_deadline_ms / 1000
         self.review_paused_s = 0.0  # time spent waiting for the reviewer: the turn deadline does not run then
         self.review_since: float | None = None
-        self.request_scopes: set[trio.CancelScope] = set()  # one per request task still running
+        self.requests: trio.Nursery | None = None  # the request tasks' nursery, outside the turn's scope
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -326,20 +327,25 @@ class _Turn(Generic[D]):
         in ``awaiting_approval`` and moves forward by the time waited when the review is decided. While
         waiting, the turn scope's deadline is the review timeout (none unless ``review_timeout_ms``)."""
         now = trio.current_time()
-        scope = self.controls._scope
         if waiting:
             self.review_since = now
             timeout_ms = self.state.limits.review_timeout_ms
-            if scope is not None:
-                scope.deadline = math.inf if timeout_ms is None else now + timeout_ms / 1000
+            self.set_deadline(math.inf if timeout_ms is None else now + timeout_ms / 1000)
             return
         if self.review_since is not None:
             waited = now - self.review_since
             self.review_since = None
             self.review_paused_s += waited
             self.deadline += waited
+        self.set_deadline(self.deadline)
+
+    def set_deadline(self, deadline: float) -> None:
+        """The turn scope's deadline, and the request nursery's backstop just after it."""
+        scope = self.controls._scope
         if scope is not None:
-            scope.deadline = self.deadline
+            scope.deadline = deadline
+        if self.requests is not None:
+            self.requests.cancel_scope.deadline = deadline + _REQUEST_DEADLINE_GRACE_S
 
     def machine_now_ms(self) -> int:
         """The turn's clock for its bounds: Trio's clock minus every wait for the reviewer, counted from
@@ -356,10 +362,10 @@ class _Turn(Generic[D]):
 
     # -- the one consumer ------------------------------------------------------------------------
 
-    async def consume(self, nursery: trio.Nursery) -> None:
+    async def consume(self) -> None:
         receive = self.controls._receive
         while not self.state.is_settled:
-            self.perform_effects(nursery)
+            self.perform_effects()
             if self.state.is_settled:
                 break
             try:
@@ -379,9 +385,9 @@ class _Turn(Generic[D]):
                 # run_turn still returns only after every task has ended.
                 await self.settle()
                 raise
-            self.handle(item, nursery)
+            self.handle(item)
 
-    def handle(self, item: _InboxItem, nursery: trio.Nursery) -> None:
+    def handle(self, item: _InboxItem) -> None:
         if isinstance(item, _RequestEnded):
             if item.attempt == self.attempt:
                 self.request_open = False
@@ -390,14 +396,13 @@ class _Turn(Generic[D]):
                         StreamError(
                             code="malformed_stream",
                             message="The AI response ended before it was complete. Please try again.",
-                        ),
-                        nursery,
+                        )
                     )
             return
         if isinstance(item, _StreamItem):
             if item.attempt != self.attempt:
                 return  # a stale event from a request we already gave up on
-            self.handle_stream_event(item.event, nursery)
+            self.handle_stream_event(item.event)
             return
         if isinstance(item, _StreamBatch):
             if item.attempt != self.attempt or self.controls.turn_cancelled:
@@ -408,11 +413,11 @@ class _Turn(Generic[D]):
                 if type(event) in NO_STATE_CHANGE:
                     self.saw_first_event = True  # a tool call's start, an input delta: no state to make
                     continue
-                self.handle_stream_event(event, nursery)
+                self.handle_stream_event(event)
             return
         self.apply(item)
 
-    def handle_stream_event(self, event: StreamEvent, nursery: trio.Nursery) -> None:
+    def handle_stream_event(self, event: StreamEvent) -> None:
         if not isinstance(event, StreamError) or not event.terminal:
             self.saw_first_event = True
         elif (
@@ -425,7 +430,7 @@ class _Turn(Generic[D]):
             # retry cannot repeat output. The reducer counts it; the new attempt supersedes the old.
             self.apply(Retry(now_ms=_now_ms()))
             self.request_open = False
-            self.open_request(nursery, backoff_s=self.retry_backoff())
+            self.open_request(backoff_s=self.retry_backoff())
             return
         self.apply(event)
 
@@ -440,15 +445,15 @@ class _Turn(Generic[D]):
 
     # -- effects ---------------------------------------------------------------------------------
 
-    def perform_effects(self, nursery: trio.Nursery) -> None:
+    def perform_effects(self) -> None:
         # Loop because starting calls or advancing yields a new state that may ask for more.
         while True:
             state = self.state
             if state.phase is Phase.REQUESTING and not self.request_open:
-                self.open_request(nursery, backoff_s=0.0)
+                self.open_request(backoff_s=0.0)
             elif state.phase is Phase.EXECUTING:
                 current = state.current_calls
-                self.start_approved_calls(nursery, current)
+                self.start_approved_calls(current)
                 if self.state is not state:
                     continue
                 if all(c.status.is_terminal for c in current):
@@ -457,7 +462,7 @@ class _Turn(Generic[D]):
                         continue
             return
 
-    def open_request(self, nursery: trio.Nursery, *, backoff_s: float) -> None:
+    def open_request(self, *, backoff_s: float) -> None:
         self.attempt += 1
         self.request_open = True
         self.saw_first_event = False
@@ -468,41 +473,32 @@ class _Turn(Generic[D]):
             tools=self.request.registry.definitions(),
             max_tokens=self.request.max_output_tokens,
         )
-        # Shielded from the turn's scope: on Stop or the deadline the consumer settles first and then
-        # cancels the request (``cancel_requests``), so the settled state never waits behind a response
-        # being torn down. Every exit of the consumer cancels it; its own deadline is the backstop.
-        scope = trio.CancelScope(shield=True, deadline=self.deadline + _REQUEST_DEADLINE_GRACE_S)
-        self.request_scopes.add(scope)
-        nursery.start_soon(self.request_task, self.attempt, request, backoff_s, scope)
+        # A child of the request nursery, which is outside the turn's scope: on Stop or the deadline
+        # the consumer settles first and then cancels the requests (``_drive``), so the settled state
+        # never waits behind a response being torn down. The nursery's deadline is the backstop.
+        assert self.requests is not None, "a turn opens requests only inside _drive"
+        self.requests.start_soon(self.request_task, self.attempt, request, backoff_s)
 
-    def cancel_requests(self) -> None:
-        for scope in self.request_scopes:
-            scope.cancel()
-
-    async def request_task(self, attempt: int, request: ChatRequest, backoff_s: float, scope: trio.CancelScope) -> None:
+    async def request_task(self, attempt: int, request: ChatRequest, backoff_s: float) -> None:
         inbox = self.controls._send
         sink = _SendToInbox(inbox, attempt)
+        if backoff_s > 0:
+            await trio.sleep(backoff_s)
         try:
-            with scope:
-                if backoff_s > 0:
-                    await trio.sleep(backoff_s)
-                try:
-                    await self.provider.stream(request, sink)
-                except trio.Cancelled:
-                    raise
-                except Exception as exc:  # a provider bug must end the turn as a typed failure, not a crash
-                    await sink.send(
-                        StreamError(
-                            code="transport",
-                            message="The AI request could not be completed.",
-                            provider_detail=type(exc).__name__,
-                        )
-                    )
-                inbox.send_nowait(_RequestEnded(attempt, sink.terminal_sent))
-        finally:
-            self.request_scopes.discard(scope)
+            await self.provider.stream(request, sink)
+        except trio.Cancelled:
+            raise
+        except Exception as exc:  # a provider bug must end the turn as a typed failure, not a crash
+            await sink.send(
+                StreamError(
+                    code="transport",
+                    message="The AI request could not be completed.",
+                    provider_detail=type(exc).__name__,
+                )
+            )
+        inbox.send_nowait(_RequestEnded(attempt, sink.terminal_sent))
 
-    def start_approved_calls(self, nursery: trio.Nursery, current: Sequence[CallRecord]) -> None:
+    def start_approved_calls(self, current: Sequence[CallRecord]) -> None:
         """Start the approved calls of ``current`` (the iteration's calls in the state as it is now)."""
         # Reads run concurrently; mutations run one at a time, each from the document as the previous
         # one left it, so two approved edits never race into a document_changed refusal.
@@ -731,19 +727,23 @@ async def _drive(
         )
     )
     try:
-        with trio.CancelScope(deadline=turn.deadline) as turn_scope:
-            controls._scope = turn_scope
-            if controls.stop_requested:
-                turn_scope.cancel()
-            async with trio.open_nursery() as nursery:
-                try:
-                    await turn.consume(nursery)
-                finally:
-                    # Settled (or failing): nothing still running is wanted. The request tasks are shielded
-                    # from the turn's scope, so they are cancelled here, on every way out.
-                    turn.cancel_requests()
-                if nursery.child_tasks:  # a cancel costs even when no task is left to see it
-                    nursery.cancel_scope.cancel()
+        # The request tasks' nursery holds the turn's scope, not the other way round: Stop and the deadline
+        # cancel the turn's scope, the consumer settles, and only then are the requests cancelled (below).
+        # Its own deadline, just after the turn's, is the backstop and what a provider sees as its own.
+        async with trio.open_nursery() as requests:
+            turn.requests = requests
+            requests.cancel_scope.deadline = turn.deadline + _REQUEST_DEADLINE_GRACE_S
+            try:
+                with trio.CancelScope(deadline=turn.deadline) as turn_scope:
+                    controls._scope = turn_scope
+                    if controls.stop_requested:
+                        turn_scope.cancel()
+                    await turn.consume()
+            finally:
+                # Settled (or failing): nothing still running is wanted, on every way out. A cancel costs
+                # even when no task is left to see it.
+                if requests.child_tasks:
+                    requests.cancel_scope.cancel()
     finally:
         # Runs on Stop, on the deadline, and even when a scope outside the turn cancels us: the turn
         # always ends settled. The one await is shielded and bounded by the tool grace.

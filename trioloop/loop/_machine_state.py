@@ -8,8 +8,7 @@ of everything before it; the tuples callers read are built once, on first access
 from __future__ import annotations
 
 import enum
-import functools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final, overload
 
@@ -35,6 +34,38 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_Owner = TypeVar("_Owner")
+
+
+class _cached(Generic[_Owner, T]):  # lower case: a decorator, like functools.cached_property
+    """A value computed on the first read and kept in the instance ``__dict__``, then read from there.
+
+    ``functools.cached_property`` without its per-read lock (Python 3.11 takes one on every first read;
+    3.12 dropped it): states are immutable and the computation pure, so two threads racing here would
+    only store equal values. The descriptor defines no ``__set__``, so once stored the instance's entry
+    is found first and the descriptor is not called again.
+    """
+
+    def __init__(self, compute: Callable[[_Owner], T]) -> None:
+        self._compute = compute
+        self._name = compute.__name__
+        self.__doc__ = compute.__doc__
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type[Any]) -> _cached[_Owner, T]: ...
+
+    @overload
+    def __get__(self, instance: _Owner, owner: type[Any]) -> T: ...
+
+    def __get__(self, instance: _Owner | None, owner: type[Any]) -> T | _cached[_Owner, T]:
+        if instance is None:
+            return self
+        value = self._compute(instance)
+        instance.__dict__[self._name] = value
+        return value
 
 
 @final
@@ -384,12 +415,14 @@ def _block_log(value: Log[ContentBlock] | Iterable[ContentBlock] | None) -> Log[
 
 
 @final
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class Draft:
     """The current iteration's assistant message: finished blocks plus the text segment still growing.
 
     ``open`` is true until `MessageStop` (or a settle) closes it; the closed message is then part
     of the turn's messages and the draft is kept only so the UI can read this iteration's text.
+    (An instance ``__dict__``, not slots: the cached properties are read in every iteration, and on a
+    slotted attrs class their first read goes through a generated ``__getattr__``.)
     """
 
     blocks: Log[ContentBlock] = attrs.field(default=_EMPTY_BLOCKS, converter=_block_log)
@@ -416,13 +449,13 @@ class Draft:
             return self.blocks
         return self.blocks.append(TextBlock(text="".join(self.text.items)))
 
-    @functools.cached_property
+    @_cached
     def message(self) -> Message | None:
         """The assistant message so far, or None while it holds nothing (an empty message is never sent)."""
         blocks = self._finished_blocks.items
         return Message(role="assistant", content=blocks) if blocks else None
 
-    @functools.cached_property
+    @_cached
     def plain_text(self) -> str:
         segments = [b.text for b in self.blocks if isinstance(b, TextBlock)]
         segments.extend(self.text.items)
@@ -511,14 +544,14 @@ class TurnState:
         """The assistant text of the current iteration so far."""
         return "" if self.draft is None else self.draft.plain_text
 
-    @functools.cached_property
+    @_cached
     def turn_messages(self) -> tuple[Message, ...]:
         """This turn's messages only: the user's text, then assistant messages and tool results."""
         if self.draft is not None and self.draft.open and self.draft.message is not None:
             return (*self.closed_messages, self.draft.message)
         return self.closed_messages
 
-    @functools.cached_property
+    @_cached
     def messages(self) -> tuple[Message, ...]:
         return self.base_messages + self.turn_messages
 
@@ -549,8 +582,6 @@ class TurnState:
 _STATE_FIELDS: tuple[str, ...] = tuple(field.name for field in attrs.fields(TurnState))
 _STATE_FIELD_SET: frozenset[str] = frozenset(_STATE_FIELDS)
 _STATE_FIELD_COUNT = len(_STATE_FIELDS)
-_STATE_CACHED: tuple[str, ...] = tuple(
-    name for name, value in vars(TurnState).items() if isinstance(value, functools.cached_property)
-)
+_STATE_CACHED: tuple[str, ...] = tuple(name for name, value in vars(TurnState).items() if isinstance(value, _cached))
 _new_object = object.__new__
 _set_field = object.__setattr__

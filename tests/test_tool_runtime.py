@@ -244,3 +244,44 @@ def test_str_enum_fields_are_validated_and_advertised() -> None:
     assert isinstance(bad, PrepareFailure) and bad.issues == ("color: must be one of 'red', 'blue'",)
     assert tool.json_schema["properties"]["color"] == {"type": "string", "enum": ["red", "blue"]}
     assert tool.json_schema["properties"]["accent"] == {"type": ["string", "null"], "enum": ["red", "blue", None]}
+
+
+@attrs.frozen(kw_only=True)
+class _Label:
+    text: str = tool_field(description="Shown as is.", min_length=2, max_length=4)
+    weight: int = tool_field(default=1, minimum=0, maximum=9)
+
+
+@attrs.frozen(kw_only=True)
+class _Board:
+    title: str = tool_field(description="No rules but a description.")
+    main: _Label | None = None
+    labels: tuple[_Label, ...] = tool_field(default=(), max_items=3)
+
+
+def test_constraints_inside_nested_objects_and_lists_of_objects_name_their_path() -> None:
+    tool = define_executable_tool(
+        name="board",
+        description="Label a board.",
+        effect="read",
+        destructive=False,
+        input_type=_Board,
+        run=lambda inp, ctx: ToolOutcome.success("ok"),
+        summarize=lambda inp: inp.title,
+    )
+    result = tool.prepare(
+        {
+            "title": "",  # a description is not a rule: an empty title passes
+            "main": {"text": "x", "weight": 10},
+            "labels": [{"text": "ok"}, {"text": "toolong", "weight": -1}, {"text": "ab"}, {"text": "cd"}],
+        }
+    )
+    assert isinstance(result, PrepareFailure)
+    assert result.issues == (
+        "main.text: must be at least 2 character(s)",
+        "main.weight: must be <= 9",
+        "labels: must have at most 3 items",
+        "labels[1].text: must be at most 4 characters",
+        "labels[1].weight: must be >= 0",
+    )
+    assert isinstance(tool.prepare({"title": "t", "labels": [{"text": "ok", "weight": 9}]}), PreparedCall)

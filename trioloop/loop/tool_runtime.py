@@ -487,35 +487,53 @@ def _field_rules(cls: type[Any]) -> _FieldRules:
     rules = _field_rules_by_class.get(cls)
     if rules is None:
         fields = attrs.fields(cls)
-        rules = tuple((field.name, field.alias or field.name, field.metadata.get("trioloop", {})) for field in fields)
+        rules = tuple(
+            (field.name, field.alias or field.name, _checked_rules(field.metadata.get("trioloop", {})))
+            for field in fields
+        )
         _field_rules_by_class[cls] = rules
     return rules
+
+
+_CHECKED_RULES = ("minLength", "maxLength", "minimum", "maximum", "maxItems")
+
+
+def _checked_rules(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The rules ``prepare`` enforces (a field's description is for the schema only)."""
+    return {key: metadata[key] for key in _CHECKED_RULES if key in metadata}
+
+
+#: Values that can hold no nested input (so need no ``attrs.has`` check) and carry no rules when none are set.
+_PLAIN_VALUES: frozenset[type[Any]] = frozenset({str, int, float, bool})
 
 
 def _check_constraints(instance: Any, path: str) -> Iterator[str]:
     for name, alias, rules in _field_rules(type(instance)):
         value = getattr(instance, name)
-        if value is None:
-            continue
-        where = _join(path, alias)
+        if value is None or (not rules and type(value) in _PLAIN_VALUES):
+            continue  # nothing to check (the common case: no per-field work, not even the path)
         if isinstance(value, str):
-            if "minLength" in rules and len(value) < rules["minLength"]:
-                yield f"{where}: must be at least {rules['minLength']} character(s)"
-            if "maxLength" in rules and len(value) > rules["maxLength"]:
-                yield f"{where}: must be at most {rules['maxLength']} characters"
+            length = len(value)
+            if "minLength" in rules and length < rules["minLength"]:
+                yield f"{_join(path, alias)}: must be at least {rules['minLength']} character(s)"
+            if "maxLength" in rules and length > rules["maxLength"]:
+                yield f"{_join(path, alias)}: must be at most {rules['maxLength']} characters"
+            if type(value) is str:
+                continue  # a plain string holds no nested input
         elif isinstance(value, int | float) and not isinstance(value, bool):
             if "minimum" in rules and value < rules["minimum"]:
-                yield f"{where}: must be >= {_fmt(rules['minimum'])}"
+                yield f"{_join(path, alias)}: must be >= {_fmt(rules['minimum'])}"
             if "maximum" in rules and value > rules["maximum"]:
-                yield f"{where}: must be <= {_fmt(rules['maximum'])}"
+                yield f"{_join(path, alias)}: must be <= {_fmt(rules['maximum'])}"
         elif isinstance(value, tuple | list):
+            where = _join(path, alias)
             if "maxItems" in rules and len(value) > rules["maxItems"]:
                 yield f"{where}: must have at most {rules['maxItems']} items"
             for index, item in enumerate(value):
                 if attrs.has(type(item)):
                     yield from _check_constraints(item, f"{where}[{index}]")
         if attrs.has(type(value)):
-            yield from _check_constraints(value, where)
+            yield from _check_constraints(value, _join(path, alias))
 
 
 def _fmt(number: float) -> str:

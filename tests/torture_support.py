@@ -276,11 +276,14 @@ def check_stream(wire: WireFormat, chunks: Sequence[bytes]) -> list[StreamEvent]
         MessageStop,
         StreamError,
         TextDelta,
+        ThinkingComplete,
+        ThinkingDelta,
         ToolCallComplete,
         ToolCallInputDelta,
         ToolCallStart,
         Usage,
     )
+    from trioloop.protocol.messages import RedactedThinkingBlock, ThinkingBlock
     from trioloop.providers.base import map_chunks
 
     events = map_chunks(wire.new_mapper(), chunks)
@@ -294,8 +297,10 @@ def check_stream(wire: WireFormat, chunks: Sequence[bytes]) -> list[StreamEvent]
         elif isinstance(event, ToolCallComplete):
             assert isinstance(event.id, str) and event.id and isinstance(event.name, str) and event.name
             json.dumps(event.input, allow_nan=False)  # parsed strictly: plain JSON, no NaN
-        elif isinstance(event, TextDelta):
+        elif isinstance(event, TextDelta | ThinkingDelta):
             assert isinstance(event.text, str) and event.text
+        elif isinstance(event, ThinkingComplete):
+            assert isinstance(event.block, ThinkingBlock | RedactedThinkingBlock), event
         elif isinstance(event, ToolCallStart | ToolCallInputDelta):
             assert isinstance(event.id, str) and event.id
         elif isinstance(event, Usage):

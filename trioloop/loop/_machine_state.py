@@ -503,7 +503,8 @@ class TurnState:
 
     @classmethod
     def idle(cls) -> TurnState:
-        return cls()
+        """The state before a turn: one shared value (states are immutable), not a new one per turn."""
+        return _IDLE
 
     @property
     def is_settled(self) -> bool:
@@ -579,6 +580,7 @@ class TurnState:
         return new
 
 
+_IDLE = TurnState()
 _STATE_FIELDS: tuple[str, ...] = tuple(field.name for field in attrs.fields(TurnState))
 _STATE_FIELD_SET: frozenset[str] = frozenset(_STATE_FIELDS)
 _STATE_FIELD_COUNT = len(_STATE_FIELDS)

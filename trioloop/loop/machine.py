@@ -174,24 +174,6 @@ def _closing_draft(state: TurnState) -> tuple[Draft, tuple[Message, ...]] | None
     return closed, state.closed_messages if message is None else (*state.closed_messages, message)
 
 
-def _close_draft(state: TurnState) -> TurnState:
-    """Freeze the streaming assistant message into the turn's messages (once; never an empty one)."""
-    closing = _closing_draft(state)
-    if closing is None:
-        return state
-    draft, messages = closing
-    return state.evolved(draft=draft, closed_messages=messages)
-
-
-def _answer_calls(state: TurnState) -> TurnState:
-    """Append one user message answering every call not yet answered, in emission order."""
-    pending = state.calls[state.answered :]
-    if not pending:
-        return state
-    message = _answer_message(pending)
-    return state.evolved(closed_messages=(*state.closed_messages, message), answered=len(state.calls))
-
-
 def _answer_message(calls: tuple[CallRecord, ...]) -> Message:
     results = tuple(
         ToolResultBlock(
@@ -217,8 +199,9 @@ def _settle(
     error: StreamError | None = None,
 ) -> TurnState:
     """End the turn: every call that did not finish is marked not run, every opened call is answered."""
-    # The same steps as _close_draft, then _answer_calls, then _notice, gathered into one evolve:
-    # settling is on the Stop path, and each TurnState construction costs several microseconds.
+    # Closing the draft (its message joins the turn's messages, never an empty one), answering every
+    # call not yet answered (one user message, in emission order) and the notice, in one copy: settling
+    # is on the Stop path and ends every turn.
     reason = DenialReason.LIMIT_EXCEEDED if outcome is Outcome.BOUNDED else DenialReason.TURN_CANCELLED
     calls = tuple(_not_run(c, reason) for c in state.calls)
     changes: dict[str, Any] = {"phase": Phase.SETTLED, "outcome": outcome, "error": error, "calls": calls}
@@ -369,7 +352,7 @@ def _on_usage(state: TurnState, event: Usage) -> TurnState:
 def _on_message_stop(state: TurnState, event: MessageStop) -> TurnState:
     if event.stop_reason is not StopReason.TOOL_USE or not state.current_call_count:
         # Any other stop, or a tool_use stop with no call: the model is done (a quirk must not loop).
-        return _settle(_close_draft(state), Outcome.COMPLETED)
+        return _settle(state, Outcome.COMPLETED)  # _settle closes the draft in its one copy
     phase = Phase.AWAITING_APPROVAL if _has_pending(state) else Phase.EXECUTING
     closing = _closing_draft(state)  # closed in the same copy that moves the phase
     if closing is None:
@@ -513,8 +496,8 @@ def _on_advance(state: TurnState, cmd: Advance) -> TurnState:
         return state
     bound = budget_exhaustion(state.budget, state.limits, cmd.now_ms)
     if bound is not None:
-        return _settle(_answer_calls(_close_draft(state)), Outcome.BOUNDED, bound=bound)
-    # _close_draft, then _answer_calls, then the next iteration, gathered into one state as in _settle:
+        return _settle(state, Outcome.BOUNDED, bound=bound)  # closes the draft and answers the calls too
+    # Close the draft, answer the calls, then the next iteration, gathered into one state as in _settle:
     # this runs once per iteration (the draft is dropped, so only its closed message is kept).
     changes: dict[str, Any] = {}
     messages = state.closed_messages

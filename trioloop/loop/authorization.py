@@ -137,7 +137,7 @@ def authorize_start(state: TurnState, call_id: str) -> Grant | Violation:
         return Violation.NO_GRANT
     if state.tool_set.get(call.tool_name) is None:
         return Violation.UNKNOWN_TOOL
-    if Denial(tool_name=call.tool_name, input_digest=call.input_digest) in state.denials:
+    if state.denials and Denial(tool_name=call.tool_name, input_digest=call.input_digest) in state.denials:
         return Violation.DENIED_REPLAY
     grant = next((g for g in state.grants if g.call_id == call.id), None)
     if grant is None:

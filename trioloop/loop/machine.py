@@ -328,7 +328,7 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
 
     budget = state.budget.spent(tool_calls=1)
     common.update(input_digest=prepared.input_digest, summary=prepared.summary, prepared=prepared)
-    if Denial(tool_name=name, input_digest=prepared.input_digest) in state.denials:
+    if state.denials and Denial(tool_name=name, input_digest=prepared.input_digest) in state.denials:
         record = CallRecord(
             **common,
             status=CallStatus.DENIED,

@@ -604,20 +604,11 @@ def define_executable_tool(
         digest = input_digest(canonical)
 
         invoke = partial(run, validated)
-
-        async def run_call(ctx: ToolExecutionContext[D]) -> ToolOutcome[D]:
-            produced = invoke(ctx)
-            if inspect.isawaitable(produced):
-                produced = await produced
-            else:
-                await trio.lowlevel.checkpoint()
-            return produced
-
         bound = None if preview is None else partial(_bound_preview, preview, validated)
         return PreparedCall(
             summary=summarize(validated),
             input_digest=digest,
-            run=run_call,
+            run=partial(_run_invoked, invoke),
             # Lines for a card, made only if one is shown: ``canonical`` is this call's own (unstructure
             # builds it anew), so the lines are the same whenever they are made.
             details=partial(input_details, canonical),
@@ -633,6 +624,16 @@ def define_executable_tool(
         json_schema=schema,
         prepare_fn=prepare,
     )
+
+
+async def _run_invoked(invoke: InvokeFn[D], ctx: ToolExecutionContext[D]) -> ToolOutcome[D]:
+    """A prepared call's ``run``: its ``invoke``, awaited when the tool is a coroutine function, with a
+    checkpoint either way."""
+    produced = invoke(ctx)
+    if inspect.isawaitable(produced):
+        return await produced
+    await trio.lowlevel.checkpoint()
+    return produced
 
 
 def _bound_preview(preview: PreviewFn, validated: Any, document: Any) -> Preview:

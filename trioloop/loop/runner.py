@@ -67,9 +67,9 @@ TOOL_CANCELLED_ITSELF = "The tool cancelled its own run; nothing it returned was
 #: Turn-level retry backoff: 0.5 s doubling, capped at 10 s (the transport has its own, earlier retries).
 _RETRY_BASE_S = 0.5
 _RETRY_CAP_S = 10.0
-#: A request task is shielded from the turn's scope and cancelled by the consumer once the turn settles;
-#: its own deadline, this much after the turn's, is the backstop (and what the provider sees as the
-#: effective deadline).
+#: A request task runs outside the turn's scope and is cancelled by the consumer once the turn settles;
+#: its nursery's deadline, this much after the turn's, is the backstop (and what the provider sees as
+#: the effective deadline).
 _REQUEST_DEADLINE_GRACE_S = 0.25
 
 StateObserver: TypeAlias = Callable[[TurnState], None]

@@ -469,7 +469,9 @@ def _on_start_call(state: TurnState, cmd: StartCall) -> TurnState:
         return state
     grants = list(state.grants)
     # The very grant authorize_start returned (compared by identity: cheaper than attrs' field-wise eq).
-    position = next(index for index, grant in enumerate(grants) if grant is verdict)
+    position = next((index for index, grant in enumerate(grants) if grant is verdict), None)
+    if position is None:  # authorize_start took it from these grants; kept total all the same
+        return state
     grants[position] = verdict.spent()
     return _replace_call(state, _moved(call, CallStatus.RUNNING), grants=tuple(grants))
 

@@ -627,8 +627,8 @@ def define_executable_tool(
 
 
 async def _run_invoked(invoke: InvokeFn[D], ctx: ToolExecutionContext[D]) -> ToolOutcome[D]:
-    """A prepared call's ``run``: its ``invoke``, awaited when the tool is a coroutine function, with a
-    checkpoint either way."""
+    """A prepared call's ``run``: its ``invoke``, awaited when the tool is a coroutine function, and
+    followed by a checkpoint when it is a plain one."""
     produced = invoke(ctx)
     if inspect.isawaitable(produced):
         return await produced

@@ -666,11 +666,39 @@ async def test_settled_is_published_before_the_request_unwinds_and_run_turn_wait
     assert not controls.approve("anything") and not controls.stop()  # settled: the controls do nothing
 
 
-async def test_a_failing_observer_still_ends_the_shielded_request(
+async def test_a_cancellation_from_outside_settles_at_once_and_run_turn_still_waits_for_the_request(
     document: ThreatModel, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """The request task is shielded from the turn's scope (it is cancelled after the turn settles), so
-    every way out of the consumer must cancel it: here an observer's bug ends the turn mid-stream."""
+    """A scope outside the turn reaches the consumer and the request task together: the settled state is
+    published at the cut, and ``run_turn`` gives the cancellation back only once the request has unwound."""
+    provider = _SlowTeardownProvider(teardown_s=3.0)
+    states: list[TurnState] = []
+    settled_at: list[float] = []
+
+    def observe(state: TurnState) -> None:
+        states.append(state)
+        if state.is_settled:
+            settled_at.append(trio.current_time())
+
+    start = trio.current_time()
+    with trio.move_on_after(1.0) as outer:
+        await run_turn(
+            request("go", create_ai_tool_registry(), turn_deadline_ms=60_000),
+            Workspace(document=document, kind=THREAT_MODEL),
+            provider,  # type: ignore[arg-type]
+            on_state=observe,
+        )
+    assert outer.cancelled_caught
+    assert states[-1].outcome is Outcome.CANCELLED and settled_at == [pytest.approx(start + 1.0, abs=1e-6)]
+    assert provider.teardown_ended == pytest.approx(start + 4.0, abs=1e-6)
+    assert trio.current_time() >= provider.teardown_ended  # no task of the turn outlives run_turn
+
+
+async def test_a_failing_observer_still_ends_the_request(
+    document: ThreatModel, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The request task runs outside the turn's scope (it is cancelled after the turn settles), so every
+    way out of the consumer must cancel it: here an observer's bug ends the turn mid-stream."""
     provider = _SlowTeardownProvider(teardown_s=1.0, stall_s=3600.0)
     raised: list[str] = []
 
@@ -694,8 +722,8 @@ async def test_a_failing_observer_still_ends_the_shielded_request(
 async def test_the_provider_sees_the_turns_deadline_and_is_cancelled_after_the_settle(
     document: ThreatModel, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """Shielded from the turn's scope, the request still carries the turn's deadline (plus a small
-    backstop grace) as its own, so a provider that reads ``current_effective_deadline`` sees it."""
+    """Outside the turn's scope, the request still carries the turn's deadline (plus a small backstop
+    grace) as its own, so a provider that reads ``current_effective_deadline`` sees it."""
     seen: list[float] = []
     provider = _SlowTeardownProvider(teardown_s=0.0)
     stream = provider.stream

@@ -1,26 +1,48 @@
-"""A loopback SSE server for ``benchmarks.stream_http``, run in its own process so only the client is measured.
+"""A loopback SSE server for the HTTP benchmarks, run in its own process so only the client is measured.
 
 ``python -m benchmarks._sse_server`` prints its port on the first line of stdout and serves until
-stdin closes. ``POST /<mode>/<events>/v1/messages`` answers an Anthropic-shaped text stream of
-``events`` text deltas, delivered per ``mode``: ``paced`` writes one HTTP chunk per SSE event with a
-short pause between them (how a live API sends), ``bulk`` writes the whole body at once. Connections
-are kept alive; ``GET /stats`` answers ``{"connections": ..., "requests": ...}`` so the client can
-report connects per request.
+stdin closes (`spawned_server` does both). ``POST /<mode>/<events>/v1/messages`` answers an
+Anthropic-shaped text stream of ``events`` text deltas, delivered per ``mode``: ``paced`` writes one HTTP
+chunk per SSE event with a short pause between them (how a live API sends), ``bulk`` writes the whole
+body at once, ``stall`` sends the first ``STALL_AFTER_BYTES`` bytes and then nothing until the client
+hangs up. Connections are kept alive; ``GET /stats`` answers ``{"connections": ..., "requests": ...}``
+so the client can report connects per request.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 
+import httpx
 import trio
 
+from trioloop.protocol.preflight import MODEL_TABLE, ModelCapabilities, model_table
 from trioloop.providers._loopback import SSE_HEADERS, LoopbackRequest, LoopbackResponse, open_loopback_server
 from trioloop.providers.anthropic import render_anthropic_stream
 from trioloop.providers.base import WireResponse
 
 PACE_S = 0.0005
+STALL_AFTER_BYTES = 200
+#: The model the clients ask for, and a model table that knows it (pass it to the provider).
+MODEL = "bench-model"
+TABLE = model_table(
+    [
+        *MODEL_TABLE.values(),
+        ModelCapabilities(
+            id=MODEL,
+            provider="anthropic",
+            tool_calling=True,
+            parallel_tool_calls=True,
+            max_input_tokens=200_000,
+            max_output_tokens=8192,
+        ),
+    ]
+)
 WORDS = ("alpha ", "βetas ", "gamma ", "δelta ", "epsil ", "zetaς ", "ηtaaa ", "theta ")  # 6 code points each
 
 
@@ -47,11 +69,40 @@ async def main() -> None:
         events = events_of(int(count))
         if mode == "paced":
             return LoopbackResponse(headers=SSE_HEADERS, chunks=events, delay_between_chunks=PACE_S)
+        if mode == "stall":
+            return LoopbackResponse(headers=SSE_HEADERS, chunks=events, stall_after_bytes=STALL_AFTER_BYTES)
         return LoopbackResponse(headers=SSE_HEADERS, body=b"".join(events))
 
     async with open_loopback_server(answer, keep_alive=True) as server:
         print(server.port, flush=True)
         await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+
+
+@contextmanager
+def spawned_server() -> Iterator[str]:
+    """Run this server in a child process for the block; yields its base URL (``http://127.0.0.1:PORT``)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks._sse_server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None and process.stdin is not None
+        port = int(process.stdout.readline())
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if process.stdin is not None:
+            process.stdin.close()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def server_stats(url: str) -> dict[str, int]:
+    """The server's connection and request counts so far."""
+    with httpx.Client(trust_env=False) as client:
+        counts: dict[str, int] = client.get(url + "/stats").json()
+    return counts
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ kinds: ``hang`` never reads ``ctx.document`` (so no copy of it is ever made), ``
 waiting, so each holds its own copy and Stop frees n copies as the tools unwind; for ``hold`` a second
 floor is measured too, bare tasks that each make and keep the same copy (the same work, no runner), and
 the ratio to it is the runner's own share. Deadline case: a turn with
-``turn_deadline_ms=50`` whose stream stalls, once over the loopback ``ScriptedProvider``
-(``stall_after_bytes=200``) and once from an in-process provider that goes silent after its first events
-(the runner alone, no HTTP teardown); the overshoot is the settled time minus (start + 50 ms), beside a
+``turn_deadline_ms=50`` whose stream stalls, once over loopback HTTP from a server in a separate process
+(``benchmarks._sse_server``, ``stall`` mode: 200 bytes of the answer, then silence; the Anthropic
+provider on its own keep-alive client) and once from an in-process provider that goes silent after its
+first events (the runner alone, no HTTP teardown); the overshoot is the settled time minus (start + 50 ms), beside a
 bare ``CancelScope(deadline=...)`` around ``sleep_forever`` parked at once (the target's floor), and
 once more parked at a random phase within Trio's 1 ms timer granularity (what Trio gives a deadline set at
 an arbitrary moment; see ``_bare_overshoot``). All times are the real clock.
@@ -29,6 +30,7 @@ from functools import partial
 from typing import Any
 
 import attrs
+import httpx
 import trio
 import trio.testing
 
@@ -42,6 +44,7 @@ from benchmarks._common import (
     summarize,
     wire_events,
 )
+from benchmarks._sse_server import MODEL, TABLE, spawned_server
 from trioloop.loop import (
     CallStatus,
     Cancel,
@@ -58,8 +61,8 @@ from trioloop.loop import (
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
 from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
+from trioloop.providers import AnthropicProvider
 from trioloop.providers.base import ChatProvider
-from trioloop.providers.scripted import ScriptedProvider, ScriptStep
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel, load_thf
 from trioloop.threatmodel.model import detached_copy
 
@@ -276,11 +279,11 @@ class _StallingProvider:
         await trio.sleep_forever()
 
 
-async def _overshoot(provider: ChatProvider, document: ThreatModel) -> float:
+async def _overshoot(provider: ChatProvider, document: ThreatModel, *, model: str = "scripted-1") -> float:
     """Settled time minus the turn's deadline (start + 50 ms) for a turn whose stream stalls."""
     clock = _SettleClock()
     start = trio.current_time()
-    request = _request(TurnLimits(turn_deadline_ms=DEADLINE_MS))
+    request = attrs.evolve(_request(TurnLimits(turn_deadline_ms=DEADLINE_MS)), model=model)
     final = await run_turn(request, Workspace(document=document, kind=THREAT_MODEL), provider, on_state=clock)
     if final.outcome is not Outcome.BOUNDED or clock.at is None:
         raise RuntimeError(f"unexpected turn: {final.outcome}")
@@ -304,16 +307,17 @@ async def _bare_overshoot(*, late_park_s: float = 0.0) -> float:
     return trio.current_time() - (start + DEADLINE_MS / 1000)
 
 
-async def deadline_case(repeat: int, document: ThreatModel) -> dict[str, list[float]]:
-    """Interleaved: loopback HTTP stall, in-process stall, bare Trio deadline; the first three are warm-up."""
+async def deadline_case(repeat: int, document: ThreatModel, url: str) -> dict[str, list[float]]:
+    """Interleaved: loopback HTTP stall (the server at ``url``, in another process), in-process stall,
+    bare Trio deadline; the first three rounds are warm-up."""
     found: dict[str, list[float]] = {"loopback": [], "in_process": [], "bare": [], "bare_any_phase": []}
     phases = random.Random(16)
     stalled = _StallingProvider()
-    steps = [ScriptStep(text=STALLED_TEXT, stall_after_bytes=200)]
-    async with ScriptedProvider(steps * (repeat + 3)) as provider:
+    async with httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(30.0, read=None)) as client:
+        provider = AnthropicProvider("k", base_url=f"{url}/stall/50", client=client, retry=None, model_table=TABLE)
         for i in range(repeat + 3):
             figures = (
-                await _overshoot(provider, document),
+                await _overshoot(provider, document, model=MODEL),
                 await _overshoot(stalled, document),
                 await _bare_overshoot(),
                 await _bare_overshoot(late_park_s=phases.uniform(0.0, 0.001)),
@@ -400,10 +404,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for cold in (False, True):
             rows.extend(_stop_rows(tool, cold, args.repeat, document))
 
-    found_deadline = trio.run(deadline_case, args.deadline_repeat, document)
+    with spawned_server() as url:
+        found_deadline = trio.run(deadline_case, args.deadline_repeat, document, url)
     floor = summarize(found_deadline["bare"])
     any_phase = summarize(found_deadline["bare_any_phase"])
-    for key, label in (("loopback", "loopback HTTP"), ("in_process", "in-process")):
+    for key, label in (("loopback", "loopback HTTP (server process)"), ("in_process", "in-process")):
         ours = summarize(found_deadline[key])
         ratio = ours["median"] / floor["median"]
         emit(

@@ -28,8 +28,6 @@ import argparse
 import gc
 import json
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,33 +36,19 @@ import httpx
 import trio
 
 from benchmarks._common import case_record, emit, print_table
+from benchmarks._sse_server import MODEL, TABLE, server_stats, spawned_server
 from benchmarks.stream import _body, run_anthropic_sdk
 from trioloop.loop import TurnLimits, create_tool_registry
 from trioloop.loop._stream_fold import fold_text_deltas
 from trioloop.loop.machine import Outcome, Submit, TurnState, reduce_turn
 from trioloop.loop.runner import TurnRequest, Workspace, run_turn
-from trioloop.protocol.preflight import MODEL_TABLE, ModelCapabilities, model_table
 from trioloop.providers import AnthropicProvider
 from trioloop.providers.anthropic import AnthropicStreamMapper
 from trioloop.providers.sse import SseDecoder
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel
 
-MODEL = "bench-model"
 READ = 16 * 1024
 PEERS = ("anthropic",)
-TABLE = model_table(
-    [
-        *MODEL_TABLE.values(),
-        ModelCapabilities(
-            id=MODEL,
-            provider="anthropic",
-            tool_calling=True,
-            parallel_tool_calls=True,
-            max_input_tokens=200_000,
-            max_output_tokens=8192,
-        ),
-    ]
-)
 _SUBMITTED = reduce_turn(
     TurnState.idle(),
     Submit(turn_id="t", text="go", base_messages=(), tool_set=create_tool_registry([]), limits=TurnLimits(), now_ms=0),
@@ -134,21 +118,6 @@ def in_process(sizes: list[int], repeats: dict[int, int]) -> list[tuple[Any, ...
 
 
 # -- over HTTP, server in another process -------------------------------------------------------------
-
-
-def start_server() -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks._sse_server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert process.stdout is not None
-    port = int(process.stdout.readline())
-    return process, f"http://127.0.0.1:{port}"
-
-
-def server_stats(url: str) -> dict[str, int]:
-    with httpx.Client(trust_env=False) as client:
-        counts: dict[str, int] = client.get(url + "/stats").json()
-    return counts
 
 
 def trioloop_requests(base: str, events: int, count: int) -> list[tuple[float, float]]:
@@ -314,13 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[Any, ...]] = []
     if not args.skip_in_process:
         rows += in_process(sorted(args.sizes), {1_000: 15, 10_000: 5, 100_000: 2})
-    process, url = start_server()
-    try:
+    with spawned_server() as url:
         rows += over_http(url, [("paced", args.paced_events), ("bulk", args.bulk_events)], args.rounds, args.per_round)
-    finally:
-        assert process.stdin is not None
-        process.stdin.close()
-        process.wait(timeout=10)
     print()
     print_table(
         (

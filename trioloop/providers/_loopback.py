@@ -67,8 +67,8 @@ class LoopbackResponse:
 
     ``chunks`` (or ``body`` cut every ``chunk_size`` bytes) are written one HTTP chunk each, with
     ``delay_between_chunks`` seconds between them. ``stall_after_bytes`` sends that many body bytes and
-    then goes silent; ``disconnect_after_bytes`` sends that many and closes the socket mid-body.
-    ``content_length`` uses a Content-Length header instead of chunked framing.
+    then goes silent until the client hangs up; ``disconnect_after_bytes`` sends that many and closes the
+    socket mid-body. ``content_length`` uses a Content-Length header instead of chunked framing.
     """
 
     status: int = 200
@@ -196,7 +196,10 @@ class LoopbackServer:
             if cut is not None and sent >= cut:
                 break
         if response.stall_after_bytes is not None and response.stall_after_bytes == cut:
-            await trio.sleep_forever()
+            # Silent until the client hangs up; then the connection ends (mid-body: not reused).
+            while await stream.receive_some(_RECEIVE_SIZE):
+                pass
+            return
         if response.disconnect_after_bytes is not None:
             return
         ending = conn.send(h11.EndOfMessage())

@@ -24,6 +24,7 @@ from trioloop.loop.limits import (
     TurnLimits,
     bound_notice,
     budget_exhaustion,
+    timing_exhaustion,
     tool_call_cap,
 )
 from trioloop.loop.machine import (
@@ -136,6 +137,7 @@ __all__ = [
     "input_digest",
     "reduce_turn",
     "text_diff",
+    "timing_exhaustion",
     "tool_call_cap",
     "tool_field",
     "turn_undo_availability",

@@ -20,6 +20,7 @@ __all__ = [
     "TurnLimits",
     "bound_notice",
     "budget_exhaustion",
+    "timing_exhaustion",
     "tool_call_cap",
 ]
 
@@ -108,6 +109,17 @@ def budget_exhaustion(
         return Bound.TOOL_CALLS
     if budget.retries_used >= limits.max_retries_per_turn:
         return Bound.RETRIES
+    return timing_exhaustion(budget, limits, now_ms, review_waited_ms=review_waited_ms)
+
+
+def timing_exhaustion(
+    budget: TurnBudget, limits: TurnLimits, now_ms: int, *, review_waited_ms: int | None = None
+) -> Bound | None:
+    """The bounds of time alone, in `budget_exhaustion`'s order: the deadline, then the review timeout.
+
+    What the runner asks when the turn's scope is cancelled (only time can cancel it), without the
+    counting bounds that a turn may also have reached.
+    """
     if now_ms - budget.started_at_ms >= limits.turn_deadline_ms:
         return Bound.DEADLINE
     if (

@@ -30,7 +30,7 @@ import trio
 from trioloop.loop._machine_text import NOT_TEXT_RESULT
 from trioloop.loop._stream_fold import fold_text_deltas
 from trioloop.loop.document import DocumentKind
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS, Bound, TurnLimits, budget_exhaustion
+from trioloop.loop.limits import DEFAULT_TURN_LIMITS, Bound, TurnLimits, budget_exhaustion, timing_exhaustion
 from trioloop.loop.machine import (
     NO_STATE_CHANGE,
     Advance,
@@ -356,9 +356,8 @@ class _Turn(Generic[D]):
 
     def timing_bound(self) -> Bound | None:
         """Whether the deadline or the review timeout has run out (checked in `budget_exhaustion`'s order)."""
-        budget = attrs.evolve(self.state.budget, iterations_started=0, tool_calls_accepted=0, retries_used=0)
         waited = None if self.review_since is None else _ms(trio.current_time() - self.review_since)
-        return budget_exhaustion(budget, self.state.limits, self.machine_now_ms(), review_waited_ms=waited)
+        return timing_exhaustion(self.state.budget, self.state.limits, self.machine_now_ms(), review_waited_ms=waited)
 
     # -- the one consumer ------------------------------------------------------------------------
 

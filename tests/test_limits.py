@@ -1,4 +1,4 @@
-"""TurnLimits validation, the order budget_exhaustion checks bounds in, and the per-call cap."""
+"""TurnLimits validation, the order budget_exhaustion (and timing_exhaustion) checks bounds in, the per-call cap."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from trioloop.loop.limits import (
     TurnLimits,
     bound_notice,
     budget_exhaustion,
+    timing_exhaustion,
     tool_call_cap,
 )
 
@@ -119,6 +120,9 @@ def test_budget_exhaustion_checks_in_priority_order(
     )
     now = started + elapsed
     assert budget_exhaustion(budget, limits, now, review_waited_ms=waited) == _reference(budget, limits, now, waited)
+    # The time-only check ignores the counters: what the reference says with none of them spent.
+    idle = TurnBudget(started_at_ms=started)
+    assert timing_exhaustion(budget, limits, now, review_waited_ms=waited) == _reference(idle, limits, now, waited)
 
 
 def test_reaching_a_ceiling_exactly_is_exhaustion() -> None:

@@ -28,6 +28,8 @@ import attrs
 import trio
 
 from trioloop.loop._machine_text import NOT_TEXT_RESULT
+from trioloop.loop._sharp_deadline import LEAD_S as SHARPEN_LEAD_S
+from trioloop.loop._sharp_deadline import DeadlineSharpener
 from trioloop.loop._stream_fold import fold_text_deltas
 from trioloop.loop.document import DocumentKind
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, Bound, TurnLimits, budget_exhaustion, timing_exhaustion
@@ -308,6 +310,8 @@ class _Turn(Generic[D]):
         self.review_paused_s = 0.0  # time spent waiting for the reviewer: the turn deadline does not run then
         self.review_since: float | None = None
         self.requests: trio.Nursery | None = None  # the request tasks' nursery, outside the turn's scope
+        self.sharpener = DeadlineSharpener(self.deadline)  # wakes the loop on time for the scope's deadline
+        self.approach: trio.CancelScope | None = None  # fires SHARPEN_LEAD_S before the deadline: start the sharpener
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -344,6 +348,9 @@ class _Turn(Generic[D]):
         scope = self.controls._scope
         if scope is not None:
             scope.deadline = deadline
+        if self.approach is not None:
+            self.approach.deadline = deadline - SHARPEN_LEAD_S
+        self.sharpener.move(deadline)
         if self.requests is not None:
             self.requests.cancel_scope.deadline = deadline + _REQUEST_DEADLINE_GRACE_S
 
@@ -378,6 +385,8 @@ class _Turn(Generic[D]):
                 except trio.WouldBlock:
                     item = await receive.receive()
             except trio.Cancelled:
+                if self.approaching():
+                    raise  # the deadline draws near (only the approach scope is cancelled): _drive goes on
                 # Stop, the deadline or a scope outside: settle now, before the request task is
                 # cancelled (``_drive`` does that next) and unwinds (an HTTP response being closed):
                 # nothing it does can reach the workspace, so the settled state need not wait for it.
@@ -385,6 +394,11 @@ class _Turn(Generic[D]):
                 await self.settle()
                 raise
             self.handle(item)
+
+    def approaching(self) -> bool:
+        """Whether the approach scope is cancelled and nothing else that concerns the turn is (yet)."""
+        approach = self.approach
+        return approach is not None and approach.cancel_called and not self.controls.turn_cancelled
 
     def handle(self, item: _InboxItem) -> None:
         if isinstance(item, _RequestEnded):
@@ -737,12 +751,19 @@ async def _drive(
                     controls._scope = turn_scope
                     if controls.stop_requested:
                         turn_scope.cancel()
-                    await turn.consume()
+                    with trio.CancelScope(deadline=turn.deadline - SHARPEN_LEAD_S) as approach:
+                        turn.approach = approach
+                        await turn.consume()
+                    turn.approach = None
+                    if not turn.state.is_settled:
+                        # The deadline is near (and only then, so a turn that ends sooner spawns nothing):
+                        # Trio's timer rounds up to the millisecond, the sharpener makes it fire on time.
+                        requests.start_soon(turn.sharpener.run, name="trioloop deadline sharpener")
+                        await turn.consume()
             finally:
-                # Settled (or failing): nothing still running is wanted, on every way out. A cancel costs
-                # even when no task is left to see it.
-                if requests.child_tasks:
-                    requests.cancel_scope.cancel()
+                # Settled (or failing): nothing still running (a request, the sharpener) is wanted, on
+                # every way out.
+                requests.cancel_scope.cancel()
     finally:
         # Runs on Stop, on the deadline, and even when a scope outside the turn cancels us: the turn
         # always ends settled. The one await is shielded and bounded by the tool grace.

@@ -203,13 +203,18 @@ def print_profile(stats: pstats.Stats, top: int = 25) -> None:
 # -- an in-process provider ------------------------------------------------------------------------
 
 
-@cache
-def _wire_events_cached(text: str, calls: tuple[tuple[str, str, str], ...], model: str) -> tuple[StreamEvent, ...]:
-    blocks = tuple(ToolCallBlock(id=i, name=n, input=json.loads(raw)) for i, n, raw in calls)
+def wire_body(text: str = "", calls: Sequence[tuple[str, str, JsonValue]] = (), *, model: str = "scripted-1") -> bytes:
+    """This answer as the Anthropic Messages API streams it (SSE bytes); ``calls`` are (id, tool name, input)."""
+    blocks = tuple(ToolCallBlock(id=i, name=n, input=v) for i, n, v in calls)
     stop = StopReason.TOOL_USE if blocks else StopReason.END_TURN
-    body = ANTHROPIC_WIRE.render_stream(
+    return ANTHROPIC_WIRE.render_stream(
         WireResponse(model=model, text=text, tool_calls=blocks, stop_reason=stop, input_tokens=100, output_tokens=10)
     )
+
+
+@cache
+def _wire_events_cached(text: str, calls: tuple[tuple[str, str, str], ...], model: str) -> tuple[StreamEvent, ...]:
+    body = wire_body(text, [(i, n, json.loads(raw)) for i, n, raw in calls], model=model)
     return tuple(map_chunks(ANTHROPIC_WIRE.new_mapper(), [body]))
 
 
@@ -235,6 +240,18 @@ def iteration_of(request: ChatRequest) -> int:
         if message.role == "assistant":
             count += 1
         elif not _is_tool_results(message):
+            break
+    return count
+
+
+def wire_iteration_of(body: Any) -> int:
+    """`iteration_of` for an Anthropic Messages request body as JSON (what a loopback server receives)."""
+    count = 0
+    for message in reversed(body["messages"]):
+        content = message["content"]
+        if message["role"] == "assistant":
+            count += 1
+        elif not (isinstance(content, list) and content and content[0].get("type") == "tool_result"):
             break
     return count
 

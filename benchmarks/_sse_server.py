@@ -5,7 +5,9 @@ stdin closes (`spawned_server` does both). ``POST /<mode>/<events>/v1/messages``
 Anthropic-shaped text stream of ``events`` text deltas, delivered per ``mode``: ``paced`` writes one HTTP
 chunk per SSE event with a short pause between them (how a live API sends), ``bulk`` writes the whole
 body at once, ``stall`` sends the first ``STALL_AFTER_BYTES`` bytes and then nothing until the client
-hangs up. Connections are kept alive; ``GET /stats`` answers ``{"connections": ..., "requests": ...}``
+hangs up. ``POST /loop/<K>/v1/messages`` answers one iteration of ``benchmarks.loop``'s K-iteration turn
+(a ``read_note`` call, or the final text once K results came back), read from the request's messages and
+sent as one body. Connections are kept alive; ``GET /stats`` answers ``{"connections": ..., "requests": ...}``
 so the client can report connects per request.
 """
 
@@ -21,6 +23,7 @@ from functools import cache
 import httpx
 import trio
 
+from benchmarks._common import wire_iteration_of
 from trioloop.protocol.preflight import MODEL_TABLE, ModelCapabilities, model_table
 from trioloop.providers._loopback import SSE_HEADERS, LoopbackRequest, LoopbackResponse, open_loopback_server
 from trioloop.providers.anthropic import render_anthropic_stream
@@ -65,7 +68,12 @@ async def main() -> None:
             body = json.dumps({"connections": server.connections, "requests": stats["requests"]}).encode()
             return LoopbackResponse(headers=(("content-type", "application/json"),), body=body)
         stats["requests"] += 1
-        mode, count, _ = request.target.lstrip("/").split("/", 2)  # /<mode>/<events>/v1/messages
+        mode, count, _ = request.target.lstrip("/").split("/", 2)  # /<mode>/<events or K>/v1/messages
+        if mode == "loop":
+            from benchmarks.loop import loop_answer_body  # the loop benchmark's script (this process only)
+
+            answer_body = loop_answer_body(wire_iteration_of(request.json()), int(count))
+            return LoopbackResponse(headers=SSE_HEADERS, body=answer_body)
         events = events_of(int(count))
         if mode == "paced":
             return LoopbackResponse(headers=SSE_HEADERS, chunks=events, delay_between_chunks=PACE_S)

@@ -3,7 +3,9 @@
 Run ``python -m benchmarks.loop``. One turn is K = 8 iterations in which the model asks for one read tool
 (``read_note``, returning the same 200-character text everywhere), then a final text answer. Timed end
 to end (``await session.send(...)`` / ``await agent.run(...)``) and divided by K. trioloop runs over the
-loopback ``ScriptedProvider`` (real HTTP, SSE, mapper) and over an in-process ``ChatProvider`` that sends
+Anthropic provider against a loopback server in a separate process (``benchmarks._sse_server``: real
+HTTP, SSE, mapper; only the client measured, connects per request counted at the server) and over an
+in-process ``ChatProvider`` that sends
 the very same ``StreamEvent``s with no socket, which is what pydantic-ai's ``FunctionModel`` costs too; the
 in-process figure is the like-for-like one. ``read_note`` is a plain ``def`` for trioloop (as its shipped
 read tools are; the runner settles such a tool in place) and ``async def`` for pydantic-ai (which runs a
@@ -21,9 +23,11 @@ import gc
 import pstats
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from functools import cache
 from typing import Any
 
 import attrs
+import httpx
 import trio
 
 from benchmarks._common import (
@@ -35,8 +39,10 @@ from benchmarks._common import (
     print_profile,
     print_table,
     summarize,
+    wire_body,
     wire_events,
 )
+from benchmarks._sse_server import MODEL, TABLE, server_stats, spawned_server
 from trioloop.loop import (
     CallStatus,
     Outcome,
@@ -49,8 +55,8 @@ from trioloop.loop import (
 )
 from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
+from trioloop.providers import AnthropicProvider
 from trioloop.providers.base import ChatProvider
-from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 
 K = 8
@@ -114,9 +120,10 @@ def _call(i: int) -> tuple[str, str, dict[str, Any]]:
     return (f"call_{i}", "read_note", {"id": f"n{i}"})
 
 
-def script_for_one_turn() -> list[ScriptStep]:
-    steps = [ScriptStep(tool_calls=[ScriptedCall(id=c, name=n, input=v)]) for c, n, v in map(_call, range(K))]
-    return [*steps, ScriptStep(text=FINAL_TEXT)]
+@cache
+def loop_answer_body(i: int, k: int) -> bytes:
+    """The SSE body the loopback server sends for iteration ``i`` of a ``k``-iteration turn."""
+    return wire_body(calls=[_call(i)], model=MODEL) if i < k else wire_body(text=FINAL_TEXT, model=MODEL)
 
 
 def answer_in_process(request: ChatRequest) -> Sequence[StreamEvent]:
@@ -126,12 +133,12 @@ def answer_in_process(request: ChatRequest) -> Sequence[StreamEvent]:
 
 
 async def _trioloop_turns(
-    provider: ChatProvider, document: ThreatModel, turns: int, registry: Any = None
+    provider: ChatProvider, document: ThreatModel, turns: int, registry: Any = None, model: str = "scripted-1"
 ) -> list[Sample]:
     samples = []
     for _ in range(turns):
         async with threat_model_session(
-            document=document, provider=provider, model="scripted-1", tools=registry or REGISTRY, limits=LIMITS
+            document=document, provider=provider, model=model, tools=registry or REGISTRY, limits=LIMITS
         ) as session:
             wall, cpu = time.perf_counter(), time.process_time()
             state = await session.send(PROMPT)
@@ -172,9 +179,11 @@ async def trioloop_shipped_read(document: ThreatModel, turns: int) -> list[Sampl
     return await _trioloop_turns(provider, document, turns, create_ai_tool_registry())
 
 
-async def trioloop_loopback(document: ThreatModel, turns: int) -> list[Sample]:
-    async with ScriptedProvider(script_for_one_turn() * turns) as provider:
-        return await _trioloop_turns(provider, document, turns)
+async def trioloop_loopback(document: ThreatModel, turns: int, url: str) -> list[Sample]:
+    """The turns over HTTP to the server at ``url`` (another process), on one keep-alive client."""
+    async with httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(30.0, read=None)) as client:
+        provider = AnthropicProvider("k", base_url=f"{url}/loop/{K}", client=client, retry=None, model_table=TABLE)
+        return await _trioloop_turns(provider, document, turns, model=MODEL)
 
 
 # -- pydantic-ai side ------------------------------------------------------------------------------
@@ -248,11 +257,11 @@ Sample = tuple[float, float]  # (wall seconds, process CPU seconds) per iteratio
 Contender = tuple[str, Callable[[int], list[Sample]]]
 
 
-def contenders(document: ThreatModel) -> list[Contender]:
+def contenders(document: ThreatModel, url: str) -> list[Contender]:
     found: list[Contender] = [
         ("trioloop_in_process", lambda n: trio.run(trioloop_in_process, document, n)),
         ("trioloop_in_process_async_tool", lambda n: trio.run(trioloop_in_process_async_tool, document, n)),
-        ("trioloop_loopback_http", lambda n: trio.run(trioloop_loopback, document, n)),
+        ("trioloop_loopback_http", lambda n: trio.run(trioloop_loopback, document, n, url)),
         ("trioloop_shipped_get_entity", lambda n: trio.run(trioloop_shipped_read, document, n)),
     ]
     try:
@@ -316,6 +325,22 @@ def _ratio_rows(stats: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[Any, 
     return rows
 
 
+def _measure(found: list[Contender], rounds: int, turns: int, url: str) -> tuple[dict[str, list[Sample]], float]:
+    """Warm-up, then the contenders' batches in alternating rounds; also the HTTP case's connects per
+    request, counted at the server (each batch opens one client: K + 1 requests per turn share it)."""
+    for _, run in found:  # warm-up: imports, caches, first-connection costs
+        run(3)
+    samples: dict[str, list[Sample]] = {name: [] for name, _ in found}
+    before = server_stats(url)
+    for _ in range(rounds):
+        for name, run in found:
+            gc.collect()
+            samples[name] += run(turns)
+    after = server_stats(url)
+    connects = after["connections"] - before["connections"] - 1  # the second stats request is one
+    return samples, round(connects / max(after["requests"] - before["requests"], 1), 4)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of every contender")
@@ -331,20 +356,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     _set_k(args.k)
 
     document = load_thf(PAYMENT_THF)
-    found = contenders(document)
-    if args.profile:
-        run = dict(found)[args.profile]
-        run(3)
-        profile(run, args.turns, 30)
-        return 0
-
-    for _, run in found:  # warm-up: imports, caches, first-connection costs
-        run(3)
-    samples: dict[str, list[Sample]] = {name: [] for name, _ in found}
-    for _ in range(args.rounds):
-        for name, run in found:
-            gc.collect()
-            samples[name] += run(args.turns)
+    with spawned_server() as url:
+        found = contenders(document, url)
+        if args.profile:
+            run = dict(found)[args.profile]
+            run(3)
+            profile(run, args.turns, 30)
+            return 0
+        samples, connects_per_request = _measure(found, args.rounds, args.turns, url)
 
     stats: dict[str, dict[str, dict[str, Any]]] = {}
     for name, values in samples.items():
@@ -362,6 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 turns=len(values),
                 per_iteration_wall_us=stats[name]["wall_us"],
                 per_iteration_cpu_us=stats[name]["cpu_us"],
+                **({"connects_per_request": connects_per_request} if name == "trioloop_loopback_http" else {}),
             )
         )
     ratio_rows = _ratio_rows(stats)

@@ -126,10 +126,18 @@ def loop_answer_body(i: int, k: int) -> bytes:
     return wire_body(calls=[_call(i)], model=MODEL) if i < k else wire_body(text=FINAL_TEXT, model=MODEL)
 
 
+@cache
+def _note_events(i: int, k: int) -> tuple[StreamEvent, ...]:
+    return wire_events(calls=[_call(i)]) if i < k else wire_events(text=FINAL_TEXT)
+
+
 def answer_in_process(request: ChatRequest) -> Sequence[StreamEvent]:
-    """Iteration i < K asks for note i; iteration K answers in text (same events as the loopback path)."""
-    i = iteration_of(request)
-    return wire_events(calls=[_call(i)]) if i < K else wire_events(text=FINAL_TEXT)
+    """Iteration i < K asks for note i; iteration K answers in text (same events as the loopback path).
+
+    Looked up per iteration (events are immutable, so one tuple serves every turn): the harness's own
+    share stays a dictionary lookup, as pydantic-ai's side only counts responses and builds its answer.
+    """
+    return _note_events(iteration_of(request), K)
 
 
 async def _trioloop_turns(
@@ -166,9 +174,13 @@ def _shipped_call(i: int) -> tuple[str, str, dict[str, Any]]:
     return (f"call_{i}", "get_entity", {"kind": "elements", "id": _ENTITY_IDS[i % len(_ENTITY_IDS)]})
 
 
+@cache
+def _shipped_events(i: int, k: int, entity_ids: tuple[str, ...]) -> tuple[StreamEvent, ...]:
+    return wire_events(calls=[_shipped_call(i)]) if i < k else wire_events(text=FINAL_TEXT)
+
+
 def answer_shipped(request: ChatRequest) -> Sequence[StreamEvent]:
-    i = iteration_of(request)
-    return wire_events(calls=[_shipped_call(i)]) if i < K else wire_events(text=FINAL_TEXT)
+    return _shipped_events(iteration_of(request), K, tuple(_ENTITY_IDS))
 
 
 async def trioloop_shipped_read(document: ThreatModel, turns: int) -> list[Sample]:

@@ -44,7 +44,7 @@ from benchmarks._common import (
     summarize,
     wire_events,
 )
-from benchmarks._sse_server import MODEL, TABLE, spawned_server
+from benchmarks._sse_server import MODEL, TABLE, server_stats, spawned_server
 from trioloop.loop import (
     CallStatus,
     Cancel,
@@ -405,7 +405,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.extend(_stop_rows(tool, cold, args.repeat, document))
 
     with spawned_server() as url:
+        before = server_stats(url)
         found_deadline = trio.run(deadline_case, args.deadline_repeat, document, url)
+        after = server_stats(url)
+    # A stalled response is cut mid-body, so its connection cannot be reused: one connect per request.
+    connects = (after["connections"] - before["connections"] - 1) / max(after["requests"] - before["requests"], 1)
     floor = summarize(found_deadline["bare"])
     any_phase = summarize(found_deadline["bare_any_phase"])
     for key, label in (("loopback", "loopback HTTP (server process)"), ("in_process", "in-process")):
@@ -422,6 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bare_trio_any_phase_overshoot_us=any_phase,
                 p99_over_any_phase_p99_us=round(ours["p99"] - any_phase["p99"], 1),
                 ratio_median=round(ratio, 2),
+                **({"connects_per_request": round(connects, 3)} if key == "loopback" else {}),
             )
         )
         row = (f"deadline 50 ms overshoot, {label} stall", ours["median"], ours["p99"], floor["median"], floor["p99"])

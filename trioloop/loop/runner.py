@@ -762,8 +762,9 @@ async def _drive(
                         await turn.consume()
             finally:
                 # Settled (or failing): nothing still running (a request, the sharpener) is wanted, on
-                # every way out.
-                requests.cancel_scope.cancel()
+                # every way out. A cancel costs even when no task is left to see it.
+                if requests.child_tasks:
+                    requests.cancel_scope.cancel()
     finally:
         # Runs on Stop, on the deadline, and even when a scope outside the turn cancels us: the turn
         # always ends settled. The one await is shielded and bounded by the tool grace.

@@ -21,7 +21,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.loop._sharp_deadline import LEAD_S, DeadlineSharpener
+from trioloop.loop._sharp_deadline import LEAD_S, THREADS, DeadlineSharpener, sharpener_limiter
 from trioloop.loop.limits import TurnLimits
 from trioloop.loop.machine import CallStatus, Outcome, TurnState
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
@@ -148,6 +148,31 @@ async def test_on_the_real_clock_the_thread_sleeps_and_returns() -> None:
     sharpener = DeadlineSharpener(start + 0.02)
     await _run_sharpener(sharpener, start + 0.05)
     assert sharpener.thread_sleeps == 1
+
+
+async def test_sharpeners_hold_their_own_threads_never_trios_default_ones() -> None:
+    """Many deadlines at once: at most THREADS sharpener threads, none of them from the default limiter that
+    tools' ``trio.to_thread`` calls share (so a sharpener never keeps a tool waiting for a thread)."""
+    default = trio.to_thread.current_default_thread_limiter()
+    start = trio.current_time()
+    sharpeners = [DeadlineSharpener(start + 0.02) for _ in range(THREADS * 3)]
+    seen: list[tuple[int, int]] = []
+
+    async def watch() -> None:
+        while True:
+            seen.append((sharpener_limiter().borrowed_tokens, default.borrowed_tokens))
+            await trio.sleep(0.0002)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        for sharpener in sharpeners:
+            nursery.start_soon(sharpener.run)
+        await trio.sleep(0.03)
+        nursery.cancel_scope.cancel()
+    assert max(mine for mine, _ in seen) <= THREADS
+    assert max(mine for mine, _ in seen) >= 1  # the watcher saw the sharpeners in their threads
+    assert all(theirs == 0 for _, theirs in seen)
+    assert sum(s.thread_sleeps for s in sharpeners) >= THREADS  # the ones past the limit waited, not failed
 
 
 # -- in the runner -----------------------------------------------------------------------------------

@@ -17,11 +17,27 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-__all__ = ["LEAD_S", "DeadlineSharpener", "sleep_in_thread_until"]
+__all__ = ["LEAD_S", "THREADS", "DeadlineSharpener", "sharpener_limiter", "sleep_in_thread_until"]
 
 #: How long before a deadline the sharpener hands over to a thread: more than Trio's 1 ms rounding, so
 #: Trio's own timer has woken it before the deadline, not after.
 LEAD_S = 0.002
+
+#: Worker threads the sharpeners of one Trio run may hold at once. Their own limiter, not Trio's default
+#: one, so a sharpener never delays a tool's ``trio.to_thread`` call; a sharpener beyond these waits, and
+#: its deadline then fires on Trio's own timer, as it would without one.
+THREADS = 4
+_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("trioloop_sharpener_threads")
+
+
+def sharpener_limiter() -> trio.CapacityLimiter:
+    """The sharpeners' `CapacityLimiter` of ``THREADS`` tokens for the current Trio run."""
+    try:
+        return _LIMITER.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(THREADS)
+        _LIMITER.set(limiter)
+        return limiter
 
 
 def _sleep_until(instant: float) -> None:
@@ -34,10 +50,12 @@ def _sleep_until(instant: float) -> None:
 async def sleep_in_thread_until(instant: float) -> None:
     """Sleep until ``instant`` (``time.perf_counter``) in a worker thread; its return wakes the loop.
 
-    A fixed instant, so the thread's hand-off does not delay the wake-up. Bounded by the caller (at most
-    `LEAD_S`), so abandoning it on cancellation leaves nothing behind for long.
+    A fixed instant, so the thread's hand-off does not delay the wake-up (nor a wait for a token: a
+    thread that starts late sleeps less, or not at all). Bounded by the caller (at most `LEAD_S`), so
+    abandoning it on cancellation leaves nothing behind for long. Threads come from Trio's cache under
+    `sharpener_limiter`.
     """
-    await trio.to_thread.run_sync(_sleep_until, instant, abandon_on_cancel=True)
+    await trio.to_thread.run_sync(_sleep_until, instant, abandon_on_cancel=True, limiter=sharpener_limiter())
 
 
 class DeadlineSharpener:

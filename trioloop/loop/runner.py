@@ -32,7 +32,7 @@ from trioloop.loop._sharp_deadline import LEAD_S as SHARPEN_LEAD_S
 from trioloop.loop._sharp_deadline import DeadlineSharpener
 from trioloop.loop._stream_fold import fold_text_deltas
 from trioloop.loop.document import DocumentKind
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS, Bound, TurnLimits, budget_exhaustion, timing_exhaustion
+from trioloop.loop.limits import DEFAULT_TURN_LIMITS, Bound, TurnLimits, timing_exhaustion
 from trioloop.loop.machine import (
     NO_STATE_CHANGE,
     Advance,
@@ -448,9 +448,11 @@ class _Turn(Generic[D]):
         self.apply(event)
 
     def may_retry(self) -> bool:
-        # Only the retry and deadline bounds matter here: a retry is not a new iteration.
-        budget = attrs.evolve(self.state.budget, iterations_started=0, tool_calls_accepted=0)
-        return budget_exhaustion(budget, self.state.limits, self.machine_now_ms()) is None
+        # Only the retry and time bounds matter here: a retry is not a new iteration.
+        budget, limits = self.state.budget, self.state.limits
+        if budget.retries_used >= limits.max_retries_per_turn:
+            return False
+        return timing_exhaustion(budget, limits, self.machine_now_ms()) is None
 
     def retry_backoff(self) -> float:
         used = self.state.budget.retries_used

@@ -256,30 +256,45 @@ def test_an_approval_replayed_against_a_changed_input_is_a_digest_mismatch() -> 
 def test_a_re_emitted_call_id_cannot_swap_the_approved_input() -> None:
     state = run([submit(), *stream(tc("c1", id="web-app"), tc("c1", id="payments-db")), ApproveCall(call_id="c1")])
     assert [v.violation for v in state.violations] == [Violation.DUPLICATE_CALL_ID]
-    assert len(state.calls) == 1
+    first, second = state.calls
+    assert first.id == "c1" and second.id != "c1" and second.status is CallStatus.FAILED
+    assert [g.call_id for g in state.grants] == ["c1"]
     assert state.grants[0].input_digest == digest_of(UPDATE, {"id": "web-app"})
     assert state.grants[0].input_digest != digest_of(UPDATE, {"id": "payments-db"})
+    # The second input is in the history under its own id, answered, and nothing can approve it.
     blocks = [b for m in state.messages for b in m.content if isinstance(b, ToolCallBlock)]
-    assert [b.input for b in blocks] == [{"id": "web-app"}]
+    assert [(b.id, b.input) for b in blocks] == [("c1", {"id": "web-app"}), (second.id, {"id": "payments-db"})]
+    assert (
+        reduce_turn(state, ApproveCall(call_id=second.id)) is state
+        or reduce_turn(state, ApproveCall(call_id=second.id)).grants == state.grants
+    )
 
 
-def test_a_call_id_re_emitted_in_a_later_iteration_or_turn_is_dropped() -> None:
+def test_a_call_id_re_emitted_in_a_later_iteration_or_turn_is_renamed_never_granted_by_the_old_grant() -> None:
     state = run([submit(), *stream(tc("toolu_1", "read_elements"))])
     state = run(
         [
             StartCall(call_id="toolu_1", now_ms=1),
             CallSettled(call_id="toolu_1", outcome=ToolOutcome.success("ok"), now_ms=2),
             Advance(now_ms=3),
-            *stream(tc("toolu_1", "read_elements"), stop="end_turn"),
+            *stream(tc("toolu_1", "update_element", id="payments-db")),
         ],
         state,
     )
-    assert [v.violation for v in state.violations] == [Violation.DUPLICATE_CALL_ID]
-    assert len(state.calls) == 1 and state.calls[0].status is CallStatus.SUCCEEDED
-    assert assert_tool_pairing(state.messages) == ()
-    # The next turn: the same id again, from the base history.
-    later = run([submit(base=state.messages), *stream(tc("toolu_1"), stop="end_turn")])
-    assert later.calls == () and assert_tool_pairing(later.messages) == ()
+    assert state.violations == ()
+    first, again = state.calls
+    assert first.id == "toolu_1" and first.status is CallStatus.SUCCEEDED
+    assert again.id != "toolu_1" and again.iteration == 2 and again.status is CallStatus.PENDING
+    # The spent grant binds ("toolu_1", iteration 1): it starts nothing now, under either id.
+    for call_id in ("toolu_1", again.id):
+        after = reduce_turn(state, StartCall(call_id=call_id, now_ms=4))
+        assert all(c.status is not CallStatus.RUNNING for c in after.calls)
+    # The next turn: the same id again, from the base history, is renamed too and gets its card.
+    later = run([submit(base=state.messages), *stream(tc("toolu_1", "update_element", id="x"))])
+    (record,) = later.calls
+    assert record.id not in {"toolu_1", again.id} and record.status is CallStatus.PENDING
+    ids = [b.id for m in later.messages for b in m.content if isinstance(b, ToolCallBlock)]
+    assert len(ids) == len(set(ids))
 
 
 def test_a_grant_never_crosses_into_another_iteration() -> None:

@@ -54,6 +54,8 @@ from trioloop.protocol import (
     Message,
     MessageStart,
     MessageStop,
+    ProviderBlock,
+    ProviderBlockComplete,
     StreamError,
     TextBlock,
     TextDelta,
@@ -68,6 +70,7 @@ from trioloop.protocol import (
     Usage,
     assert_tool_pairing,
 )
+from trioloop.providers.base import Messages
 
 # -- fixtures: three tools, a few drivers -----------------------------------------------------------
 
@@ -189,6 +192,9 @@ SAMPLES: dict[InputKind, TurnInput] = {
     InputKind.TEXT_DELTA: TextDelta(text="more"),
     InputKind.THINKING_DELTA: ThinkingDelta(text="hmm"),
     InputKind.THINKING_COMPLETE: ThinkingComplete(block=ThinkingBlock(thinking="hmm", signature="sig")),
+    InputKind.PROVIDER_BLOCK_COMPLETE: ProviderBlockComplete(
+        block=ProviderBlock(wire="anthropic", kind="server_tool_use", data='{"type":"server_tool_use"}')
+    ),
     InputKind.TOOL_CALL_START: ToolCallStart(id="n1", name="update"),
     InputKind.TOOL_CALL_INPUT_DELTA: ToolCallInputDelta(id="n1", partial_json='{"na'),
     InputKind.TOOL_CALL_COMPLETE: call("n1"),
@@ -839,22 +845,75 @@ def test_undo_turn_marks_succeeded_calls_undone_only_once_settled() -> None:
 # -- §2: a completed tool call, step by step --------------------------------------------------------
 
 
-def test_a_reused_call_id_is_dropped_whole() -> None:
+def test_a_call_id_repeated_in_one_message_is_answered_under_a_fresh_id_and_never_run() -> None:
     state = run([submit(), MessageStart(model="m"), call("c1"), call("c1", target="payments-db")])
     assert kinds(state) == [Violation.DUPLICATE_CALL_ID]
-    assert len(state.calls) == 1 and len(call_blocks(state)) == 1
-    assert state.calls[0].input_digest == input_digest({"name": "web"})
+    first, second = state.calls
+    assert first.id == "c1" and first.input_digest == input_digest({"name": "web"})
+    assert second.id != "c1" and second.status is CallStatus.FAILED and second.prepared is None
+    assert '"c1"' in (second.result or "") and second.is_error
+    assert [b.id for b in call_blocks(state)] == ["c1", second.id]
+    assert state.violations[0].call_id == second.id and any("same id" in n for n in state.notices)
+    # The model gets a result for both; the history stays pairable.
+    done = run(
+        [DenyCall(call_id="c1"), Advance(now_ms=1), *iteration(stop="end_turn")],
+        run([MessageStop(stop_reason="tool_use")], state),
+    )
+    assert settled_and_pairable(done) and set(results(done)) == {"c1", second.id}
+    # A grant for the duplicate's fresh id is impossible: it is not pending.
+    assert reduce_turn(state, ApproveCall(call_id=second.id)).grants == state.grants
 
 
-def test_an_id_from_an_earlier_turn_is_a_duplicate_too() -> None:
+def test_an_id_from_an_earlier_turn_is_renamed_and_the_call_goes_on_like_any_other() -> None:
     base = (
         Message.user("earlier"),
         Message(role="assistant", content=(ToolCallBlock(id="old", name="read", input={"name": "a"}),)),
         Message(role="user", content=(ToolResultBlock(call_id="old", content="ok"),)),
     )
-    state = run([submit(base=base), *iteration(call("old", "read"), stop="end_turn")])
-    assert kinds(state) == [Violation.DUPLICATE_CALL_ID] and state.calls == ()
-    assert settled_and_pairable(state)
+    state = run([submit(base=base), *iteration(call("old", "read"))])
+    assert kinds(state) == []
+    (record,) = state.calls
+    assert record.id != "old" and record.id.startswith("old_") and record.status is CallStatus.APPROVED
+    assert [b.id for b in call_blocks(state)] == ["old", record.id]
+    done = run([Advance(now_ms=1), *iteration(stop="end_turn")], execute(state, record.id))
+    assert settled_and_pairable(done)
+
+
+def test_an_id_from_an_earlier_iteration_is_renamed_and_its_grant_never_reused() -> None:
+    state = execute(run([ApproveCall(call_id="c1")], start(call("c1"))), "c1")
+    state = run([Advance(now_ms=1), *iteration(call("c1", target="payments-db"))], state)
+    assert kinds(state) == []
+    renamed = state.calls[1]
+    assert renamed.id != "c1" and renamed.status is CallStatus.PENDING and renamed.iteration == 2
+    # The spent grant of iteration 1 names "c1": nothing lets it start the new call.
+    assert reduce_turn(state, StartCall(call_id=renamed.id, now_ms=2)).call(renamed.id).status is CallStatus.PENDING  # type: ignore[union-attr]
+    assert [g.call_id for g in state.grants] == ["c1"]
+
+
+def test_a_repeated_reused_id_in_one_message_is_still_a_duplicate() -> None:
+    # Iteration 2 sends "c1" (taken by iteration 1: renamed) twice: the second is the duplicate.
+    state = execute(run([ApproveCall(call_id="c1")], start(call("c1"))), "c1")
+    state = run([Advance(now_ms=1), MessageStart(model="m"), call("c1", "read"), call("c1", "read")], state)
+    assert kinds(state) == [Violation.DUPLICATE_CALL_ID]
+    assert len({c.id for c in state.calls}) == 3 and state.calls[2].status is CallStatus.FAILED
+    assert state.calls[1].status is CallStatus.APPROVED
+
+
+def test_a_call_without_an_id_gets_one() -> None:
+    state = start(call("", "read"), call("", "read"))
+    assert kinds(state) == [] and len({c.id for c in state.calls}) == 2
+    assert all(c.id.startswith("call_") for c in state.calls)
+
+
+def test_unreadable_arguments_answer_the_call_with_the_error_and_tell_the_person() -> None:
+    event = ToolCallComplete(id="c1", name="update", input={}, input_error="not valid JSON: Expecting ',' delimiter")
+    state = run([submit(), MessageStart(model="m"), event, MessageStop(stop_reason="tool_use")])
+    record = state.call("c1")
+    assert record is not None and record.status is CallStatus.FAILED and record.prepared is None
+    assert "could not be read" in (record.result or "") and "Expecting" in (record.result or "")
+    assert any("could not be read" in n for n in state.notices)
+    done = run([Advance(now_ms=1), *iteration(stop="end_turn")], state)
+    assert settled_and_pairable(done) and results(done)["c1"].is_error
 
 
 def test_an_unknown_tool_fails_unprepared_with_its_name_made_visible() -> None:
@@ -956,7 +1015,9 @@ def test_step_order_duplicate_before_unknown_before_cap_before_prepare_before_st
     limits = TurnLimits(max_tool_calls_per_iteration=1)
     # duplicate id beats unknown tool
     state = run([submit(), MessageStart(model="m"), call("c1"), call("c1", "nope")])
-    assert kinds(state) == [Violation.DUPLICATE_CALL_ID]
+    assert kinds(state) == [Violation.DUPLICATE_CALL_ID] and state.calls[1].result.startswith(
+        "Not run: this call reused"
+    )  # type: ignore[union-attr]
     # unknown tool beats the cap
     state = run([submit(limits), MessageStart(model="m"), call("c1"), call("x1", "nope")])
     assert kinds(state) == [Violation.UNKNOWN_TOOL]
@@ -1162,3 +1223,42 @@ def test_a_denial_reason_can_never_forge_a_marker_or_leave_its_quotes(reason: st
         reduce_turn(start(call("c1")), DenyCall(call_id="c1")).denials
         == reduce_turn(start(call("c1")), DenyCall(call_id="c1", reason=hostile)).denials
     )
+
+
+# -- a paused server turn, and the retry counter the person sees ------------------------------------
+
+
+def test_pause_turn_with_content_goes_back_as_the_next_iteration() -> None:
+    state = run([submit(), *iteration(text="Searching the web", stop="pause_turn")])
+    assert state.phase is Phase.EXECUTING and state.current_calls == ()
+    assert state.messages[-1].role == "assistant"
+    state = run([Advance(now_ms=1)], state)
+    assert state.phase is Phase.REQUESTING and state.iteration == 2
+    assert state.messages[-1].role == "assistant"  # sent back as it is: the model continues it
+    done = run(iteration(text="Found it.", stop="end_turn"), state)
+    assert settled_and_pairable(done) and done.outcome is Outcome.COMPLETED
+
+
+def test_pause_turn_with_nothing_in_it_ends_the_turn_instead_of_looping() -> None:
+    state = run([submit(), *iteration(stop="pause_turn")])
+    assert state.is_settled and state.outcome is Outcome.COMPLETED
+
+
+def test_pause_turn_is_bounded_by_the_iteration_limit() -> None:
+    state = run([submit(TurnLimits(max_iterations=2)), *iteration(text="a", stop="pause_turn"), Advance(now_ms=1)])
+    state = run([*iteration(text="b", stop="pause_turn"), Advance(now_ms=2)], state)
+    assert state.outcome is Outcome.BOUNDED and settled_and_pairable(state)
+
+
+def test_a_retry_is_counted_and_told_to_the_person_with_its_cause_and_wait() -> None:
+    failure = StreamError(code="http_status", message=Messages.SERVER_ERROR, provider_detail="HTTP 529: overloaded")
+    state = run([submit(), Retry(now_ms=1, failure=failure, wait_ms=500), Retry(now_ms=2, wait_ms=1000)])
+    assert state.budget.retries_used == 2
+    assert state.notices == ("HTTP 529, retry 1 of 3 in 0.5 s", "The AI request failed, retry 2 of 3 in 1 s")
+
+
+def test_a_retry_with_a_forged_wait_is_not_an_input() -> None:
+    state = run([submit()])
+    forged = Retry(now_ms=1)
+    object.__setattr__(forged, "wait_ms", -5)
+    assert reduce_turn(state, forged) is state

@@ -350,7 +350,8 @@ _responses = st.builds(
     model=st.text(max_size=10),
     text=st.text(max_size=60),
     tool_calls=_calls.map(tuple),
-    stop_reason=st.sampled_from([r for r in StopReason if r is not StopReason.STOP_SEQUENCE]),
+    # Chat Completions has neither a stop sequence nor a paused server turn of its own.
+    stop_reason=st.sampled_from([r for r in StopReason if r not in (StopReason.STOP_SEQUENCE, StopReason.PAUSE_TURN)]),
     input_tokens=st.integers(0, 10**6),
     output_tokens=st.integers(0, 10**6),
     text_piece=st.integers(1, 20),

@@ -205,6 +205,13 @@ def test_malformed_chunks_are_notices_and_keep_what_was_valid() -> None:
         assert isinstance(events[-1], StreamError) and not events[-1].terminal, data
 
 
+def test_a_content_part_whose_type_is_not_text_is_skipped_not_a_crash() -> None:
+    # Found by the stream fuzzer: a list-typed "type" was looked up in a frozenset (unhashable).
+    for kind in ([], {}, 7, None):
+        events = OpenAIStreamMapper().feed(chunk({"content": [{"type": kind}, {"type": "text", "text": "ok"}]}))
+        assert [e.text for e in events if isinstance(e, TextDelta)] == ["ok"], kind
+
+
 def test_finish_reason_mapping() -> None:
     for reason, expected in [
         ("stop", StopReason.END_TURN),

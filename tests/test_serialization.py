@@ -7,6 +7,8 @@ from trioloop.protocol import (
     Message,
     MessageStart,
     MessageStop,
+    ProviderBlock,
+    ProviderBlockComplete,
     RedactedThinkingBlock,
     SerializationError,
     StopReason,
@@ -33,12 +35,19 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=10,
 )
+provider_blocks = st.builds(
+    ProviderBlock,
+    wire=st.sampled_from(["anthropic", "openai-responses"]),
+    kind=st.text(max_size=12),
+    data=st.text(max_size=30),
+)
 blocks = st.one_of(
     st.builds(TextBlock, text=st.text(max_size=20)),
     st.builds(ToolCallBlock, id=st.text(max_size=8), name=st.text(max_size=8), input=json_values),
     st.builds(ToolResultBlock, call_id=st.text(max_size=8), content=st.text(max_size=20), is_error=st.booleans()),
-    st.builds(ThinkingBlock, thinking=st.text(max_size=20), signature=st.text(max_size=8)),
+    st.builds(ThinkingBlock, thinking=st.text(max_size=20), signature=st.text(max_size=8), source=st.text(max_size=8)),
     st.builds(RedactedThinkingBlock, data=st.text(max_size=20)),
+    provider_blocks,
 )
 thinking_blocks = st.one_of(
     st.builds(ThinkingBlock, thinking=st.text(max_size=20), signature=st.text(max_size=8)),
@@ -50,15 +59,23 @@ events = st.one_of(
     st.builds(TextDelta, text=st.text(max_size=20)),
     st.builds(ThinkingDelta, text=st.text(max_size=20)),
     st.builds(ThinkingComplete, block=thinking_blocks),
+    st.builds(ProviderBlockComplete, block=provider_blocks),
     st.builds(ToolCallStart, id=st.text(max_size=8), name=st.text(max_size=8)),
     st.builds(ToolCallInputDelta, id=st.text(max_size=8), partial_json=st.text(max_size=8)),
-    st.builds(ToolCallComplete, id=st.text(max_size=8), name=st.text(max_size=8), input=json_values),
+    st.builds(
+        ToolCallComplete,
+        id=st.text(max_size=8),
+        name=st.text(max_size=8),
+        input=json_values,
+        input_error=st.none() | st.text(max_size=8),
+    ),
     st.builds(
         Usage,
         input_tokens=st.integers(0, 10**6),
         output_tokens=st.integers(0, 10**6),
         cache_read_input_tokens=st.integers(0, 10**6),
         cache_creation_input_tokens=st.integers(0, 10**6),
+        reasoning_tokens=st.integers(0, 10**6),
     ),
     st.builds(MessageStop, stop_reason=st.sampled_from(list(StopReason))),
     st.builds(
@@ -66,6 +83,7 @@ events = st.one_of(
         code=st.sampled_from(["transport", "http_status", "rate_limited"]),
         message=st.text(max_size=20),
         provider_detail=st.none() | st.text(max_size=40),
+        retry_after=st.none() | st.floats(0, 600),
     ),
     st.builds(StreamError, code=st.just("malformed_stream"), message=st.text(max_size=5), terminal=st.just(False)),
     st.just(Aborted()),

@@ -568,19 +568,23 @@ async def test_a_provider_repeating_a_call_id(wire: str, autojump_clock: trio.te
     first = ok(
         wire, "Two calls, one id.", (call("dup", "add_threat", threat=threat), call("dup", "get_document_summary"))
     )
-    again = ok(wire, "Same id next iteration.", (call("dup", "add_threat", threat=threat),))
+    other = {**threat, "title": "Replay again"}
+    again = ok(wire, "Same id next iteration.", (call("dup", "add_threat", threat=other),))
     final, requests, workspace = await turn(
         wire, [first, again, ok(wire, "Done.")], tools=True, on_state=approve_everything
     )
-    # The repeat in iteration 2 is refused, which leaves that iteration without a call: the turn ends.
-    assert final.outcome is Outcome.COMPLETED and requests == 2
-    assert [c.id for c in final.calls] == ["dup"] and final.calls[0].status is CallStatus.SUCCEEDED
-    assert [v.violation for v in final.violations] == [Violation.DUPLICATE_CALL_ID] * 2
-    assert len(workspace.document.threats) == len(payment().threats) + 1  # ran once
+    # Within one message the repeat is answered and not run; in the next iteration the same id is a new
+    # call under a fresh id, with its own card and grant: it runs once, after its own approval.
+    assert final.outcome is Outcome.COMPLETED and requests == 3
+    ids = [c.id for c in final.calls]
+    assert ids[0] == "dup" and len(set(ids)) == 3
+    assert [c.status for c in final.calls] == [CallStatus.SUCCEEDED, CallStatus.FAILED, CallStatus.SUCCEEDED]
+    assert [v.violation for v in final.violations] == [Violation.DUPLICATE_CALL_ID]
+    assert len(workspace.document.threats) == len(payment().threats) + 2  # each approved call ran once
     blocks = [b for m in final.messages for b in m.content if isinstance(b, ToolCallBlock)]
-    assert [b.id for b in blocks] == ["dup"]
+    assert [b.id for b in blocks] == ids and assert_tool_pairing(final.messages) == ()
 
-    # Across turns: a call id from the conversation so far is refused in the next turn too.
+    # Across turns: a call id from the conversation so far is renamed in the next turn and gets a card.
     router = Router()
     route = router.add(
         ok(wire, "Reading.", (call("c1", "get_document_summary"),)),
@@ -595,10 +599,23 @@ async def test_a_provider_repeating_a_call_id(wire: str, autojump_clock: trio.te
         ) as session,
     ):
         await session.send("first")
-        second = await session.send("second")
-    assert second.outcome is Outcome.COMPLETED and second.calls == ()
-    assert [v.violation for v in second.violations] == [Violation.DUPLICATE_CALL_ID]
-    assert session.document is payment()
+
+        async def reviewer() -> None:
+            async for state in session.states():
+                if state.phase is Phase.AWAITING_APPROVAL:
+                    for pending in state.current_calls:
+                        if pending.status is CallStatus.PENDING:
+                            session.approve(pending.id)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reviewer)
+            second = await session.send("second")
+            nursery.cancel_scope.cancel()
+    assert second.outcome is Outcome.COMPLETED and second.violations == ()
+    (renamed,) = second.calls
+    assert renamed.id != "c1" and renamed.status is CallStatus.SUCCEEDED
+    assert len(session.document.threats) == len(payment().threats) + 1
+    assert assert_tool_pairing(second.messages) == ()
     assert_no_canary(session.transcript(), json.dumps(session.transcript()))
     record(f"repeated call ids, within and across turns ({wire})", tried=3, held=3)
 

@@ -21,6 +21,7 @@ from trioloop.protocol.events import (
     Aborted,
     MessageStart,
     MessageStop,
+    ProviderBlockComplete,
     StopReason,
     StreamError,
     StreamEvent,
@@ -32,7 +33,7 @@ from trioloop.protocol.events import (
     ToolCallStart,
     Usage,
 )
-from trioloop.protocol.messages import Message, RedactedThinkingBlock, ThinkingBlock
+from trioloop.protocol.messages import Message, ProviderBlock, RedactedThinkingBlock, ThinkingBlock
 
 __all__ = [
     "Advance",
@@ -60,6 +61,11 @@ def _text(instance: object, attribute: attrs.Attribute[str], value: object) -> N
 def _now(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
     if type(value) is not int:
         raise TypeError(f"{attribute.name} must be an int of milliseconds, got {value!r}")
+
+
+def _wait(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{attribute.name} must be a non-negative int of milliseconds, got {value!r}")
 
 
 def _messages(value: object) -> tuple[Message, ...]:
@@ -157,12 +163,23 @@ class Advance:
     now_ms: int = attrs.field(validator=_now)
 
 
+def _optional_failure(instance: object, attribute: attrs.Attribute[StreamError | None], value: object) -> None:
+    if value is not None and type(value) is not StreamError:
+        raise TypeError(f"{attribute.name} must be a StreamError or None")
+
+
 @final
 @attrs.frozen(kw_only=True)
 class Retry:
-    """The runner re-sends the request after a transient failure before any event arrived."""
+    """The runner re-sends the request after a transient failure before any event arrived.
+
+    ``failure`` is what failed and ``wait_ms`` how long the runner waits before the next attempt; the
+    reducer counts the retry and tells the person (``HTTP 529, retry 1 of 3 in 0.5 s``).
+    """
 
     now_ms: int = attrs.field(validator=_now)
+    failure: StreamError | None = attrs.field(default=None, validator=_optional_failure)
+    wait_ms: int = attrs.field(default=0, validator=_wait)
 
 
 _CANCEL_REASONS: Final = ("stop", "deadline", "review_timeout")
@@ -200,6 +217,7 @@ class InputKind(enum.StrEnum):
     TEXT_DELTA = "text_delta"
     THINKING_DELTA = "thinking_delta"
     THINKING_COMPLETE = "thinking_complete"
+    PROVIDER_BLOCK_COMPLETE = "provider_block_complete"
     TOOL_CALL_START = "tool_call_start"
     TOOL_CALL_INPUT_DELTA = "tool_call_input_delta"
     TOOL_CALL_COMPLETE = "tool_call_complete"
@@ -266,9 +284,16 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
             InputKind.THINKING_COMPLETE,
             lambda e: type(e.block) in (ThinkingBlock, RedactedThinkingBlock),
         ),
+        ProviderBlockComplete: (
+            InputKind.PROVIDER_BLOCK_COMPLETE,
+            lambda e: type(e.block) is ProviderBlock and _is_str(e.block.wire) and _is_str(e.block.data),
+        ),
         ToolCallStart: (InputKind.TOOL_CALL_START, lambda e: True),
         ToolCallInputDelta: (InputKind.TOOL_CALL_INPUT_DELTA, lambda e: True),
-        ToolCallComplete: (InputKind.TOOL_CALL_COMPLETE, lambda e: _is_str(e.id) and _is_str(e.name)),
+        ToolCallComplete: (
+            InputKind.TOOL_CALL_COMPLETE,
+            lambda e: _is_str(e.id) and _is_str(e.name) and (e.input_error is None or _is_str(e.input_error)),
+        ),
         Usage: (
             InputKind.USAGE,
             lambda e: (
@@ -276,6 +301,7 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
                 and _is_count(e.output_tokens)
                 and _is_count(e.cache_read_input_tokens)
                 and _is_count(e.cache_creation_input_tokens)
+                and _is_count(e.reasoning_tokens)
             ),
         ),
         MessageStop: (InputKind.MESSAGE_STOP, lambda e: type(e.stop_reason) is StopReason),
@@ -298,7 +324,14 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
             ),
         ),
         Advance: (InputKind.ADVANCE, lambda c: _is_ms(c.now_ms)),
-        Retry: (InputKind.RETRY, lambda c: _is_ms(c.now_ms)),
+        Retry: (
+            InputKind.RETRY,
+            lambda c: (
+                _is_ms(c.now_ms)
+                and _is_count(c.wait_ms)
+                and (c.failure is None or (type(c.failure) is StreamError and _stream_error_ok(c.failure)))
+            ),
+        ),
         Cancel: (InputKind.CANCEL, lambda c: _is_str(c.reason) and c.reason in _CANCEL_REASONS),
         UndoTurn: (InputKind.UNDO_TURN, lambda c: True),
     }

@@ -58,6 +58,7 @@ PHASE_TRANSITIONS: Final[Mapping[Phase, Mapping[InputKind, frozenset[Phase]]]] =
                 _K.TEXT_DELTA: _stay(_P.STREAMING),
                 _K.THINKING_DELTA: _stay(_P.STREAMING),
                 _K.THINKING_COMPLETE: _stay(_P.STREAMING),
+                _K.PROVIDER_BLOCK_COMPLETE: _stay(_P.STREAMING),
                 _K.TOOL_CALL_START: _stay(_P.STREAMING),
                 _K.TOOL_CALL_INPUT_DELTA: _stay(_P.STREAMING),
                 _K.TOOL_CALL_COMPLETE: _stay(_P.STREAMING),

@@ -14,9 +14,12 @@ from typing import Final
 from trioloop.loop.authorization import Violation
 from trioloop.loop.tool_runtime import PrepareFailure
 from trioloop.loop.untrusted_text import quote_untrusted
+from trioloop.protocol.events import StreamError
+from trioloop.providers.retry import retry_label
 
 __all__ = [
     "DECLINED_TEXT",
+    "DUPLICATE_NOTICE",
     "INTERRUPTED_TEXT",
     "LIMIT_NOTICE",
     "LIMIT_TEXT",
@@ -24,12 +27,16 @@ __all__ = [
     "NOT_TEXT_RESULT",
     "REPLAY_TEXT",
     "declined_text",
+    "duplicate_call_text",
     "echo",
     "edited_text",
     "invalid_edit_text",
     "invalid_input_text",
     "not_authorized_text",
+    "retry_notice",
     "unknown_tool_text",
+    "unreadable_input_notice",
+    "unreadable_input_text",
 ]
 
 _ECHO_MAX = 80
@@ -129,3 +136,33 @@ NOT_TEXT_RESULT: Final = "The tool returned a result that is not text, so the ca
 
 def not_authorized_text(violation: Violation) -> str:
     return f"not authorized: {violation.value}"
+
+
+DUPLICATE_NOTICE: Final = (
+    "The model sent two tool calls with the same id in one message; the second was answered with an error and not run."
+)
+
+
+def duplicate_call_text(server_id: str) -> str:
+    return (
+        f"Not run: this call reused the id {echo(server_id)} of another call in the same message, so it was "
+        "refused. Call it again if it is still needed."
+    )
+
+
+def unreadable_input_text(name: str, error: str) -> str:
+    """The result of a call whose arguments could not be read (not JSON, or cut off mid-stream)."""
+    return (
+        f"The arguments of this {echo(name)} call could not be read ({_visible(error, _ISSUE_MAX)}), so nothing "
+        "was run. Call it again with its arguments as one JSON object."
+    )
+
+
+def unreadable_input_notice(name: str) -> str:
+    return f"A {echo(name)} call arrived with arguments that could not be read; the model was told and nothing ran."
+
+
+def retry_notice(failure: StreamError | None, used: int, allowed: int, wait_ms: int) -> str:
+    """E.g. ``HTTP 529, retry 1 of 3 in 0.5 s``: the one retry counter a turn has, as the person sees it."""
+    label = "The AI request failed" if failure is None else _visible(retry_label(failure), _ISSUE_MAX)
+    return f"{label}, retry {used} of {allowed} in {wait_ms / 1000:g} s"

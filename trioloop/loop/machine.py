@@ -19,6 +19,7 @@ from typing import Any, Final, TypeAlias
 
 import attrs
 
+from trioloop.loop._call_ids import fresh_call_id
 from trioloop.loop._machine_inputs import (
     INPUT_TYPE_KINDS,
     Advance,
@@ -49,6 +50,7 @@ from trioloop.loop._machine_state import (
 from trioloop.loop._machine_tables import CALL_STATUS_EDGES, INITIAL_CALL_STATUSES, PHASE_TRANSITIONS
 from trioloop.loop._machine_text import (
     DENY_REASON_MAX,
+    DUPLICATE_NOTICE,
     INTERRUPTED_TEXT,
     LIMIT_NOTICE,
     LIMIT_TEXT,
@@ -56,12 +58,16 @@ from trioloop.loop._machine_text import (
     NOT_TEXT_RESULT,
     REPLAY_TEXT,
     declined_text,
+    duplicate_call_text,
     echo,
     edited_text,
     invalid_edit_text,
     invalid_input_text,
     not_authorized_text,
+    retry_notice,
     unknown_tool_text,
+    unreadable_input_notice,
+    unreadable_input_text,
 )
 from trioloop.loop.authorization import (
     Denial,
@@ -77,6 +83,7 @@ from trioloop.loop.limits import Bound, TurnBudget, bound_notice, budget_exhaust
 from trioloop.loop.tool_runtime import PrepareFailure
 from trioloop.protocol.events import (
     MessageStop,
+    ProviderBlockComplete,
     StopReason,
     StreamError,
     TextDelta,
@@ -267,19 +274,68 @@ def _on_informational(state: TurnState, event: object) -> TurnState:
     return state
 
 
-def _on_thinking_complete(state: TurnState, event: ThinkingComplete) -> TurnState:
-    """A thinking block joins the assistant message in stream order (the model needs it back verbatim)."""
+def _on_block_complete(state: TurnState, event: ThinkingComplete | ProviderBlockComplete) -> TurnState:
+    """A thinking or provider block joins the assistant message in stream order (it goes back verbatim)."""
     return state.evolved(draft=(state.draft or Draft()).with_block(event.block))
+
+
+def _taken(state: TurnState, call_id: str) -> bool:
+    return call_id in state.base_call_ids or state.calls.position(call_id) is not None
+
+
+def _call_identity(state: TurnState, server_id: str) -> tuple[str, bool]:
+    """The id the call is known by in this session, and whether it repeats an id of this same message.
+
+    A server's id that is free is kept. One already used by an earlier iteration or turn (servers that
+    number calls anew in every response), or empty, is replaced by a fresh id of the same shape, so the
+    history sent back pairs exactly and no grant of the earlier call can apply to this one. An id used
+    twice in one message is a duplicate: that call gets a fresh id too, and is answered, not run.
+    Expected O(1): the first rename of ``server_id`` in an iteration is derived from it and the iteration
+    alone (so a repeat finds it), any other from the call's position (so a flood never walks a chain).
+    """
+    if server_id and not _taken(state, server_id):
+        return server_id, False
+    first = state.iteration_first_call
+    position = state.calls.position(server_id) if server_id else None
+    duplicate = position is not None and position >= first
+    salt = f"{state.turn_id}\0{state.iteration}"
+    if not duplicate:
+        candidate = fresh_call_id(server_id, salt)
+        taken_at = state.calls.position(candidate)
+        if taken_at is None and candidate not in state.base_call_ids:
+            return candidate, False
+        duplicate = taken_at is not None and taken_at >= first and bool(server_id)
+    attempt = len(state.calls)
+    while True:
+        candidate = fresh_call_id(server_id, f"{salt}\0{attempt}")
+        if not _taken(state, candidate):
+            return candidate, duplicate
+        attempt += 1
 
 
 def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnState:
     """SPEC §2: duplicate id, unknown tool, caps, invalid input, sticky denial, read-only policy."""
-    call_id, name = event.id, event.name
-    if call_id in state.base_call_ids or state.calls.position(call_id) is not None:
-        return _violate(state, Violation.DUPLICATE_CALL_ID, call_id, f"reused tool call id {echo(call_id)}")
+    name = event.name
+    call_id, duplicate = _call_identity(state, event.id)
     # The call's block joins the draft in the same state as its record (every path below adds one).
     draft = (state.draft or Draft()).with_call(ToolCallBlock(id=call_id, name=name, input=event.input))
     common: dict[str, Any] = {"id": call_id, "tool_name": name, "iteration": state.iteration}
+    if duplicate:
+        text = duplicate_call_text(event.id)
+        record = CallRecord(
+            **common,
+            input_digest="",
+            summary=text,
+            effect="mutate",
+            destructive=False,
+            status=CallStatus.FAILED,
+            result=text,
+            is_error=True,
+        )
+        state = _violate(
+            _add_call(state, record, draft=draft), Violation.DUPLICATE_CALL_ID, call_id, f"reused {echo(event.id)}"
+        )
+        return _notice(state, DUPLICATE_NOTICE)
 
     tool = state.tool_set.get(name)
     if tool is None:
@@ -313,6 +369,12 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
         )
         return _notice(state, LIMIT_NOTICE) if first else state
 
+    if event.input_error is not None:
+        text = unreadable_input_text(name, event.input_error)
+        record = CallRecord(
+            **common, input_digest="", summary=text, status=CallStatus.FAILED, result=text, is_error=True
+        )
+        return _notice(_add_call(state, record, draft=draft), unreadable_input_notice(name))
     prepared = tool.prepare(event.input)
     if isinstance(prepared, PrepareFailure):
         text = invalid_input_text(name, prepared)
@@ -349,11 +411,20 @@ def _on_usage(state: TurnState, event: Usage) -> TurnState:
     return state.evolved(usage=usage_sum(state.usage_before_iteration, event))
 
 
+_CALLS_FOLLOW: Final = frozenset({StopReason.TOOL_USE, StopReason.PAUSE_TURN})
+
+
 def _on_message_stop(state: TurnState, event: MessageStop) -> TurnState:
-    if event.stop_reason is not StopReason.TOOL_USE or not state.current_call_count:
+    reason = event.stop_reason
+    if state.current_call_count and reason in _CALLS_FOLLOW:
+        phase = Phase.AWAITING_APPROVAL if _has_pending(state) else Phase.EXECUTING
+    elif reason is StopReason.PAUSE_TURN and state.draft is not None and state.draft.message is not None:
+        # The server paused its own tools' long turn: the response goes back as it is and the model
+        # continues, as the next iteration (an iteration with no call of ours, which the bounds count).
+        phase = Phase.EXECUTING
+    else:
         # Any other stop, or a tool_use stop with no call: the model is done (a quirk must not loop).
         return _settle(state, Outcome.COMPLETED)  # _settle closes the draft in its one copy
-    phase = Phase.AWAITING_APPROVAL if _has_pending(state) else Phase.EXECUTING
     closing = _closing_draft(state)  # closed in the same copy that moves the phase
     if closing is None:
         return state.evolved(phase=phase)
@@ -525,7 +596,8 @@ def _on_advance(state: TurnState, cmd: Advance) -> TurnState:
 
 def _on_retry(state: TurnState, cmd: Retry) -> TurnState:
     budget = state.budget.spent(retries=1)
-    return state.evolved(budget=budget)
+    text = retry_notice(cmd.failure, budget.retries_used, state.limits.max_retries_per_turn, cmd.wait_ms)
+    return state.evolved(budget=budget, notice_log=state.notice_log.append(text))
 
 
 def _on_undo_turn(state: TurnState, cmd: UndoTurn) -> TurnState:
@@ -548,7 +620,8 @@ _HANDLERS: Final[Mapping[InputKind, _Handler]] = MappingProxyType(
         _K.MESSAGE_START: _on_message_start,
         _K.TEXT_DELTA: _on_text_delta,
         _K.THINKING_DELTA: _on_informational,
-        _K.THINKING_COMPLETE: _on_thinking_complete,
+        _K.THINKING_COMPLETE: _on_block_complete,
+        _K.PROVIDER_BLOCK_COMPLETE: _on_block_complete,
         _K.TOOL_CALL_START: _on_informational,
         _K.TOOL_CALL_INPUT_DELTA: _on_informational,
         _K.TOOL_CALL_COMPLETE: _on_tool_call_complete,

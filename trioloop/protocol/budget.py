@@ -10,6 +10,7 @@ from trioloop.protocol.errors import ProtocolError, ProtocolErrorCode
 from trioloop.protocol.messages import (
     ContentBlock,
     Message,
+    ProviderBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -43,7 +44,7 @@ def _block_chars(block: ContentBlock) -> int:
         return len(block.text)
     if isinstance(block, ThinkingBlock):
         return len(block.thinking) + len(block.signature)
-    if isinstance(block, RedactedThinkingBlock):
+    if isinstance(block, RedactedThinkingBlock | ProviderBlock):
         return len(block.data)
     if isinstance(block, ToolCallBlock):
         return len(block.name) + len(json.dumps(block.input, ensure_ascii=False, default=str))

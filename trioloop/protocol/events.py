@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import enum
+import math
 from typing import TypeAlias
 
 import attrs
 
 from trioloop.protocol.errors import ProtocolErrorCode, redact_provider_detail
-from trioloop.protocol.messages import JsonValue, RedactedThinkingBlock, ThinkingBlock
+from trioloop.protocol.messages import JsonValue, ProviderBlock, RedactedThinkingBlock, ThinkingBlock
 
 __all__ = [
     "Aborted",
     "MessageStart",
     "MessageStop",
+    "ProviderBlockComplete",
     "StopReason",
     "StreamError",
     "StreamEvent",
@@ -30,11 +32,15 @@ __all__ = [
 
 
 class StopReason(enum.StrEnum):
+    """Why a response ended. ``PAUSE_TURN``: the server paused a long turn of its own tools (Anthropic's
+    ``pause_turn``); the response goes back as it is so the model continues, as the next iteration."""
+
     END_TURN = "end_turn"
     TOOL_USE = "tool_use"
     MAX_TOKENS = "max_tokens"
     STOP_SEQUENCE = "stop_sequence"
     REFUSAL = "refusal"
+    PAUSE_TURN = "pause_turn"
     OTHER = "other"
 
 
@@ -79,6 +85,19 @@ class ThinkingComplete:
     block: ThinkingBlock | RedactedThinkingBlock = attrs.field(validator=_thinking_block)
 
 
+def _provider_block(inst: object, attribute: attrs.Attribute[ProviderBlock], value: object) -> None:
+    if not isinstance(value, ProviderBlock):
+        raise TypeError(f"{attribute.name} must be a ProviderBlock")
+
+
+@attrs.frozen(kw_only=True)
+class ProviderBlockComplete:
+    """A whole block only its wire understands (a server tool's use or result, a reasoning item): it joins
+    the assistant message in stream order and goes back to that wire verbatim. Nothing runs for it."""
+
+    block: ProviderBlock = attrs.field(validator=_provider_block)
+
+
 @attrs.frozen(kw_only=True)
 class ToolCallStart:
     """Informational: a call began streaming. Never creates a call by itself."""
@@ -95,23 +114,36 @@ class ToolCallInputDelta:
     partial_json: str = attrs.field(validator=_str)
 
 
+def _optional_str(inst: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{attribute.name} must be str or None, got {type(value).__name__}")
+
+
 @attrs.frozen(kw_only=True)
 class ToolCallComplete:
-    """A whole tool call; ``input`` is the parsed arguments, untrusted and unvalidated."""
+    """A whole tool call; ``input`` is the parsed arguments, untrusted and unvalidated.
+
+    ``input_error`` set means the arguments could not be read (not JSON, cut off): ``input`` is then
+    ``{}``, and the call is answered with this error and never prepared, so the model learns of it and the
+    person sees it, instead of the call vanishing.
+    """
 
     id: str = attrs.field(validator=_str)
     name: str = attrs.field(validator=_str)
     input: JsonValue = None
+    input_error: str | None = attrs.field(default=None, validator=_optional_str)
 
 
 @attrs.frozen(kw_only=True)
 class Usage:
-    """Token counts; ``input_tokens`` includes the cache reads and writes, which are also given apart."""
+    """Token counts; ``input_tokens`` includes the cache reads and writes, which are also given apart,
+    and ``output_tokens`` includes the reasoning tokens, also given apart."""
 
     input_tokens: int = attrs.field(default=0, validator=_count)
     output_tokens: int = attrs.field(default=0, validator=_count)
     cache_read_input_tokens: int = attrs.field(default=0, validator=_count)
     cache_creation_input_tokens: int = attrs.field(default=0, validator=_count)
+    reasoning_tokens: int = attrs.field(default=0, validator=_count)
 
 
 def usage_sum(a: Usage, b: Usage) -> Usage:
@@ -121,12 +153,20 @@ def usage_sum(a: Usage, b: Usage) -> Usage:
         output_tokens=a.output_tokens + b.output_tokens,
         cache_read_input_tokens=a.cache_read_input_tokens + b.cache_read_input_tokens,
         cache_creation_input_tokens=a.cache_creation_input_tokens + b.cache_creation_input_tokens,
+        reasoning_tokens=a.reasoning_tokens + b.reasoning_tokens,
     )
 
 
 @attrs.frozen(kw_only=True)
 class MessageStop:
     stop_reason: StopReason = attrs.field(converter=StopReason)
+
+
+def _optional_seconds(inst: object, attribute: attrs.Attribute[float | None], value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{attribute.name} must be None or a finite number >= 0, got {value!r}")
 
 
 def _redact_optional(value: str | None) -> str | None:
@@ -139,12 +179,14 @@ class StreamError:
 
     ``terminal=False`` is a notice: one bad frame was skipped (always ``malformed_stream``) and the
     stream goes on. ``provider_detail`` is redacted on construction, whoever builds the event.
+    ``retry_after`` is the server's own wait hint in seconds (``retry-after``), when it gave one.
     """
 
     code: ProtocolErrorCode = attrs.field(converter=ProtocolErrorCode)
     message: str = attrs.field(validator=_str)
     provider_detail: str | None = attrs.field(default=None, converter=_redact_optional)
     terminal: bool = attrs.field(default=True)
+    retry_after: float | None = attrs.field(default=None, validator=_optional_seconds)
 
     @terminal.validator
     def _notice_is_malformed(self, attribute: attrs.Attribute[bool], value: bool) -> None:
@@ -162,6 +204,7 @@ StreamEvent: TypeAlias = (
     | TextDelta
     | ThinkingDelta
     | ThinkingComplete
+    | ProviderBlockComplete
     | ToolCallStart
     | ToolCallInputDelta
     | ToolCallComplete

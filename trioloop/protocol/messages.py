@@ -18,6 +18,7 @@ __all__ = [
     "Message",
     "PairingViolation",
     "PairingViolationKind",
+    "ProviderBlock",
     "RedactedThinkingBlock",
     "Role",
     "TextBlock",
@@ -59,11 +60,16 @@ class ToolResultBlock:
 class ThinkingBlock:
     """The model's visible reasoning, kept in history and sent back verbatim with its ``signature``.
 
-    Only the model history and the UI see it; no tool receives thinking text.
+    Only the model history and the UI see it; no tool receives thinking text. Anthropic's blocks carry a
+    ``signature``; reasoning from an OpenAI-compatible server has none and names in ``source`` the field it
+    streamed in (``reasoning_content``, ``reasoning``), so it can go back in that field where the server
+    requires it (DeepSeek, Kimi). A wire sends back only the thinking it can verify: Anthropic drops
+    unsigned blocks.
     """
 
     thinking: str = attrs.field(validator=attrs.validators.instance_of(str))
     signature: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    source: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
 
 
 @attrs.frozen(kw_only=True)
@@ -73,7 +79,25 @@ class RedactedThinkingBlock:
     data: str = attrs.field(validator=attrs.validators.instance_of(str))
 
 
-ContentBlock: TypeAlias = TextBlock | ToolCallBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+@attrs.frozen(kw_only=True)
+class ProviderBlock:
+    """A block only the wire it came from understands, kept in the assistant message and sent back verbatim.
+
+    Anthropic's server-side tool blocks (``server_tool_use``, ``web_search_tool_result``, code execution,
+    ``mcp_tool_use``, compaction) and the OpenAI Responses API's reasoning items (encrypted, sent back on
+    the next request) are such blocks. ``wire`` names the wire (``"anthropic"``, ``"openai-responses"``),
+    ``kind`` the block's own type there, and ``data`` is the block as a JSON object's text. No tool ever
+    runs for one and no other wire receives it: a request to another wire leaves it out.
+    """
+
+    wire: str = attrs.field(validator=attrs.validators.instance_of(str))
+    kind: str = attrs.field(validator=attrs.validators.instance_of(str))
+    data: str = attrs.field(default="{}", validator=attrs.validators.instance_of(str))
+
+
+ContentBlock: TypeAlias = (
+    TextBlock | ToolCallBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock | ProviderBlock
+)
 
 
 def _to_blocks(value: Iterable[ContentBlock]) -> tuple[ContentBlock, ...]:

@@ -12,6 +12,7 @@ from trioloop.protocol.events import (
     Aborted,
     MessageStart,
     MessageStop,
+    ProviderBlockComplete,
     StopReason,
     StreamError,
     StreamEvent,
@@ -26,6 +27,7 @@ from trioloop.protocol.events import (
 from trioloop.protocol.messages import (
     ContentBlock,
     Message,
+    ProviderBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -55,12 +57,14 @@ _BLOCK_TAGS: dict[type[Any], str] = {
     ToolResultBlock: "tool_result",
     ThinkingBlock: "thinking",
     RedactedThinkingBlock: "redacted_thinking",
+    ProviderBlock: "provider",
 }
 _EVENT_TAGS: dict[type[Any], str] = {
     MessageStart: "message_start",
     TextDelta: "text_delta",
     ThinkingDelta: "thinking_delta",
     ThinkingComplete: "thinking_complete",
+    ProviderBlockComplete: "provider_block_complete",
     ToolCallStart: "tool_call_start",
     ToolCallInputDelta: "tool_call_input_delta",
     ToolCallComplete: "tool_call_complete",
@@ -92,6 +96,8 @@ def _tagged(tags: dict[type[Any], str]) -> tuple[Any, Any]:
         cls = by_tag.get(value["type"])
         if cls is None:
             raise SerializationError(f"unknown type {value['type']!r}")
+        if cls is ProviderBlock:
+            return _structure_provider_block(value, None)
         fields = {k: v for k, v in value.items() if k != "type"}
         return converter.structure(fields, cls)
 
@@ -103,10 +109,24 @@ _unstructure_event, _structure_event = _tagged(_EVENT_TAGS)
 for _cls in _BLOCK_TAGS:
     converter.register_unstructure_hook(_cls, _unstructure_block)
 converter.register_structure_hook(ContentBlock, _structure_block)
-_plain = cattrs.Converter()  # a thinking block nested in an event, tagged like a message's blocks
-for _cls in (ThinkingBlock, RedactedThinkingBlock):
+_plain = cattrs.Converter()  # a block nested in an event, tagged like a message's blocks
+for _cls in (ThinkingBlock, RedactedThinkingBlock, ProviderBlock):
     _flat.register_unstructure_hook(_cls, lambda v: {"type": _BLOCK_TAGS[type(v)], **_plain.unstructure(v)})
 converter.register_structure_hook(ThinkingBlock | RedactedThinkingBlock, _structure_block)
+
+
+_leaf = cattrs.Converter(forbid_extra_keys=True)
+
+
+def _structure_provider_block(value: Any, _: Any) -> ProviderBlock:
+    # Its own hook (a field typed ProviderBlock would otherwise be structured untagged), so the leaf
+    # converter, not this one, builds the instance.
+    if not isinstance(value, Mapping) or value.get("type") != _BLOCK_TAGS[ProviderBlock]:
+        raise SerializationError("expected a provider block")
+    return _leaf.structure({k: v for k, v in value.items() if k != "type"}, ProviderBlock)
+
+
+converter.register_structure_hook(ProviderBlock, _structure_provider_block)
 for _cls in _EVENT_TAGS:
     converter.register_unstructure_hook(_cls, _unstructure_event)
 converter.register_structure_hook(StreamEvent, _structure_event)

@@ -33,10 +33,17 @@ def _tools(value: Iterable[ToolDefinition]) -> tuple[ToolDefinition, ...]:
 
 @attrs.frozen(kw_only=True)
 class ChatRequest:
-    """One provider request, in no provider's shape; the mappers translate it."""
+    """One provider request, in no provider's shape; the mappers translate it.
+
+    ``caller_retries`` says the sender retries transient failures itself and counts them in its own
+    budget (a turn does, against ``TurnLimits.max_retries_per_turn``): a provider then makes one attempt
+    and reports a failure, with the server's ``retry-after`` hint, instead of retrying on its own, so
+    one counter bounds the requests a turn sends.
+    """
 
     model: str
     system: str = ""
     messages: tuple[Message, ...] = attrs.field(converter=_messages, factory=tuple)
     tools: tuple[ToolDefinition, ...] = attrs.field(converter=_tools, factory=tuple)
     max_tokens: int = 4096
+    caller_retries: bool = False

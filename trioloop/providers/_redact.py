@@ -9,6 +9,7 @@ occurrence it completes, so the joined output never contains the key. At most th
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Final, final
 
@@ -16,6 +17,7 @@ import attrs
 
 from trioloop.protocol.events import (
     MessageStart,
+    ProviderBlockComplete,
     StreamEvent,
     TextDelta,
     ThinkingComplete,
@@ -153,23 +155,42 @@ class EventScrubber:
         elif isinstance(event, ToolCallStart):
             out.append(ToolCallStart(id=self._clean(event.id), name=self._clean(event.name)))
         elif isinstance(event, ToolCallComplete):
+            error = event.input_error
             out.append(
                 ToolCallComplete(
-                    id=self._clean(event.id), name=self._clean(event.name), input=scrub_json(event.input, self.key)
+                    id=self._clean(event.id),
+                    name=self._clean(event.name),
+                    input=scrub_json(event.input, self.key),
+                    input_error=None if error is None else self._clean(error),
                 )
             )
         elif isinstance(event, ThinkingComplete):
             block = event.block
             if isinstance(block, ThinkingBlock):
                 clean: ThinkingBlock | RedactedThinkingBlock = ThinkingBlock(
-                    thinking=self._clean(block.thinking), signature=self._clean(block.signature)
+                    thinking=self._clean(block.thinking), signature=self._clean(block.signature), source=block.source
                 )
             else:
                 clean = RedactedThinkingBlock(data=self._clean(block.data))
             out.append(event if clean == block else ThinkingComplete(block=clean))
+        elif isinstance(event, ProviderBlockComplete):
+            out.append(self._clean_block(event))
         else:
             out.append(event)
         return out
+
+    def _clean_block(self, event: ProviderBlockComplete) -> ProviderBlockComplete:
+        """The block with the key masked in every string of its JSON (decoded, so an escaped key is found)."""
+        raw = event.block.data
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return event if self.key not in raw else ProviderBlockComplete(block=attrs.evolve(event.block, data="{}"))
+        clean = scrub_json(value, self.key)
+        if clean == value:
+            return event
+        data = json.dumps(clean, ensure_ascii=False, separators=(",", ":"))
+        return ProviderBlockComplete(block=attrs.evolve(event.block, data=data))
 
     def flush(self) -> list[StreamEvent]:
         """Everything still held, as events; call before ending the stream another way (a held-back error)."""

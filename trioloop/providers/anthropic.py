@@ -79,10 +79,11 @@ _STOP_REASONS: Final[Mapping[str, StopReason]] = {
     "max_tokens": StopReason.MAX_TOKENS,
     "stop_sequence": StopReason.STOP_SEQUENCE,
     "refusal": StopReason.REFUSAL,
+    "pause_turn": StopReason.PAUSE_TURN,
 }
 _WIRE_STOP_REASONS: Final[Mapping[StopReason, str]] = {
     **{reason: name for name, reason in _STOP_REASONS.items()},
-    StopReason.OTHER: "pause_turn",
+    StopReason.OTHER: "other",
 }
 _KNOWN_EVENTS: Final = frozenset(
     {

@@ -74,6 +74,7 @@ _WIRE_FINISH_REASONS: Final[Mapping[StopReason, str]] = {
     StopReason.MAX_TOKENS: "length",
     StopReason.STOP_SEQUENCE: "stop",  # Chat Completions does not distinguish a stop sequence
     StopReason.REFUSAL: "content_filter",
+    StopReason.PAUSE_TURN: "function_call",  # Chat Completions has no paused turn: read back as other
     StopReason.OTHER: "function_call",
 }
 _ERROR_KINDS: Final[Mapping[int, tuple[str, str]]] = {
@@ -125,7 +126,7 @@ def _parts_text(parts: list[Any], reasoning: list[str], depth: int = 0) -> str:
             continue
         if not isinstance(part, dict):
             raise _Undecodable
-        kind = part.get("type")
+        kind = _text(part.get("type"))  # a hostile type may be a list: never hashed as it is
         if kind == "text":
             answer.append(_text(part.get("text")))
         elif kind in _REASONING_PARTS:

@@ -37,7 +37,7 @@ from trioloop.protocol import (
 from trioloop.providers import AnthropicProvider, OpenAIProvider
 from trioloop.providers._loopback import LoopbackResponse, open_loopback_server, replay
 from trioloop.providers.anthropic import AnthropicStreamMapper, render_anthropic_stream
-from trioloop.providers.base import Messages, StreamMapper, WireResponse, map_chunks
+from trioloop.providers.base import Messages, StreamMapper, WireResponse, map_chunks, unreadable_call
 from trioloop.providers.openai import OpenAIStreamMapper, render_openai_stream
 from trioloop.providers.transport import HttpChatProvider
 
@@ -137,7 +137,7 @@ EXPECTED: dict[str, list[StreamEvent]] = {
         ToolCallStart(id="toolu_bad", name="get_entity"),
         ToolCallInputDelta(id="toolu_bad", partial_json='{"kind": "elements"'),
         ToolCallInputDelta(id="toolu_bad", partial_json=', "id": }'),
-        _notice(Messages.BAD_TOOL_ARGUMENTS, "get_entity"),
+        unreadable_call("toolu_bad", "get_entity", "not valid JSON: Expecting value: line 1 column 28 (char 27)"),
         ToolCallStart(id="toolu_good", name="list_entities"),
         ToolCallInputDelta(id="toolu_good", partial_json='{"kind": "threats"}'),
         ToolCallComplete(id="toolu_good", name="list_entities", input={"kind": "threats"}),
@@ -148,10 +148,10 @@ EXPECTED: dict[str, list[StreamEvent]] = {
         START,
         ToolCallStart(id="toolu_nan", name="list_entities"),
         ToolCallInputDelta(id="toolu_nan", partial_json='{"limit": NaN}'),
-        _notice(Messages.BAD_TOOL_ARGUMENTS, "list_entities"),
+        unreadable_call("toolu_nan", "list_entities", "not valid JSON: non-standard JSON constant NaN"),
         ToolCallStart(id="toolu_inf", name="list_entities"),
         ToolCallInputDelta(id="toolu_inf", partial_json='{"limit": -Infinity}'),
-        _notice(Messages.BAD_TOOL_ARGUMENTS, "list_entities"),
+        unreadable_call("toolu_inf", "list_entities", "not valid JSON: non-standard JSON constant -Infinity"),
         Usage(input_tokens=80, output_tokens=20),
         MessageStop(stop_reason=StopReason.TOOL_USE),
     ],
@@ -205,7 +205,7 @@ EXPECTED: dict[str, list[StreamEvent]] = {
         ToolCallStart(id="toolu_open", name="delete_element"),
         ToolCallInputDelta(id="toolu_open", partial_json='{"id": "db"}'),
         Usage(input_tokens=50, output_tokens=11),
-        _notice(Messages.UNFINISHED_CALL, "delete_element"),
+        unreadable_call("toolu_open", "delete_element", Messages.UNFINISHED_CALL),
         MessageStop(stop_reason=StopReason.OTHER),
     ],
     "keepalive_crlf": [

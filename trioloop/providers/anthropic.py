@@ -24,7 +24,6 @@ from trioloop.protocol.events import (
     TextDelta,
     ThinkingComplete,
     ThinkingDelta,
-    ToolCallComplete,
     ToolCallInputDelta,
     ToolCallStart,
     Usage,
@@ -51,6 +50,7 @@ from trioloop.providers.base import (
     non_negative_int,
     notice,
     split_text,
+    unreadable_call,
 )
 from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryNotice, RetryPolicy
 from trioloop.providers.sse import SseFrame
@@ -215,7 +215,7 @@ class AnthropicStreamMapper:
             call = self._calls.pop(index, None)
             if call is not None:
                 event = finish_tool_call(call.id, call.name, call.fragments)
-                self._completed_calls += isinstance(event, ToolCallComplete)
+                self._completed_calls += 1
                 out.append(event)
             thinking = self._thinking.pop(index, None)
             if thinking is not None:
@@ -226,7 +226,8 @@ class AnthropicStreamMapper:
         elif kind == "message_stop":
             self._start(out)
             for index in sorted(self._calls):
-                out.append(notice(Messages.UNFINISHED_CALL, self._scrub(self._calls[index].name)))
+                call = self._calls[index]
+                out.append(unreadable_call(call.id, call.name, Messages.UNFINISHED_CALL))
             self._calls.clear()
             self._thinking.clear()
             out.append(MessageStop(stop_reason=effective_stop(self._stop, self._completed_calls)))

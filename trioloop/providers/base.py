@@ -43,6 +43,7 @@ __all__ = [
     "non_negative_int",
     "notice",
     "split_text",
+    "unreadable_call",
 ]
 
 
@@ -52,8 +53,9 @@ class Messages:
 
     UNDECODABLE_EVENT = "The AI provider sent a stream event that could not be decoded; it was skipped."
     ORPHAN_ARGUMENTS = "The AI provider sent tool-call arguments for a call that was never started; they were ignored."
-    BAD_TOOL_ARGUMENTS = "A tool call's arguments were not valid JSON, so the call was dropped."
-    UNFINISHED_CALL = "A tool call never finished streaming, so it was dropped."
+    # Why a call's arguments could not be read: its ``input_error`` (the call is answered, never run).
+    BAD_TOOL_ARGUMENTS = "not valid JSON"
+    UNFINISHED_CALL = "cut off: the call never finished streaming"
     NOTICES_FOLDED = "{count} more stream notice(s) like the ones above were folded into this one."
     STREAM_RATE_LIMITED = "The AI provider's rate limit or quota was exceeded; wait and try again."
     STREAM_PROVIDER_ERROR = "The AI provider reported an error while streaming the response."
@@ -232,21 +234,26 @@ def decode_json_object(data: str) -> Mapping[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def finish_tool_call(call_id: str, name: str, fragments: list[str]) -> StreamEvent:
-    """Parse a call's concatenated argument fragments once: a complete call, or a notice that drops it."""
+def finish_tool_call(call_id: str, name: str, fragments: list[str], *, default: JsonValue = None) -> ToolCallComplete:
+    """Parse a call's concatenated argument fragments once into a complete call.
+
+    No fragments (or only whitespace) give ``default`` (``{}`` when None: a call without arguments).
+    Arguments that are not strict JSON give a call with ``input_error`` set, which the turn answers with
+    that error and never runs: the call is not dropped, so the model and the person both learn of it.
+    """
     text = "".join(fragments)
     if not text.strip():
-        return ToolCallComplete(id=call_id, name=name, input={})
+        return ToolCallComplete(id=call_id, name=name, input={} if default is None else default)
     try:
         value = loads_strict_json(text)
-    except ValueError:
-        return StreamError(
-            code=ProtocolErrorCode.MALFORMED_STREAM,
-            message=Messages.BAD_TOOL_ARGUMENTS,
-            provider_detail=name,
-            terminal=False,
-        )
+    except ValueError as exc:
+        return unreadable_call(call_id, name, f"{Messages.BAD_TOOL_ARGUMENTS}: {exc}")
     return ToolCallComplete(id=call_id, name=name, input=value)
+
+
+def unreadable_call(call_id: str, name: str, error: str) -> ToolCallComplete:
+    """A call whose arguments could not be read: answered with ``error``, never run."""
+    return ToolCallComplete(id=call_id, name=name, input={}, input_error=error)
 
 
 @final

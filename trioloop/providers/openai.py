@@ -23,7 +23,6 @@ from trioloop.protocol.events import (
     StreamEvent,
     TextDelta,
     ThinkingDelta,
-    ToolCallComplete,
     ToolCallInputDelta,
     ToolCallStart,
     Usage,
@@ -43,6 +42,7 @@ from trioloop.providers.base import (
     non_negative_int,
     notice,
     split_text,
+    unreadable_call,
 )
 from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryNotice, RetryPolicy
 from trioloop.providers.sse import SseFrame
@@ -332,10 +332,8 @@ class OpenAIStreamMapper:
     def _close_open_call(self, out: list[StreamEvent]) -> None:
         if self._open is not None:
             call, self._open = self._open, None
-            event = finish_tool_call(call.id, call.name, call.fragments)
-            if isinstance(event, ToolCallComplete):
-                self._completed_calls += 1
-            out.append(event)
+            out.append(finish_tool_call(call.id, call.name, call.fragments))
+            self._completed_calls += 1
 
     def _start(self, out: list[StreamEvent]) -> None:
         """``MessageStart`` goes out with the first content, so an error before any content can be retried."""
@@ -348,7 +346,7 @@ class OpenAIStreamMapper:
         self._start(out)
         if self._open is not None:
             if self._stop is None:
-                out.append(notice(Messages.UNFINISHED_CALL, self._scrub(self._open.name)))
+                out.append(unreadable_call(self._open.id, self._open.name, Messages.UNFINISHED_CALL))
                 self._open = None
             else:
                 self._close_open_call(out)

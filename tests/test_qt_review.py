@@ -559,7 +559,9 @@ def test_demo_turn_mid_review_screenshot_and_bounded_notice(
         state = panel.state
         assert state is not None and state.outcome is Outcome.BOUNDED
         assert panel.notice_kind is NoticeKind.INFO
-        assert panel.notice_label.text() == "\n".join(state.notices)
+        refused = [f"Refused ({v.violation.value}): {v.detail}" for v in state.violations]
+        assert refused  # the demo's model repeats a declined action: the person is told it was refused
+        assert panel.notice_label.text() == "\n".join([*state.notices, *refused])
         assert panel.undo_button.isEnabled()
         expected = "\n\n".join([f"You: {DEMO_PROMPT}", *(step.text for step in DEMO_SCRIPT[: state.iteration])])
         assert panel.answer_view.toPlainText() == expected

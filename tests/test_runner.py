@@ -349,7 +349,8 @@ async def test_deadline_cuts_a_sleeping_tool(document: ThreatModel, autojump_clo
 async def test_transient_failures_before_first_event_are_retried_within_budget(
     document: ThreatModel, autojump_clock: trio.testing.MockClock
 ) -> None:
-    # Each 503 exhausts the transport's own 3 attempts; the turn then retries the request itself.
+    # One counter: each request is one attempt (the provider does not retry under a turn), and the turn
+    # retries up to max_retries_per_turn, telling the person each time.
     busy = [ScriptStep(status=503)] * 3
     final, provider = await drive(
         [*busy, ScriptStep(text="recovered")],
@@ -357,8 +358,51 @@ async def test_transient_failures_before_first_event_are_retried_within_budget(
         create_ai_tool_registry(),
     )
     assert final.outcome is Outcome.COMPLETED and "recovered" in str(final.messages[-1])
-    assert len(provider.requests) == 4  # three transport attempts, then one turn-level retry
-    assert final.budget.retries_used == 1
+    assert len(provider.requests) == 4 and final.budget.retries_used == 3
+    assert [n for n in final.notices if "retry" in n] == [
+        "HTTP 503, retry 1 of 3 in 0.5 s",
+        "HTTP 503, retry 2 of 3 in 1 s",
+        "HTTP 503, retry 3 of 3 in 2 s",
+    ]
+
+
+async def test_a_server_that_always_fails_gets_at_most_four_requests_a_turn(
+    document: ThreatModel, autojump_clock: trio.testing.MockClock
+) -> None:
+    final, provider = await drive(
+        [ScriptStep(status=529)] * 20, Workspace(document=document, kind=THREAT_MODEL), create_ai_tool_registry()
+    )
+    assert final.outcome is Outcome.FAILED and len(provider.requests) == 4
+    assert final.error is not None and final.error.provider_detail is not None
+    assert final.error.provider_detail.startswith("HTTP 529")
+
+
+async def test_a_retry_after_longer_than_the_turn_fails_now_with_the_servers_words(
+    document: ThreatModel, autojump_clock: trio.testing.MockClock
+) -> None:
+    start = trio.current_time()
+    final, provider = await drive(
+        [ScriptStep(status=429, retry_after=100_000), ScriptStep(text="never")],
+        Workspace(document=document, kind=THREAT_MODEL),
+        create_ai_tool_registry(),
+    )
+    assert final.outcome is Outcome.FAILED and len(provider.requests) == 1
+    assert final.error is not None and final.error.code == "rate_limited" and final.error.retry_after == 600.0
+    assert trio.current_time() - start < 1
+
+
+async def test_a_retry_after_hint_lengthens_the_wait(
+    document: ThreatModel, autojump_clock: trio.testing.MockClock
+) -> None:
+    start = trio.current_time()
+    final, provider = await drive(
+        [ScriptStep(status=429, retry_after=7), ScriptStep(text="ok")],
+        Workspace(document=document, kind=THREAT_MODEL),
+        create_ai_tool_registry(),
+    )
+    assert final.outcome is Outcome.COMPLETED and len(provider.requests) == 2
+    assert trio.current_time() - start >= 7
+    assert "HTTP 429, retry 1 of 3 in 7 s" in final.notices
 
 
 async def test_retry_budget_is_held(document: ThreatModel, autojump_clock: trio.testing.MockClock) -> None:

@@ -45,7 +45,8 @@ def _console() -> Console:
 
 
 def _error(text: str) -> None:
-    Console(stderr=True, highlight=False).print(Text(text), style="red")
+    # Never hard-wrapped: an error line stays one line to copy (the terminal wraps it for the eye).
+    Console(stderr=True, highlight=False, soft_wrap=True).print(Text(text), style="red")
 
 
 def _load(path: Path) -> ThfFile | None:
@@ -166,7 +167,7 @@ def run_demo(
 
 
 def _warn(text: str) -> None:
-    Console(stderr=True, highlight=False).print(Text(text), style="yellow")
+    Console(stderr=True, highlight=False, soft_wrap=True).print(Text(text), style="yellow")
 
 
 def _show_retry(notice: RetryNotice) -> None:

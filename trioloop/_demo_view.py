@@ -142,6 +142,7 @@ class TurnView:
         self._status_shown: dict[str, CallStatus] = {}
         self._phase: Phase | None = None
         self._mid_line = False
+        self._reported: tuple[str, int, int] = ("", 0, 0)  # turn id, notices and violations already printed
 
     async def watch(self) -> None:
         """Follow the session's states until cancelled (or interrupted: the generator is closed either way)."""
@@ -153,6 +154,7 @@ class TurnView:
     async def render(self, state: TurnState) -> None:
         self._stream_text(state)
         self._tool_lines(state)
+        self._report_lines(state)
         if state.phase is Phase.AWAITING_APPROVAL:
             pending = [c for c in state.current_calls if c.status is CallStatus.PENDING and c.id not in self._carded]
             if pending:
@@ -180,6 +182,23 @@ class TurnView:
         if self._mid_line:
             self.console.print()
             self._mid_line = False
+
+    # -- what the turn reports: retries, notices, refused inputs --------------------------------------
+
+    def _report_lines(self, state: TurnState) -> None:
+        """Each notice (a retry, a skipped frame, a limit) and each violation, printed once as it appears."""
+        turn, notices, violations = self._reported
+        if turn != state.turn_id:
+            notices = violations = 0
+        new_notices = state.notices[notices:]
+        new_violations = state.violations[violations:]
+        if new_notices or new_violations:
+            self._end_text_line()
+        for notice in new_notices:
+            self.console.print(Text(f"  ! {notice}", style="yellow"))
+        for violation in new_violations:
+            self.console.print(Text(f"  ! refused ({violation.violation.value}): {violation.detail}", style="magenta"))
+        self._reported = (state.turn_id, notices + len(new_notices), violations + len(new_violations))
 
     # -- tools -----------------------------------------------------------------------------------
 

@@ -66,9 +66,11 @@ TOOL_CANCEL_GRACE_S = 2.0
 NOT_AN_OUTCOME = "The tool returned something that is not a tool outcome."
 TOOL_CANCELLED_ITSELF = "The tool cancelled its own run; nothing it returned was used."
 
-#: Turn-level retry backoff: 0.5 s doubling, capped at 10 s (the transport has its own, earlier retries).
+#: Turn-level retry backoff: 0.5 s doubling, capped at 10 s; the only retries of a turn's requests (each
+#: request asks its provider for one attempt), lengthened by a server's retry-after up to 10 minutes.
 _RETRY_BASE_S = 0.5
 _RETRY_CAP_S = 10.0
+_RETRY_AFTER_CEILING_S = 600.0
 #: A request task runs outside the turn's scope and is cancelled by the consumer once the turn settles;
 #: its nursery's deadline, this much after the turn's, is the backstop (and what the provider sees as
 #: the effective deadline).
@@ -439,12 +441,17 @@ class _Turn(Generic[D]):
             and (is_retriable(event) or event.code == "malformed_stream")
             and self.may_retry()
         ):
-            # Transient failure before the first event reached the reducer: nothing was shown, so a
-            # retry cannot repeat output. The reducer counts it; the new attempt supersedes the old.
-            self.apply(Retry(now_ms=_now_ms()))
-            self.request_open = False
-            self.open_request(backoff_s=self.retry_backoff())
-            return
+            wait = self.retry_backoff(event.retry_after)
+            if trio.current_time() + wait < self.deadline:
+                # Transient failure before the first event reached the reducer: nothing was shown, so a
+                # retry cannot repeat output. The reducer counts it and tells the person (one counter:
+                # the provider makes one attempt per request, see ChatRequest.caller_retries); the new
+                # attempt supersedes the old. A wait that would outlast the turn is not started: the
+                # failure settles the turn now, with the server's own words, instead of at the deadline.
+                self.apply(Retry(now_ms=_now_ms(), failure=event, wait_ms=math.ceil(wait * 1000)))
+                self.request_open = False
+                self.open_request(backoff_s=wait)
+                return
         self.apply(event)
 
     def may_retry(self) -> bool:
@@ -454,9 +461,11 @@ class _Turn(Generic[D]):
             return False
         return timing_exhaustion(budget, limits, self.machine_now_ms()) is None
 
-    def retry_backoff(self) -> float:
+    def retry_backoff(self, retry_after: float | None = None) -> float:
+        """0.5 s doubling per retry, capped at 10 s; a server's ``retry-after`` lengthens it (never shortens)."""
         used = self.state.budget.retries_used
-        return float(min(_RETRY_BASE_S * 2 ** max(used - 1, 0), _RETRY_CAP_S))
+        backoff = float(min(_RETRY_BASE_S * 2 ** max(used, 0), _RETRY_CAP_S))
+        return backoff if retry_after is None else max(backoff, min(retry_after, _RETRY_AFTER_CEILING_S))
 
     # -- effects ---------------------------------------------------------------------------------
 
@@ -487,6 +496,7 @@ class _Turn(Generic[D]):
             messages=self.state.messages,
             tools=self.request.registry.definitions(),
             max_tokens=self.request.max_output_tokens,
+            caller_retries=True,
         )
         # A child of the request nursery, which is outside the turn's scope: on Stop or the deadline
         # the consumer settles first and then cancels the requests (``_drive``), so the settled state

@@ -17,6 +17,7 @@ import re
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Final, Self, cast, final
 
+import attrs
 import httpx
 import trio
 
@@ -590,8 +591,11 @@ class HttpChatProvider:
         except ProtocolError as exc:
             await out.send(StreamError(code=exc.code, message=exc.message, provider_detail=exc.provider_detail))
             return
+        # A caller that retries itself (a turn, counting against its own budget) gets one attempt and the
+        # failure with the server's retry-after hint: one counter bounds the requests, not two nested ones.
+        transport = self._http if request.caller_retries else self._transport
         try:
-            outcome = await self._transport.attempt(prepared, out)
+            outcome = await transport.attempt(prepared, out)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise
         except Exception as exc:  # a bug below must still end the stream with a typed error, not a crash
@@ -603,6 +607,9 @@ class HttpChatProvider:
                     provider_detail=type(exc).__name__,
                 )
             )
-        if outcome.failure is not None:
-            _log.debug("provider stream failed: %s", outcome.failure.code.value)
-            await out.send(outcome.failure)
+        failure = outcome.failure
+        if failure is not None:
+            _log.debug("provider stream failed: %s", failure.code.value)
+            if outcome.retry_after is not None and failure.retry_after is None:
+                failure = attrs.evolve(failure, retry_after=outcome.retry_after)
+            await out.send(failure)

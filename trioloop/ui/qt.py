@@ -119,11 +119,12 @@ def turn_notice(state: TurnState | None, *, undoable: bool, undone: bool = False
         return NoticeKind.NONE, ""
     if undone:
         return NoticeKind.INFO, UNDONE_NOTICE
-    notices = list(state.notices)
+    # Every notice (a retry, a skipped frame, a limit) and every refused input, in order: nothing is silent.
+    notices = [*state.notices, *(f"Refused ({v.violation.value}): {v.detail}" for v in state.violations)]
     if state.outcome is Outcome.FAILED:
         detail = state.error.message if state.error is not None else "the provider stream ended unexpectedly"
         kept = " Changes already applied were kept and can be undone." if undoable else ""
-        return NoticeKind.WARNING, f"The turn failed: {detail}{kept}"
+        return NoticeKind.WARNING, "\n".join([*notices, f"The turn failed: {detail}{kept}"])
     if state.outcome is Outcome.CANCELLED:
         kept = (
             "Changes already applied were kept; Undo turn reverts them."

@@ -24,7 +24,7 @@ from trioloop.loop.session_file import (
     encode_session,
 )
 from trioloop.loop.transaction import UndoEntry, UndoHistory, undo_turn
-from trioloop.protocol import Message, TextBlock, ToolCallBlock, ToolResultBlock
+from trioloop.protocol import Message, ProviderBlock, TextBlock, ThinkingBlock, ToolCallBlock, ToolResultBlock
 from trioloop.threatmodel import ThreatModel, dump_thf, load_thf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,6 +76,33 @@ def test_a_session_round_trips_through_an_atomic_file(tmp_path: Path) -> None:
     assert loaded.last_turn_id is not None
     undone = undo_turn(history, loaded.document, loaded.last_turn_id)
     assert undone is not None and undone[0] == before and len(undone[1].entries) == 1
+
+
+def test_provider_blocks_and_reasoning_survive_a_save_and_resume(tmp_path: Path) -> None:
+    # A server tool's blocks, an OpenAI-compatible server's reasoning and a Responses reasoning item must
+    # come back exactly: the next request sends them back verbatim (a reasoning model refuses otherwise).
+    snapshot, _ = _snapshot()
+    server = ProviderBlock(
+        wire="anthropic", kind="server_tool_use", data='{"type":"server_tool_use","id":"srvtoolu_1"}'
+    )
+    reasoning = ProviderBlock(
+        wire="openai-responses", kind="reasoning", data='{"type":"reasoning","encrypted_content":"gAAA"}'
+    )
+    assistant = Message(
+        role="assistant",
+        content=(
+            ThinkingBlock(thinking="Check the flows first.", source="reasoning_content"),
+            server,
+            reasoning,
+            TextBlock(text="Adding it."),
+            ToolCallBlock(id="toolu_1", name="add_threat", input={"threat": {"title": "x"}}),
+        ),
+    )
+    messages = (snapshot.messages[0], assistant, *snapshot.messages[2:])
+    snapshot = attrs.evolve(snapshot, messages=messages)
+    path = tmp_path / "chat.session.json"
+    write_atomic(path, encode_session(snapshot, dump_document=dump_thf))
+    assert decode_session(path.read_bytes(), load_document=_load) == snapshot
 
 
 def test_the_file_is_ascii_and_versioned() -> None:

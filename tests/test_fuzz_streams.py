@@ -69,8 +69,21 @@ def anthropic_payloads() -> st.SearchStrategy[dict[str, Any]]:
             "bogus",
         ]
     )
+    block_types = [
+        "text",
+        "tool_use",
+        "thinking",
+        "redacted_thinking",
+        # server-side blocks: kept and sent back verbatim, never run
+        "server_tool_use",
+        "web_search_tool_result",
+        "code_execution_tool_result",
+        "mcp_tool_use",
+        "mcp_tool_result",
+        "a_future_block",
+    ]
     block = st.fixed_dictionaries(
-        {"type": maybe(st.sampled_from(["text", "tool_use", "thinking", "redacted_thinking"]))},
+        {"type": maybe(st.sampled_from(block_types))},
         optional={
             "id": ids,
             "name": names,
@@ -79,14 +92,24 @@ def anthropic_payloads() -> st.SearchStrategy[dict[str, Any]]:
             "thinking": maybe(st.text(max_size=8)),
             "signature": maybe(st.text(max_size=8)),
             "data": maybe(st.text(max_size=8)),
+            "tool_use_id": ids,
+            "content": json_like,
+            "caller": maybe(st.fixed_dictionaries({"type": st.just("code_execution_20250825")})),
         },
     )
     delta = st.fixed_dictionaries(
-        {"type": maybe(st.sampled_from(["text_delta", "input_json_delta", "thinking_delta", "signature_delta"]))},
+        {
+            "type": maybe(
+                st.sampled_from(
+                    ["text_delta", "input_json_delta", "thinking_delta", "signature_delta", "citations_delta"]
+                )
+            )
+        },
         optional={
             "text": maybe(st.text(max_size=8)),
             "thinking": maybe(st.text(max_size=8)),
             "signature": maybe(st.text(max_size=8)),
+            "citation": json_like,
             "partial_json": arguments,
             "stop_reason": maybe(
                 st.sampled_from(["end_turn", "tool_use", "max_tokens", "refusal", "pause_turn", None])
@@ -103,7 +126,12 @@ def anthropic_payloads() -> st.SearchStrategy[dict[str, Any]]:
             "content_block": maybe(block),
             "delta": maybe(delta),
             "usage": maybe(usage),
-            "message": maybe(st.fixed_dictionaries({"model": maybe(st.text(max_size=6))}, optional={"usage": usage})),
+            "message": maybe(
+                st.fixed_dictionaries(
+                    {"model": maybe(st.text(max_size=6))},
+                    optional={"usage": usage, "content": maybe(st.lists(maybe(block), max_size=3))},
+                )
+            ),
             "error": maybe(
                 st.fixed_dictionaries(
                     {
@@ -136,6 +164,7 @@ def openai_payloads() -> st.SearchStrategy[dict[str, Any]]:
             "role": st.just("assistant"),
             "content": maybe(st.text(max_size=8) | st.lists(part, max_size=3)),
             "reasoning_content": maybe(st.text(max_size=8)),
+            "reasoning": maybe(st.text(max_size=8)),
             "tool_calls": maybe(st.lists(fragment, max_size=3)),
         },
     )

@@ -274,6 +274,7 @@ def check_stream(wire: WireFormat, chunks: Sequence[bytes]) -> list[StreamEvent]
     from trioloop.protocol.events import (
         MessageStart,
         MessageStop,
+        ProviderBlockComplete,
         StreamError,
         TextDelta,
         ThinkingComplete,
@@ -297,10 +298,14 @@ def check_stream(wire: WireFormat, chunks: Sequence[bytes]) -> list[StreamEvent]
         elif isinstance(event, ToolCallComplete):
             assert isinstance(event.id, str) and event.id and isinstance(event.name, str) and event.name
             json.dumps(event.input, allow_nan=False)  # parsed strictly: plain JSON, no NaN
+            assert event.input_error is None or (event.input == {} and event.input_error)
         elif isinstance(event, TextDelta | ThinkingDelta):
             assert isinstance(event.text, str) and event.text
         elif isinstance(event, ThinkingComplete):
             assert isinstance(event.block, ThinkingBlock | RedactedThinkingBlock), event
+        elif isinstance(event, ProviderBlockComplete):
+            # A block sent back verbatim: always one JSON object, never a call of ours.
+            assert isinstance(json.loads(event.block.data), dict) and event.block.wire and event.block.kind, event
         elif isinstance(event, ToolCallStart | ToolCallInputDelta):
             assert isinstance(event.id, str) and event.id
         elif isinstance(event, Usage):

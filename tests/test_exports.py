@@ -105,6 +105,7 @@ TOP_LEVEL = [
     "MessageStart",
     "MessageStop",
     "OpenAIProvider",
+    "OpenAIResponsesProvider",
     "Outcome",
     "Phase",
     "PrepareFailure",

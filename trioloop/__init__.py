@@ -67,6 +67,7 @@ from trioloop.protocol import (
 )
 from trioloop.providers.anthropic import AnthropicProvider
 from trioloop.providers.openai import OpenAIProvider
+from trioloop.providers.openai_responses import OpenAIResponsesProvider
 from trioloop.providers.scripted import ScriptedProvider
 from trioloop.threatmodel import (
     THREAT_MODEL,
@@ -104,6 +105,7 @@ __all__ = [
     "MessageStart",
     "MessageStop",
     "OpenAIProvider",
+    "OpenAIResponsesProvider",
     "Outcome",
     "Phase",
     "PrepareFailure",

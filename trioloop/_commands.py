@@ -33,9 +33,10 @@ __all__ = ["DEFAULT_DEMO_FILE", "DEFAULT_MODELS", "chat_session", "run_chat", "r
 _SOURCE_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
 _PACKAGED_EXAMPLE = Path(__file__).resolve().parent / "_data" / "payment.thf"  # in a wheel install
 DEFAULT_DEMO_FILE = _SOURCE_EXAMPLE if _SOURCE_EXAMPLE.exists() else _PACKAGED_EXAMPLE
-_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
-_BASE_URL_ENV = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL"}
-DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4.1"}
+_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY", "openai-responses": "OPENAI_API_KEY"}
+_BASE_URL_ENV = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL", "openai-responses": "OPENAI_BASE_URL"}
+DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4.1", "openai-responses": "gpt-5"}
+_MODEL_VENDOR = {"openai-responses": "openai"}  # the model table is per vendor: both OpenAI APIs serve its models
 _LOCAL_PLACEHOLDER_KEY = "no-key-needed-locally"  # local servers (Ollama, llama.cpp) ignore the key
 EXIT_USAGE, EXIT_TURN_FAILED, EXIT_INTERRUPTED = 2, 3, 130
 
@@ -182,6 +183,10 @@ def _real_provider(
 
         options = AnthropicRequestOptions(thinking_budget_tokens=thinking_budget)
         return AnthropicProvider(api_key=key, base_url=base_url, options=options, on_retry=_show_retry)
+    if name == "openai-responses":
+        from trioloop.providers.openai_responses import OpenAIResponsesProvider
+
+        return OpenAIResponsesProvider(api_key=key, base_url=base_url, on_retry=_show_retry)
     from trioloop.providers.openai import OpenAIProvider
 
     return OpenAIProvider(api_key=key, base_url=base_url, on_retry=_show_retry)
@@ -192,7 +197,7 @@ McpOptions = tuple[Sequence[str], str | None]
 
 
 def _host(base_url: str | None, provider_name: str) -> str:
-    default = {"anthropic": "api.anthropic.com", "openai": "api.openai.com"}[provider_name]
+    default = "api.anthropic.com" if provider_name == "anthropic" else "api.openai.com"
     if base_url is None:
         return default
     try:
@@ -251,7 +256,7 @@ async def _chat(
         _error("error: --thinking-budget needs --provider anthropic and at least 1024 tokens")
         return EXIT_USAGE
     model = model or DEFAULT_MODELS[provider_name]
-    if lookup_model(model, provider=provider_name) is None:
+    if lookup_model(model, provider=_MODEL_VENDOR.get(provider_name, provider_name)) is None:
         _warn(f"warning: {unknown_model_warning(model)}")
     logging.getLogger("trioloop").addHandler(logging.NullHandler())  # the CLI says it; no stray log line
     host = _host(base_url, provider_name)

@@ -116,15 +116,16 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument("file", metavar="FILE", help="the .thf file to edit")
     chat.add_argument(
         "--provider",
-        choices=("anthropic", "openai"),
+        choices=("anthropic", "openai", "openai-responses"),
         required=True,
-        help="the API to speak: anthropic (Messages API) or openai (Chat Completions, also any "
-        "OpenAI-compatible server: Ollama, vLLM, llama.cpp, LiteLLM, Azure, Gemini)",
+        help="the API to speak: anthropic (Messages API), openai (Chat Completions, also any "
+        "OpenAI-compatible server: Ollama, vLLM, llama.cpp, LiteLLM, Azure, Gemini) or openai-responses "
+        "(the Responses API, stateless: OpenAI, Azure, OpenRouter, Ollama, LM Studio, vLLM)",
     )
     chat.add_argument(
         "--model",
-        help="model id (default: claude-sonnet-4-5 for anthropic, gpt-4.1 for openai); a model trioloop "
-        "does not know is used with a warning",
+        help="model id (default: claude-sonnet-4-5 for anthropic, gpt-4.1 for openai, gpt-5 for "
+        "openai-responses); a model trioloop does not know is used with a warning",
     )
     chat.add_argument(
         "--base-url",

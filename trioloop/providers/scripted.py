@@ -1,7 +1,8 @@
 """The scripted provider: a deterministic model that replays a script over a real wire format.
 
-Each ``ScriptStep`` answers one HTTP request, rendered as Anthropic or OpenAI SSE bytes and served by
-the in-process loopback server; the real provider (transport, SSE decoder, mapper, retry) reads it.
+Each ``ScriptStep`` answers one HTTP request, rendered as Anthropic, OpenAI Chat Completions or OpenAI
+Responses SSE bytes and served by the in-process loopback server; the real provider (transport, SSE
+decoder, mapper, retry) reads it.
 So the demo and the tests exercise exactly the code production traffic goes through. The bodies the
 "model" received are kept in ``requests`` for tests to inspect.
 """
@@ -33,16 +34,21 @@ from trioloop.providers._loopback import (
 from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.base import WireFormat, WireResponse
 from trioloop.providers.openai import OPENAI_WIRE
+from trioloop.providers.openai_responses import RESPONSES_WIRE
 from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from trioloop.providers.transport import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_READ_TIMEOUT, HttpChatProvider
 
 __all__ = ["EXHAUSTED_TEXT", "SCRIPTED_API_KEY", "ScriptStep", "ScriptedCall", "ScriptedProvider", "WireName"]
 
-WireName = Literal["anthropic", "openai"]
+WireName = Literal["anthropic", "openai", "openai-responses"]
 EXHAUSTED_TEXT: Final = "script exhausted"
 SCRIPTED_API_KEY: Final = "scripted-dummy-key"
-_WIRES: Final[dict[str, WireFormat]] = {"anthropic": ANTHROPIC_WIRE, "openai": OPENAI_WIRE}
-_BASE_PATHS: Final = {"anthropic": "", "openai": "/v1"}
+_WIRES: Final[dict[str, WireFormat]] = {
+    "anthropic": ANTHROPIC_WIRE,
+    "openai": OPENAI_WIRE,
+    "openai-responses": RESPONSES_WIRE,
+}
+_BASE_PATHS: Final = {"anthropic": "", "openai": "/v1", "openai-responses": "/v1"}
 
 
 @final
@@ -106,7 +112,7 @@ class ScriptedProvider:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         if wire not in _WIRES:
-            raise ValueError(f"wire must be 'anthropic' or 'openai', not {wire!r}")
+            raise ValueError(f"wire must be 'anthropic', 'openai' or 'openai-responses', not {wire!r}")
         self._steps = list(steps)
         self._wire_name: WireName = wire
         self._wire = _WIRES[wire]

@@ -23,10 +23,12 @@ from trioloop.protocol.events import MessageStop, StreamError, is_terminal
 from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.base import WireFormat
 from trioloop.providers.openai import OPENAI_WIRE
+from trioloop.providers.openai_responses import RESPONSES_WIRE
 from trioloop.providers.sse import SseDecoder, SseFrame
 
-WIRES: dict[str, WireFormat] = {"anthropic": ANTHROPIC_WIRE, "openai": OPENAI_WIRE}
-CORPUS = {wire: [p.read_bytes() for p in sorted((FIXTURES / wire).glob("*.sse"))] for wire in WIRES}
+WIRES: dict[str, WireFormat] = {"anthropic": ANTHROPIC_WIRE, "openai": OPENAI_WIRE, "openai-responses": RESPONSES_WIRE}
+_FIXTURE_DIRS = {"anthropic": "anthropic", "openai": "openai", "openai-responses": "responses"}
+CORPUS = {wire: [p.read_bytes() for p in sorted((FIXTURES / _FIXTURE_DIRS[wire]).glob("*.sse"))] for wire in WIRES}
 FUZZ = settings(
     max_examples=scaled(400),
     deadline=None,
@@ -202,8 +204,98 @@ def openai_payloads() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+def responses_payloads() -> st.SearchStrategy[dict[str, Any]]:
+    item = st.fixed_dictionaries(
+        {"type": maybe(st.sampled_from(["function_call", "reasoning", "message", "web_search_call"]))},
+        optional={
+            "id": maybe(st.sampled_from(["fc_1", "rs_1", "msg_1", ""])),
+            "call_id": ids,
+            "name": names,
+            "arguments": arguments,
+            "status": maybe(st.sampled_from(["completed", "in_progress", "incomplete"])),
+            "encrypted_content": maybe(st.text(max_size=8)),
+            "summary": maybe(
+                st.lists(
+                    st.fixed_dictionaries({"type": st.just("summary_text"), "text": st.text(max_size=6)}), max_size=2
+                )
+            ),
+            "content": maybe(
+                st.lists(
+                    st.fixed_dictionaries({"type": st.just("output_text"), "text": st.text(max_size=6)}), max_size=2
+                )
+            ),
+        },
+    )
+    usage = st.fixed_dictionaries(
+        {},
+        optional={
+            "input_tokens": maybe(st.integers(0, 99)),
+            "output_tokens": maybe(st.integers(-5, 99)),
+            "input_tokens_details": maybe(st.fixed_dictionaries({"cached_tokens": maybe(st.integers(0, 9))})),
+            "output_tokens_details": maybe(st.fixed_dictionaries({"reasoning_tokens": maybe(st.integers(0, 9))})),
+        },
+    )
+    response = st.fixed_dictionaries(
+        {},
+        optional={
+            "id": maybe(st.just("resp_1")),
+            "model": maybe(st.text(max_size=6)),
+            "output": maybe(st.lists(maybe(item), max_size=3)),
+            "usage": maybe(usage),
+            "incomplete_details": maybe(
+                st.fixed_dictionaries({"reason": maybe(st.sampled_from(["max_output_tokens", "content_filter"]))})
+            ),
+            "error": maybe(
+                st.fixed_dictionaries(
+                    {
+                        "code": maybe(st.sampled_from(["server_error", "rate_limit_exceeded"])),
+                        "message": st.text(max_size=8),
+                    }
+                )
+            ),
+        },
+    )
+    kinds = st.sampled_from(
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.output_item.done",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.refusal.delta",
+            "response.reasoning_summary_text.delta",
+            "response.reasoning_text.delta",
+            "response.completed",
+            "response.incomplete",
+            "response.failed",
+            "error",
+            "response.bogus",
+        ]
+    )
+    return st.fixed_dictionaries(
+        {"type": kinds},
+        optional={
+            "output_index": indexes,
+            "item_id": maybe(st.sampled_from(["fc_1", "rs_1", "msg_1"])),
+            "item": maybe(item),
+            "delta": maybe(st.text(max_size=8)) | arguments,
+            "arguments": arguments,
+            "text": maybe(st.text(max_size=8)),
+            "response": maybe(response),
+            "code": maybe(st.sampled_from(["server_error", "rate_limit_exceeded"])),
+            "message": maybe(st.text(max_size=8)),
+        },
+    )
+
+
+_PAYLOADS = {"anthropic": anthropic_payloads, "openai": openai_payloads, "openai-responses": responses_payloads}
+
+
 def sse_lines(wire: str) -> st.SearchStrategy[bytes]:
-    payloads = anthropic_payloads() if wire == "anthropic" else openai_payloads()
+    payloads = _PAYLOADS[wire]()
     data_line = payloads.map(lambda p: b"data: " + json.dumps(p, allow_nan=True).encode())
     line = st.one_of(
         data_line,
@@ -295,6 +387,13 @@ def test_fuzz_openai_stream() -> None:
     assert seen["ended with MessageStop"] and seen["ended malformed_stream"]
     total = sum(n for k, n in seen.items() if k != "notices")
     record("fuzz: SSE + OpenAI mapper", tried=total, held=total, note=_summary(seen))
+
+
+def test_fuzz_responses_stream() -> None:
+    seen = _fuzz("openai-responses")
+    assert seen["ended with MessageStop"] and seen["ended malformed_stream"]
+    total = sum(n for k, n in seen.items() if k != "notices")
+    record("fuzz: SSE + OpenAI Responses mapper", tried=total, held=total, note=_summary(seen))
 
 
 def _summary(seen: Counter[str]) -> str:

@@ -23,8 +23,9 @@ from torture_support import FIXTURES, check_stream
 from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.base import WireFormat
 from trioloop.providers.openai import OPENAI_WIRE
+from trioloop.providers.openai_responses import RESPONSES_WIRE
 
-WIRES: tuple[WireFormat, ...] = (ANTHROPIC_WIRE, OPENAI_WIRE)
+WIRES: tuple[WireFormat, ...] = (ANTHROPIC_WIRE, OPENAI_WIRE, RESPONSES_WIRE)
 
 
 def one_input(data: bytes) -> None:

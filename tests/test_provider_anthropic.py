@@ -14,6 +14,8 @@ from trioloop.protocol import (
     MessageStart,
     MessageStop,
     ProtocolErrorCode,
+    ProviderBlock,
+    ProviderBlockComplete,
     StopReason,
     StreamError,
     StreamEvent,
@@ -183,14 +185,19 @@ def test_duplicate_keys_and_deep_nesting_make_an_unreadable_call_without_crashin
     assert ToolCallComplete(id="t", name="n", input={"ok": [1.5, None]}) in call('{"ok": [1.5, null]}')
 
 
-def test_deltas_for_ignored_block_types_are_not_orphans() -> None:
+def test_server_block_deltas_are_its_input_not_orphans_and_never_a_call() -> None:
     events = feed(
         frame("content_block_start", index=0, content_block={"type": "server_tool_use", "id": "s", "name": "web"}),
-        frame("content_block_delta", index=0, delta={"type": "input_json_delta", "partial_json": "{}"}),
+        frame("content_block_delta", index=0, delta={"type": "input_json_delta", "partial_json": '{"q": 1}'}),
         frame("content_block_stop", index=0),
         frame("message_stop"),
     )
-    assert events == [MessageStart(model=""), MessageStop(stop_reason=StopReason.OTHER)]
+    data = '{"type":"server_tool_use","id":"s","name":"web","input":{"q":1}}'
+    assert events == [
+        MessageStart(model=""),
+        ProviderBlockComplete(block=ProviderBlock(wire="anthropic", kind="server_tool_use", data=data)),
+        MessageStop(stop_reason=StopReason.OTHER),
+    ]
 
 
 def test_error_body_description() -> None:

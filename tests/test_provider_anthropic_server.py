@@ -59,6 +59,7 @@ from trioloop.protocol import (
     assert_tool_pairing,
 )
 from trioloop.providers import AnthropicProvider
+from trioloop.providers._anthropic_stream import CALLER_MARKER, CONTAINER_MARKER
 from trioloop.providers._loopback import LoopbackResponse, open_loopback_server, replay
 from trioloop.providers.anthropic import (
     ANTHROPIC_WIRE,
@@ -128,6 +129,20 @@ def weather(call_id: str, city: str) -> ToolCallComplete:
     return ToolCallComplete(id=call_id, name="get_weather", input={"city": city})
 
 
+CONTAINER = "container_011CUJj8xtzGqYcnK7Cf2Zwp"
+CALLER = {"type": "code_execution_20250825", "tool_id": "srvtoolu_01Prog7xUqN3dH1aR5cY2vEw"}
+
+
+def container_marker() -> ProviderBlockComplete:
+    data = json.dumps({"id": CONTAINER, "expires_at": "2026-12-04T20:17:00.000000Z"}, separators=(",", ":"))
+    return ProviderBlockComplete(block=ProviderBlock(wire="anthropic", kind=CONTAINER_MARKER, data=data))
+
+
+def caller_marker(call_id: str) -> ProviderBlockComplete:
+    data = json.dumps({"tool_use_id": call_id, "caller": CALLER}, separators=(",", ":"))
+    return ProviderBlockComplete(block=ProviderBlock(wire="anthropic", kind=CALLER_MARKER, data=data))
+
+
 EXPECTED: dict[str, list[StreamEvent]] = {
     # Text around a search; the citations_delta on block 3 is read without a notice (citations are not kept).
     "web_search": [
@@ -159,6 +174,7 @@ EXPECTED: dict[str, list[StreamEvent]] = {
         as_started("code_execution", 4),
         TextDelta(text="The sum is 45."),
         usage(230),
+        container_marker(),
         MessageStop(stop_reason=StopReason.END_TURN),
     ],
     # A tool called from code execution: its input comes whole in content_block_start, with a caller.
@@ -168,7 +184,9 @@ EXPECTED: dict[str, list[StreamEvent]] = {
         with_input("programmatic_tool_call", 1, {"code": "w = await get_weather(city='Paris')\nprint(w)"}),
         ToolCallStart(id=PROG_CALL, name="get_weather"),
         weather(PROG_CALL, "Paris"),
+        caller_marker(PROG_CALL),
         usage(95),
+        container_marker(),
         MessageStop(stop_reason=StopReason.TOOL_USE),
     ],
     # Two blocks already in message_start (indices 0 and 1), then a streamed call at index 2.
@@ -764,11 +782,13 @@ async def test_a_call_whose_input_came_in_its_start_runs_with_that_input(
     assert record.id == PROG_CALL and record.status is CallStatus.SUCCEEDED
     sent = requests[1]["messages"]
     blocks = started_blocks("programmatic_tool_call")
+    # The block goes back with its caller, and the request names the container the code waits in.
     assert sent[-2]["content"] == [
         {"type": "text", "text": "I'll fetch the weather from code."},
         {**blocks[1], "input": {"code": "w = await get_weather(city='Paris')\nprint(w)"}},
-        {"type": "tool_use", "id": PROG_CALL, "name": "get_weather", "input": {"city": "Paris"}},
+        {"type": "tool_use", "id": PROG_CALL, "name": "get_weather", "input": {"city": "Paris"}, "caller": CALLER},
     ]
+    assert requests[1]["container"] == CONTAINER and "container" not in requests[0]
     [result] = sent[-1]["content"]
     assert result["type"] == "tool_result" and result["tool_use_id"] == PROG_CALL and not result["is_error"]
 
@@ -799,3 +819,18 @@ async def test_a_server_block_carrying_the_key_is_scrubbed_by_the_transport(
     # Everything else about the response is unchanged.
     assert [type(e) for e in events] == [type(e) for e in EXPECTED["web_search"]]
     assert events[-1] == MessageStop(stop_reason=StopReason.END_TURN)
+
+
+def test_only_the_last_assistant_message_names_a_container_and_markers_never_go_as_content() -> None:
+    container = container_marker().block
+    caller = caller_marker("toolu_x").block
+    earlier = Message(role="assistant", content=(TextBlock(text="ran code"), container))
+    later = Message(role="assistant", content=(TextBlock(text="no code this time"),))
+    history = (Message.user("a"), earlier, Message.user("b"), later, Message.user("c"))
+    body = build_anthropic_body(ChatRequest(model="m", messages=history))
+    assert "container" not in body  # an old container may have expired: only a continuation names one
+    body = build_anthropic_body(ChatRequest(model="m", messages=history[:2]))
+    assert body["container"] == CONTAINER
+    assert all(block["type"] == "text" for block in body["messages"][1]["content"])
+    lone = Message(role="assistant", content=(caller,))
+    assert build_anthropic_body(ChatRequest(model="m", messages=(Message.user("a"), lone)))["messages"][1:] == []

@@ -43,11 +43,25 @@ from trioloop.providers.base import (
 )
 from trioloop.providers.sse import SseFrame
 
-__all__ = ["ANTHROPIC_BLOCK_WIRE", "BLOCK_NOT_JSON", "SERVER_INPUT_UNREADABLE", "STOP_REASONS", "AnthropicStreamMapper"]
+__all__ = [
+    "ANTHROPIC_BLOCK_WIRE",
+    "BLOCK_NOT_JSON",
+    "CALLER_MARKER",
+    "CONTAINER_MARKER",
+    "SERVER_INPUT_UNREADABLE",
+    "STOP_REASONS",
+    "AnthropicStreamMapper",
+]
 
 ANTHROPIC_BLOCK_WIRE: Final = "anthropic"
 """``ProviderBlock.wire`` of the blocks this wire keeps (and the wire's name)."""
 _WIRE_NAME: Final = ANTHROPIC_BLOCK_WIRE
+# Facts about a response that belong to no content block, kept as provider blocks of our own (never sent as
+# content): who called a tool_use (programmatic tool calling: code running in a container called it, and
+# its ``caller`` must go back on the block) and the code execution container the response ran in (the next
+# request names it, so code waiting on a tool's result resumes there).
+CALLER_MARKER: Final = "trioloop.caller"
+CONTAINER_MARKER: Final = "trioloop.container"
 
 STOP_REASONS: Final[Mapping[str, StopReason]] = {
     "end_turn": StopReason.END_TURN,
@@ -152,6 +166,7 @@ class _OpenCall:
     start: JsonValue = None
     start_error: str | None = None
     fragments: list[str] = attrs.field(factory=list)
+    caller: JsonValue = None  # a dict when code in a container called it (programmatic tool calling)
 
 
 @attrs.define
@@ -219,6 +234,7 @@ class AnthropicStreamMapper:
         self._cache_write = 0
         self._frame = ""
         self._frame_strict: bool | None = None
+        self._container: dict[str, str] | None = None
         self._folder = NoticeFolder()
 
     @property
@@ -283,6 +299,8 @@ class AnthropicStreamMapper:
                 elif isinstance(block, _OpenServer):
                     self._finish_server(block, out)  # the SDK keeps an unstopped block in the message too
             self._open.clear()
+            if self._container is not None:
+                self._marker(CONTAINER_MARKER, self._container, out)
             out.append(MessageStop(stop_reason=effective_stop(self._stop, self._completed_calls)))
             self._done = True
         elif kind == "error":
@@ -306,6 +324,7 @@ class AnthropicStreamMapper:
             self._input_tokens = _input_tokens(usage) or 0
             self._cache_usage(usage)
         self._model = model if isinstance(model, str) else ""
+        self._remember_container(message.get("container"))
         if self._message_seen:
             return
         self._message_seen = True
@@ -358,7 +377,11 @@ class AnthropicStreamMapper:
             if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name):
                 raise _Undecodable
             self._start(out)
-            self._open[index] = self._open_call(call_id, name, block.get("input"))
+            call = self._open_call(call_id, name, block.get("input"))
+            caller = block.get("caller")
+            if isinstance(caller, dict) and _compact(caller) is not None:
+                call.caller = caller
+            self._open[index] = call
             out.append(ToolCallStart(id=call_id, name=name))
         elif kind == "text":
             text = block.get("text", "")
@@ -388,6 +411,16 @@ class AnthropicStreamMapper:
             # must come back in place (a ``fallback`` marks where thinking verification chains split).
             self._open[index] = _OpenServer(dict(block), known=kind in _SERVER_BLOCKS)
 
+    def _remember_container(self, container: Any) -> None:
+        if isinstance(container, dict) and isinstance(container.get("id"), str) and container["id"]:
+            expires = container.get("expires_at")
+            self._container = {"id": container["id"], **({"expires_at": expires} if isinstance(expires, str) else {})}
+
+    def _marker(self, kind: str, value: Mapping[str, Any], out: list[StreamEvent]) -> None:
+        data = _compact(value)
+        if data is not None:
+            out.append(ProviderBlockComplete(block=ProviderBlock(wire=_WIRE_NAME, kind=kind, data=data)))
+
     def _open_call(self, call_id: str, name: str, start: JsonValue) -> _OpenCall:
         """The call, with the input its start carried (tools called from code execution send it whole).
 
@@ -412,6 +445,8 @@ class AnthropicStreamMapper:
                 out.append(unreadable_call(block.id, block.name, block.start_error))
             else:
                 out.append(finish_tool_call(block.id, block.name, block.fragments, default=block.start))
+            if block.caller is not None:
+                self._marker(CALLER_MARKER, {"tool_use_id": block.id, "caller": block.caller}, out)
         elif isinstance(block, _OpenThinking):
             thinking = ThinkingBlock(thinking="".join(block.parts), signature=block.signature)
             out.append(ThinkingComplete(block=thinking))
@@ -525,6 +560,7 @@ class AnthropicStreamMapper:
         reason = delta.get("stop_reason")
         if isinstance(reason, str):
             self._stop = STOP_REASONS.get(reason, StopReason.OTHER)
+        self._remember_container(delta.get("container"))
         if isinstance(usage, dict):
             self._start(out)
             input_tokens = _input_tokens(usage)

@@ -32,6 +32,8 @@ from trioloop.protocol.tools import ChatRequest
 from trioloop.providers._anthropic_stream import (
     ANTHROPIC_BLOCK_WIRE,
     BLOCK_NOT_JSON,
+    CALLER_MARKER,
+    CONTAINER_MARKER,
     SERVER_INPUT_UNREADABLE,
     AnthropicStreamMapper,
 )
@@ -82,6 +84,7 @@ _ERROR_TYPES: Final[Mapping[int, str]] = {
     529: "overloaded_error",
 }
 _WIRE_NAME: Final = ANTHROPIC_BLOCK_WIRE
+_MARKERS: Final = frozenset({CALLER_MARKER, CONTAINER_MARKER})  # facts of ours, never sent as content
 
 
 def _text(value: Any) -> str:
@@ -116,13 +119,43 @@ class AnthropicRequestOptions:
     prompt_caching: bool = True
 
 
+def _callers(message: Message) -> dict[str, Any]:
+    """tool_use id -> the ``caller`` its response gave it (programmatic tool calling), from the markers."""
+    callers: dict[str, Any] = {}
+    for block in message.content:
+        if isinstance(block, ProviderBlock) and block.wire == _WIRE_NAME and block.kind == CALLER_MARKER:
+            value = decode_json_object(block.data)
+            if (
+                value is not None
+                and isinstance(value.get("tool_use_id"), str)
+                and isinstance(value.get("caller"), dict)
+            ):
+                callers[value["tool_use_id"]] = value["caller"]
+    return callers
+
+
+def _container(messages: tuple[Message, ...]) -> str | None:
+    """The code execution container of the last assistant message, which the next request must name so that
+    code waiting there on a tool's result resumes (None when that message ran in none)."""
+    for message in reversed(messages):
+        if message.role != "assistant":
+            continue
+        for block in message.content:
+            if isinstance(block, ProviderBlock) and block.wire == _WIRE_NAME and block.kind == CONTAINER_MARKER:
+                value = decode_json_object(block.data)
+                if value is not None and isinstance(value.get("id"), str) and value["id"]:
+                    return str(value["id"])
+        return None
+    return None
+
+
 def _provider_block_to_wire(block: ProviderBlock) -> dict[str, Any] | None:
     """An Anthropic block as the server sent it, or None for another wire's block (no other wire takes it).
 
     ``cache_control`` is left out: breakpoints are ours to place, and a block carrying a server's own would
     count against the four a request may hold.
     """
-    if block.wire != _WIRE_NAME:
+    if block.wire != _WIRE_NAME or block.kind in _MARKERS:
         return None
     value = decode_json_object(block.data)
     if value is None or not isinstance(value.get("type"), str):
@@ -133,6 +166,7 @@ def _provider_block_to_wire(block: ProviderBlock) -> dict[str, Any] | None:
 def _message_to_wire(message: Message) -> dict[str, Any] | None:
     results: list[dict[str, Any]] = []
     others: list[dict[str, Any]] = []
+    callers = _callers(message) if message.role == "assistant" else {}
     for block in message.content:
         if isinstance(block, ThinkingBlock):
             # Sent back verbatim, signature included: a tool-use continuation is refused without it. An
@@ -145,9 +179,10 @@ def _message_to_wire(message: Message) -> dict[str, Any] | None:
             if block.text:  # the API rejects empty text blocks
                 others.append({"type": "text", "text": block.text})
         elif isinstance(block, ToolCallBlock):
-            others.append(
-                {"type": "tool_use", "id": block.id, "name": block.name, "input": _tool_use_input(block.input)}
-            )
+            tool_use = {"type": "tool_use", "id": block.id, "name": block.name, "input": _tool_use_input(block.input)}
+            if block.id in callers:
+                tool_use["caller"] = callers[block.id]
+            others.append(tool_use)
         elif isinstance(block, ToolResultBlock):
             results.append(
                 {
@@ -215,6 +250,9 @@ def build_anthropic_body(request: ChatRequest, options: AnthropicRequestOptions 
     }
     if budget is not None:
         body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+    container = _container(request.messages)
+    if container is not None:
+        body["container"] = container
     if request.system:
         if options.prompt_caching:
             body["system"] = [{"type": "text", "text": request.system, "cache_control": _EPHEMERAL}]

@@ -1,7 +1,10 @@
 """Real servers as they really stream: one contract test per reported quirk, over real loopback HTTP.
 
 Each fixture in ``fixtures/providers/compat`` imitates one server's documented or reported stream and is
-named after it (Gemini's OpenAI endpoint, vLLM, TGI, llama.cpp, Ollama, Mistral, Azure, Anthropic).
+named after it (Gemini's OpenAI endpoint, vLLM, TGI, llama.cpp, Ollama, Mistral, Azure, Anthropic, SGLang,
+LM Studio, DeepSeek, Moonshot, Groq, OpenRouter); its opening SSE comment says where the behaviour is
+documented or reported. Whole tool loops against servers that need reasoning back are in
+``test_provider_reasoning.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import trio.testing
 from test_machine import run, submit
 
 from trioloop.loop import CallStatus, Phase
+from trioloop.loop.authorization import Violation
 from trioloop.protocol import (
     ChatRequest,
     Message,
@@ -199,12 +203,226 @@ def test_fragments_without_index_or_id_continue_the_open_call_in_order() -> None
     assert [e for e in events if isinstance(e, ToolCallComplete)] == [weather("a", "Rome"), weather("b", "Oslo")]
 
 
-def test_a_reused_id_at_a_used_index_is_an_orphan_not_a_new_call() -> None:
+def test_the_open_calls_header_repeated_continues_it() -> None:
     frame = b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"x","function":{"name":"f"}}]}}]}\n\n'
     events = map_chunks(
         OpenAIStreamMapper(), [frame, frame, b'data: {"choices":[{"index":0,"finish_reason":"stop"}]}\n\n']
     )
     assert [e for e in events if isinstance(e, ToolCallComplete)] == [ToolCallComplete(id="x", name="f", input={})]
+
+
+def _calls_frame(*fragments: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'tool_calls': list(fragments)}}]})}\n\n".encode()
+
+
+def _update(call_id: str | None, index: int | None, name: str | None = "update", target: str = "web") -> dict[str, Any]:
+    function: dict[str, Any] = {"arguments": json.dumps({"name": target})}
+    if name is not None:
+        function["name"] = name
+    fragment: dict[str, Any] = {"function": function}
+    if call_id is not None:
+        fragment["id"] = call_id
+    if index is not None:
+        fragment["index"] = index
+    return fragment
+
+
+_TOOL_CALLS_STOP = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n'
+
+
+@pytest.mark.parametrize("keyed", ["index", "id"])
+def test_an_id_repeated_for_a_new_call_is_a_second_call_the_reducer_answers(keyed: str) -> None:
+    # A server that reuses an id for a genuinely new call (after another one began) gives two calls: the
+    # reducer renames the repeat, answers it with a duplicate_call_id error and never runs it.
+    def fragment(call_id: str, index: int, target: str) -> dict[str, Any]:
+        return _update(call_id, index if keyed == "index" else None, target=target)
+
+    body = b"".join(
+        [
+            _calls_frame(fragment("x", 0, "web")),
+            _calls_frame(fragment("y", 1, "db")),
+            _calls_frame(fragment("x", 0 if keyed == "index" else 2, "psp")),
+            _TOOL_CALLS_STOP,
+        ]
+    )
+    events = map_chunks(OpenAIStreamMapper(), [body])
+    assert [(e.id, e.input) for e in events if isinstance(e, ToolCallComplete)] == [
+        ("x", {"name": "web"}),
+        ("y", {"name": "db"}),
+        ("x", {"name": "psp"}),
+    ]
+    assert not any(isinstance(e, StreamError) for e in events)
+    state = run([submit(), *events])
+    assert [v.violation for v in state.violations] == [Violation.DUPLICATE_CALL_ID]
+    assert [c.status for c in state.calls] == [CallStatus.PENDING, CallStatus.PENDING, CallStatus.FAILED]
+    assert state.calls[2].id != "x" and len({c.id for c in state.calls}) == 3
+
+
+def test_a_call_without_a_function_name_is_reported_once_and_the_person_sees_it() -> None:
+    body = b"".join(
+        [
+            _calls_frame(_update("a", 0)),
+            _calls_frame({"index": 1, "id": "b", "function": {"arguments": '{"name":'}}),
+            _calls_frame({"index": 1, "function": {"arguments": '"db"}'}}),
+            _calls_frame(_update("c", 2, target="psp")),
+            _TOOL_CALLS_STOP,
+        ]
+    )
+    events = map_chunks(OpenAIStreamMapper(), [body])
+    notices = [e for e in events if isinstance(e, StreamError)]
+    assert notices == [
+        StreamError(
+            code=ProtocolErrorCode.MALFORMED_STREAM,
+            message=Messages.ORPHAN_ARGUMENTS,
+            provider_detail='{"name":',
+            terminal=False,
+        )
+    ]
+    assert [e.id for e in events if isinstance(e, ToolCallComplete)] == ["a", "c"]
+    state = run([submit(), *events])
+    assert Messages.ORPHAN_ARGUMENTS in state.notices
+    assert [c.id for c in state.calls] == ["a", "c"]
+
+
+def test_an_empty_fragment_for_a_finished_call_is_no_notice() -> None:
+    body = b"".join(
+        [
+            _calls_frame(_update("a", 0)),
+            _calls_frame(_update("b", 1)),
+            _calls_frame({"index": 0, "function": {"arguments": ""}}),
+            _TOOL_CALLS_STOP,
+        ]
+    )
+    events = map_chunks(OpenAIStreamMapper(), [body])
+    assert not any(isinstance(e, StreamError) for e in events)
+    assert [e.id for e in events if isinstance(e, ToolCallComplete)] == ["a", "b"]
+
+
+async def test_sglang_call_without_id_past_index_zero_is_still_a_call(autojump_clock: trio.testing.MockClock) -> None:
+    events, _ = await over_loopback(compat("sglang_parallel_call_without_id"))
+    assert [e for e in events if isinstance(e, ToolCallComplete)] == [
+        weather("call_3e9a1f0c2b7d", "Paris"),
+        weather("call_1", "Oslo"),
+    ]
+    assert not any(isinstance(e, StreamError) for e in events)
+
+
+async def test_gemini_empty_tool_call_ids_get_ids_of_their_own(autojump_clock: trio.testing.MockClock) -> None:
+    events, _ = await over_loopback(compat("gemini_openai_empty_tool_call_id"))
+    calls = [e for e in events if isinstance(e, ToolCallComplete)]
+    assert calls == [weather("call_0", "Paris"), weather("call_1", "Oslo")]
+    assert [e.id for e in events if isinstance(e, ToolCallStart)] == ["call_0", "call_1"]
+    # Ids of our own never collide with one the server sent in the same response.
+    clash = b"".join(
+        [
+            _calls_frame({"index": 0, "id": "call_1", "function": {"name": "get_weather", "arguments": "{}"}}),
+            _calls_frame({"index": 1, "id": "", "function": {"name": "get_weather", "arguments": "{}"}}),
+            _TOOL_CALLS_STOP,
+        ]
+    )
+    assert [e.id for e in map_chunks(OpenAIStreamMapper(), [clash]) if isinstance(e, ToolCallComplete)] == [
+        "call_1",
+        "call_1_1",
+    ]
+
+
+async def test_lmstudio_new_id_on_every_fragment_is_one_call(autojump_clock: trio.testing.MockClock) -> None:
+    events, _ = await over_loopback(compat("lmstudio_new_id_every_fragment"))
+    assert [e for e in events if isinstance(e, ToolCallComplete)] == [
+        ToolCallComplete(id="716283911", name="search_entities", input={"kind": "elements"})
+    ]
+    assert not any(isinstance(e, StreamError) for e in events)
+
+
+# -- finish reasons and usage as each server reports them -------------------------------------------
+
+
+async def test_deepseek_insufficient_resource_is_a_failure_not_a_short_answer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events, server = await over_loopback(compat("deepseek_insufficient_system_resource"))
+    assert events[:-1] == [MessageStart(model="deepseek-v4-pro"), TextDelta(text="The model has three")]
+    assert events[-1] == StreamError(
+        code=ProtocolErrorCode.HTTP_STATUS,
+        message=Messages.STREAM_PROVIDER_ERROR,
+        provider_detail="insufficient_system_resource",
+    )
+    assert len(server.requests) == 1  # content was shown: not retried
+    # Before any content it is a temporary server error, retried like a 5xx (nothing was shown).
+    early = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"insufficient_system_resource"}]}\n\n'
+    [failure] = map_chunks(OpenAIStreamMapper(), [early])
+    assert isinstance(failure, StreamError) and failure.message == Messages.SERVER_ERROR and failure.terminal
+    fine = LoopbackResponse(body=(PROVIDERS / "openai" / "text_answer.sse").read_bytes())
+    async with open_loopback_server(replay([LoopbackResponse(body=early), fine])) as retried:
+        chat = OpenAIProvider(KEY, base_url=retried.url + "/v1", retry=RetryPolicy(max_attempts=2))
+        again = await collect(chat)
+    assert len(retried.requests) == 2 and again[-1] == MessageStop(stop_reason=StopReason.END_TURN)
+
+
+def test_an_error_finish_without_an_error_object_still_fails() -> None:
+    # OpenRouter and Mistral end a response that failed mid-stream with finish_reason "error".
+    body = b'data: {"choices":[{"index":0,"delta":{"content":"Par"},"finish_reason":"error"}]}\n\ndata: [DONE]\n\n'
+    events = map_chunks(OpenAIStreamMapper(), [body])
+    assert events[-1] == StreamError(
+        code=ProtocolErrorCode.HTTP_STATUS, message=Messages.STREAM_PROVIDER_ERROR, provider_detail="error"
+    )
+    assert sum(is_terminal(e) for e in events) == 1
+
+
+@pytest.mark.parametrize(
+    ("usage_at", "expected"),
+    [
+        # OpenAI and OpenRouter: cached tokens in prompt_tokens_details, reasoning in completion_tokens_details.
+        (
+            {
+                "usage": {
+                    "prompt_tokens": 9,
+                    "completion_tokens": 5,
+                    "prompt_tokens_details": {"cached_tokens": 4},
+                    "completion_tokens_details": {"reasoning_tokens": 3},
+                }
+            },
+            Usage(input_tokens=9, output_tokens=5, cache_read_input_tokens=4, reasoning_tokens=3),
+        ),
+        # DeepSeek (api-docs.deepseek.com): prompt_cache_hit_tokens.
+        (
+            {
+                "usage": {
+                    "prompt_tokens": 9,
+                    "completion_tokens": 5,
+                    "prompt_cache_hit_tokens": 6,
+                    "prompt_cache_miss_tokens": 3,
+                }
+            },
+            Usage(input_tokens=9, output_tokens=5, cache_read_input_tokens=6),
+        ),
+        # Moonshot: the usage in the choice, cached_tokens at its top level (vercel/ai#19546).
+        (
+            {"choice_usage": {"prompt_tokens": 9, "completion_tokens": 5, "cached_tokens": 2}},
+            Usage(input_tokens=9, output_tokens=5, cache_read_input_tokens=2),
+        ),
+        # Top-level usage wins over the choice's when a server sends both.
+        (
+            {"usage": {"prompt_tokens": 1, "completion_tokens": 1}, "choice_usage": {"prompt_tokens": 9}},
+            Usage(input_tokens=1, output_tokens=1),
+        ),
+        # Groq: x_groq.usage on the finishing chunk (vercel/ai#1651).
+        (
+            {"x_groq": {"id": "req_1", "usage": {"prompt_tokens": 7, "completion_tokens": 2}}},
+            Usage(input_tokens=7, output_tokens=2),
+        ),
+        # Hostile shapes in the optional places are ignored, never a crash.
+        ({"x_groq": {"usage": [1]}, "choice_usage": "none"}, None),
+    ],
+)
+def test_usage_is_read_wherever_the_server_puts_it(usage_at: dict[str, Any], expected: Usage | None) -> None:
+    choice: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": "stop"}
+    if "choice_usage" in usage_at:
+        choice["usage"] = usage_at["choice_usage"]
+    chunk = {"choices": [choice], **{k: v for k, v in usage_at.items() if k != "choice_usage"}}
+    events = map_chunks(OpenAIStreamMapper(), [f"data: {json.dumps(chunk)}\n\n".encode()])
+    assert [e for e in events if isinstance(e, Usage)] == ([expected] if expected else [])
+    assert events[-1] == MessageStop(stop_reason=StopReason.END_TURN)
 
 
 # -- case 5: list content, reasoning kept out of the answer, and the notice cap ----------------------
@@ -229,6 +447,8 @@ def test_reasoning_content_fields_are_thinking_not_answer() -> None:
         MessageStart(model="deepseek-r1"),
         ThinkingDelta(text="hm"),
         ThinkingDelta(text="m"),
+        # The whole run, for the assistant message, before the answer it preceded; named after its first field.
+        ThinkingComplete(block=ThinkingBlock(thinking="hmm", source="reasoning_content")),
         TextDelta(text="A"),
         MessageStop(stop_reason=StopReason.END_TURN),
     ]

@@ -14,11 +14,14 @@ from trioloop.protocol import (
     MessageStart,
     MessageStop,
     ProtocolErrorCode,
+    ProviderBlockComplete,
     StopReason,
     StreamError,
     StreamEvent,
     TextBlock,
     TextDelta,
+    ThinkingComplete,
+    ThinkingDelta,
     ToolCallBlock,
     ToolCallComplete,
     ToolCallInputDelta,
@@ -220,8 +223,40 @@ def test_finish_reason_mapping() -> None:
         ("content_filter", StopReason.REFUSAL),
         ("function_call", StopReason.OTHER),
         ("brand_new", StopReason.OTHER),
+        ("model_length", StopReason.MAX_TOKENS),  # Mistral
+        ("eos_token", StopReason.END_TURN),  # TGI before v2.2
+        ("stop_sequence", StopReason.STOP_SEQUENCE),  # TGI
     ]:
         assert feed(chunk({}, reason), DONE)[-1] == MessageStop(stop_reason=expected)
+
+
+def test_finish_reasons_that_mean_the_answer_broke_off_are_failures() -> None:
+    for reason, before, after in [
+        ("error", Messages.STREAM_PROVIDER_ERROR, Messages.STREAM_PROVIDER_ERROR),
+        ("insufficient_system_resource", Messages.SERVER_ERROR, Messages.STREAM_PROVIDER_ERROR),
+    ]:
+        # Before any content the failure is all there is (and a server error may be retried) ...
+        assert feed(chunk({}, reason), DONE) == [
+            StreamError(code=ProtocolErrorCode.HTTP_STATUS, message=before, provider_detail=reason)
+        ]
+        # ... after some, the content stays and the stream still ends failed, never as a short answer.
+        events = feed(chunk({"content": "Half"}, reason), DONE)
+        assert events == [
+            MessageStart(model="m"),
+            TextDelta(text="Half"),
+            StreamError(code=ProtocolErrorCode.HTTP_STATUS, message=after, provider_detail=reason),
+        ]
+
+
+def test_usage_carries_cache_reads_and_reasoning_tokens() -> None:
+    usage = {
+        "prompt_tokens": 30,
+        "completion_tokens": 20,
+        "prompt_tokens_details": {"cached_tokens": 12},
+        "completion_tokens_details": {"reasoning_tokens": 15},
+    }
+    events = feed(chunk({}, "stop"), chunk(None, usage=usage), DONE)
+    assert Usage(input_tokens=30, output_tokens=20, cache_read_input_tokens=12, reasoning_tokens=15) in events
 
 
 def test_error_body_description() -> None:
@@ -266,11 +301,29 @@ _chunk = st.fixed_dictionaries(
                         {},
                         optional={
                             "content": st.text(max_size=4) | _json,
+                            "reasoning_content": st.text(max_size=4) | _json,
+                            "reasoning": st.text(max_size=4) | _json,
+                            "reasoning_details": st.lists(
+                                st.fixed_dictionaries(
+                                    {},
+                                    optional={
+                                        "type": st.sampled_from(["reasoning.text", "reasoning.encrypted"]) | _json,
+                                        "index": st.integers(-1, 2) | _json,
+                                        "text": st.text(max_size=4) | _json,
+                                        "signature": st.text(max_size=4) | _json,
+                                        "data": st.text(max_size=4) | _json,
+                                    },
+                                )
+                                | _json,
+                                max_size=2,
+                            )
+                            | _json,
                             "tool_calls": st.lists(_fragment, max_size=2),
                         },
                     )
                     | _json,
-                    "finish_reason": st.sampled_from(["stop", "tool_calls", "x"]) | _json,
+                    "finish_reason": st.sampled_from(["stop", "tool_calls", "x", "error", "model_length"]) | _json,
+                    "usage": _json,
                 },
             ),
             max_size=2,
@@ -291,6 +344,15 @@ def test_never_crashes_and_nothing_follows_a_terminal_event(frames: list[str]) -
         events += mapper.feed(SseFrame(data=data))
     events += mapper.finish()
     assert [i for i, e in enumerate(events) if is_terminal(e)] == [len(events) - 1]
-    started = {e.id for e in events if isinstance(e, ToolCallStart)}
-    assert {e.id for e in events if isinstance(e, ToolCallComplete)} <= started
+    started = [e.id for e in events if isinstance(e, ToolCallStart)]
+    completed = [e.id for e in events if isinstance(e, ToolCallComplete)]
+    assert set(completed) <= set(started) and all(completed) and len(completed) <= len(started)
     assert sum(isinstance(e, MessageStart) for e in events) <= 1
+    # Every streamed piece of reasoning is in exactly one block when the stream completes.
+    if isinstance(events[-1], MessageStop):
+        thought = "".join(e.text for e in events if isinstance(e, ThinkingDelta))
+        kept = "".join(e.block.thinking for e in events if isinstance(e, ThinkingComplete))  # type: ignore[union-attr]
+        assert kept == thought
+    for event in events:
+        if isinstance(event, ProviderBlockComplete):
+            assert isinstance(json.loads(event.block.data)["reasoning_details"], list)

@@ -3,11 +3,15 @@
 This and ``anthropic.py`` are the only modules that know a provider's JSON. Tool calls arrive as
 fragments keyed by ``index``; a call is complete when the index moves on or ``finish_reason`` arrives,
 which gives the same event order Anthropic's content blocks give. ``data: [DONE]`` ends the stream.
+Reasoning that compatible servers stream beside the answer (``reasoning_content``, ``reasoning``) is
+kept as an unsigned ``ThinkingBlock`` naming its field, and OpenRouter's ``reasoning_details`` as a
+``ProviderBlock``, so a server that needs them back on the next request of a tool loop gets them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, TypeAlias, final
 
@@ -18,17 +22,26 @@ from trioloop.protocol.errors import ProtocolErrorCode
 from trioloop.protocol.events import (
     MessageStart,
     MessageStop,
+    ProviderBlockComplete,
     StopReason,
     StreamError,
     StreamEvent,
     TextDelta,
+    ThinkingComplete,
     ThinkingDelta,
     ToolCallInputDelta,
     ToolCallStart,
     Usage,
     is_terminal,
 )
-from trioloop.protocol.messages import Message, TextBlock, ToolCallBlock, ToolResultBlock
+from trioloop.protocol.messages import (
+    Message,
+    ProviderBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+)
 from trioloop.protocol.preflight import MODEL_TABLE, ModelCapabilities
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import (
@@ -67,6 +80,16 @@ _FINISH_REASONS: Final[Mapping[str, StopReason]] = {
     "tool_calls": StopReason.TOOL_USE,
     "length": StopReason.MAX_TOKENS,
     "content_filter": StopReason.REFUSAL,
+    "model_length": StopReason.MAX_TOKENS,  # Mistral: the model's context window, not max_tokens, ran out
+    "eos_token": StopReason.END_TURN,  # TGI before its PR #2344: the model's own end-of-sequence token
+    "stop_sequence": StopReason.STOP_SEQUENCE,  # TGI: one of the request's stop sequences
+}
+# Finish reasons that say the answer broke off: a failure, never a short success. OpenRouter and Mistral end
+# a response that failed mid-stream with "error"; DeepSeek ends one it cut for lack of capacity with
+# "insufficient_system_resource" (its API docs), which is a temporary server error.
+_FAILED_FINISH_REASONS: Final[Mapping[str, str]] = {
+    "error": Messages.STREAM_PROVIDER_ERROR,
+    "insufficient_system_resource": Messages.SERVER_ERROR,
 }
 _WIRE_FINISH_REASONS: Final[Mapping[StopReason, str]] = {
     StopReason.END_TURN: "stop",
@@ -96,9 +119,12 @@ class _Undecodable(Exception):
 
 @attrs.define
 class _OpenCall:
+    """The call now streaming; ``runnable`` is false for one that named no function (already reported)."""
+
     key: int | str
     id: str
     name: str
+    runnable: bool = True
     fragments: list[str] = attrs.field(factory=list)
 
 
@@ -108,6 +134,14 @@ def _text(value: Any) -> str:
 
 _REASONING_FIELDS: Final = ("reasoning_content", "reasoning")
 _REASONING_PARTS: Final = frozenset({"thinking", "reasoning"})
+# The source of reasoning streamed as typed parts of ``content`` (Mistral): never a field to send back.
+_CONTENT_PARTS_SOURCE: Final = "content"
+_WIRE_NAME: Final = "openai"
+# OpenRouter's structured reasoning: signed or encrypted blocks that go back verbatim (a ProviderBlock).
+_DETAILS_KIND: Final = "reasoning_details"
+# Fragments of one streamed detail (same type and index) are joined: text pieces are concatenated, the
+# signature arrives alone in a last fragment (reported in agno-agi/agno#8794, langchain-ai/langchain#36401).
+_DETAIL_TEXT_KEYS: Final = ("text", "summary", "data")
 
 
 _PART_DEPTH: Final = 4
@@ -145,9 +179,15 @@ class OpenAIStreamMapper:
     """Maps Chat Completions stream chunks onto ``StreamEvent``s; one instance per response.
 
     Read liberally, as real servers stream: a call is keyed by its ``index``, else by its ``id``, else
-    it continues the open call; a new ``id`` at the open call's index starts a new call (Ollama reuses
-    index 0); a response that completed a call asks for tools whatever its finish reason says (the
-    call still needs approval like any other); end of body after a finish reason completes the stream.
+    it continues the open call; a new ``id`` with a function name at the open call's index starts a new
+    call (Ollama reuses index 0), a new ``id`` without one continues it (LM Studio sends a fresh id with
+    every fragment); a fragment with a name that does not continue the open call always starts a call,
+    under an id of our own when the server sent none (the reducer answers an id repeated in the response
+    as a duplicate, never runs it twice); a response that completed a call asks for tools whatever its
+    finish reason says (the call still needs approval like any other); end of body after a finish reason
+    completes the stream. Each uninterrupted run of reasoning becomes one ``ThinkingComplete`` when the
+    answer, a call or the end follows it (every documented server streams all reasoning first, so that is
+    one block per response).
     """
 
     def __init__(self, *, scrub: Callable[[str], str] | None = None) -> None:
@@ -161,6 +201,10 @@ class OpenAIStreamMapper:
         self._used_ids: set[str] = set()
         self._completed_calls = 0
         self._refused = False
+        self._thinking: list[str] = []
+        self._thinking_source = ""
+        self._details: list[dict[str, Any]] = []
+        self._detail_slots: dict[tuple[str, int], int] = {}
         self._folder = NoticeFolder()
 
     @property
@@ -223,22 +267,25 @@ class OpenAIStreamMapper:
                 self._delta(delta, out)
             reason = choice.get("finish_reason")
             if isinstance(reason, str) and reason:
+                failure = _FAILED_FINISH_REASONS.get(reason)
+                if failure is not None:
+                    out.append(self._broken_off(failure, reason))
+                    return
                 self._start(out)
                 self._close_open_call(out)
+                self._close_thinking(out)
                 self._stop = _FINISH_REASONS.get(reason, StopReason.OTHER)
                 if self._refused and self._stop is StopReason.END_TURN:
                     self._stop = StopReason.REFUSAL
+            if usage is None and isinstance(choice.get("usage"), dict):
+                usage = choice["usage"]  # Moonshot puts the usage in the last chunk's choice
+        if usage is None:
+            extension = payload.get("x_groq")  # Groq: the usage rides in x_groq on the finishing chunk
+            if isinstance(extension, dict) and isinstance(extension.get("usage"), dict):
+                usage = extension["usage"]
         if isinstance(usage, dict):
             self._start(out)
-            details = usage.get("prompt_tokens_details")
-            cached = non_negative_int(details.get("cached_tokens")) if isinstance(details, dict) else None
-            out.append(
-                Usage(
-                    input_tokens=non_negative_int(usage.get("prompt_tokens")) or 0,
-                    output_tokens=non_negative_int(usage.get("completion_tokens")) or 0,
-                    cache_read_input_tokens=cached or 0,
-                )
-            )
+            out.append(_usage(usage))
 
     def _delta(self, delta: Mapping[str, Any], out: list[StreamEvent]) -> None:
         content = delta.get("content")
@@ -246,19 +293,34 @@ class OpenAIStreamMapper:
             if content:
                 if not self._started:
                     self._start(out)
+                if self._thinking:
+                    self._close_thinking(out)
                 out.append(TextDelta(text=content))
             return
-        reasoning: list[str] = [_text(delta.get(field)) for field in _REASONING_FIELDS]
+        # (field, text) pairs. A server in transition (vLLM renaming reasoning_content to reasoning) may
+        # send both fields with the same text: it is read once.
+        pieces: list[tuple[str, str]] = []
+        for field in _REASONING_FIELDS:
+            text = _text(delta.get(field))
+            if text and all(text != seen for _, seen in pieces):
+                pieces.append((field, text))
         if isinstance(content, list):
-            content = _parts_text(content, reasoning)
+            parts: list[str] = []
+            content = _parts_text(content, parts)
+            if any(parts):
+                pieces.append((_CONTENT_PARTS_SOURCE, "".join(parts)))
         elif content is not None and not isinstance(content, str):
             raise _Undecodable
-        thinking = "".join(reasoning)
+        thinking = "".join(text for _, text in pieces)
         if thinking:
             self._start(out)
+            if not self._thinking:
+                self._thinking_source = pieces[0][0]
+            self._thinking.append(thinking)
             out.append(ThinkingDelta(text=thinking))
         if content:
             self._start(out)
+            self._close_thinking(out)
             out.append(TextDelta(text=content))
         refusal = delta.get("refusal")
         if refusal is not None and not isinstance(refusal, str):
@@ -267,7 +329,11 @@ class OpenAIStreamMapper:
             # A refusal streams in its own field; it reads like Anthropic's refusal text + stop reason.
             self._refused = True
             self._start(out)
+            self._close_thinking(out)
             out.append(TextDelta(text=refusal))
+        details = delta.get(_DETAILS_KIND)
+        if details is not None:
+            self._detail_fragments(details, out)
         fragments = delta.get("tool_calls")
         if fragments is not None and not isinstance(fragments, list):
             raise _Undecodable
@@ -277,6 +343,32 @@ class OpenAIStreamMapper:
             except _Undecodable:
                 # One bad fragment costs that fragment, not the rest of the chunk.
                 out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(_fragment_text(fragment))))
+
+    def _detail_fragments(self, details: Any, out: list[StreamEvent]) -> None:
+        """OpenRouter's ``reasoning_details``: fragments sharing a type and an ``index`` make one detail."""
+        if not isinstance(details, list):
+            out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(_fragment_text(details))))
+            return
+        for item in details:
+            if not isinstance(item, dict):
+                out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(_fragment_text(item))))
+                continue
+            index = non_negative_int(item.get("index"))
+            slot_key = (_text(item.get("type")), index) if index is not None else None
+            slot = self._detail_slots.get(slot_key) if slot_key is not None else None
+            if slot is None:
+                if slot_key is not None:
+                    self._detail_slots[slot_key] = len(self._details)
+                self._details.append(dict(item))
+                continue
+            merged = self._details[slot]
+            for key, value in item.items():
+                if key in _DETAIL_TEXT_KEYS and isinstance(value, str):
+                    merged[key] = _text(merged.get(key)) + value
+                elif key == "signature" and isinstance(value, str) and value:
+                    merged[key] = value  # sent whole, in the last fragment
+                elif merged.get(key) is None:
+                    merged[key] = value
 
     def _fragment(self, fragment: Any, out: list[StreamEvent]) -> None:
         if not isinstance(fragment, dict):
@@ -298,30 +390,28 @@ class OpenAIStreamMapper:
         if raw_index is not None and index is None:
             raise _Undecodable
         current = self._open
-        # Which call does this fragment belong to: the index, else the id, else the open call (order).
-        key: int | str | None = index if index is not None else (call_id or None)
-        if current is None:
-            continues = False
-        elif index is not None:
-            continues = index == current.key
-        else:
-            continues = not call_id or call_id == current.id
-        if continues and current is not None and call_id and call_id != current.id and name:
-            continues = False  # a new id at the open call's index: a new call (Ollama reuses index 0)
-        if continues and current is not None:
-            if arguments:
+        if current is not None and _continues(current, index, call_id, name):
+            if arguments and current.runnable:
                 current.fragments.append(arguments)
                 out.append(ToolCallInputDelta(id=current.id, partial_json=arguments))
             return
-        if key is None:
-            key = f"#order{len(self._used_keys)}"
-        reused = key in self._used_keys and (not call_id or call_id in self._used_ids)
-        if reused or not call_id or not name:
-            out.append(notice(Messages.ORPHAN_ARGUMENTS, self._scrub(arguments)))
+        # Which call does this fragment belong to: the index, else the id, else its place in the order.
+        key: int | str = index if index is not None else (call_id or f"#order{len(self._used_keys)}")
+        if not name and key in self._used_keys:
+            # Arguments for a call that already completed: they cannot join it any more.
+            if arguments:
+                out.append(notice(Messages.ORPHAN_ARGUMENTS, self._scrub(arguments) or None))
             return
         self._start(out)
         self._close_open_call(out)
+        self._close_thinking(out)
         self._used_keys.add(key)
+        if not name:
+            # A call that names no function cannot be answered as one: reported once, the rest of it ignored.
+            self._open = _OpenCall(key, call_id, "", runnable=False)
+            out.append(notice(Messages.ORPHAN_ARGUMENTS, self._scrub(arguments) or None))
+            return
+        call_id = call_id or self._own_id(index)
         self._used_ids.add(call_id)
         self._open = _OpenCall(key, call_id, name)
         out.append(ToolCallStart(id=call_id, name=name))
@@ -329,11 +419,28 @@ class OpenAIStreamMapper:
             self._open.fragments.append(arguments)
             out.append(ToolCallInputDelta(id=call_id, partial_json=arguments))
 
+    def _own_id(self, index: int | None) -> str:
+        """An id for a call the server sent none for (SGLang past index 0, StepFun, Gemini's and LM Studio's
+        empty ids), unused in this response; the reducer renames it if the session already has it."""
+        base = f"call_{index}" if index is not None else f"call_n{len(self._used_keys)}"
+        candidate, attempt = base, 0
+        while candidate in self._used_ids:
+            attempt += 1
+            candidate = f"{base}_{attempt}"
+        return candidate
+
     def _close_open_call(self, out: list[StreamEvent]) -> None:
         if self._open is not None:
             call, self._open = self._open, None
-            out.append(finish_tool_call(call.id, call.name, call.fragments))
-            self._completed_calls += 1
+            if call.runnable:
+                out.append(finish_tool_call(call.id, call.name, call.fragments))
+                self._completed_calls += 1
+
+    def _close_thinking(self, out: list[StreamEvent]) -> None:
+        """The reasoning streamed since the last close, as one block for the assistant message."""
+        if self._thinking:
+            text, self._thinking = "".join(self._thinking), []
+            out.append(ThinkingComplete(block=ThinkingBlock(thinking=text, source=self._thinking_source)))
 
     def _start(self, out: list[StreamEvent]) -> None:
         """``MessageStart`` goes out with the first content, so an error before any content can be retried."""
@@ -345,14 +452,28 @@ class OpenAIStreamMapper:
         out: list[StreamEvent] = []
         self._start(out)
         if self._open is not None:
-            if self._stop is None:
+            if self._stop is None and self._open.runnable:
                 out.append(unreadable_call(self._open.id, self._open.name, Messages.UNFINISHED_CALL))
                 self._open = None
             else:
                 self._close_open_call(out)
+        self._close_thinking(out)
+        if self._details:
+            data = _compact({_DETAILS_KIND: self._details})
+            if data is None:
+                out.append(notice(Messages.UNDECODABLE_EVENT, _DETAILS_KIND))
+            else:
+                out.append(ProviderBlockComplete(block=ProviderBlock(wire=_WIRE_NAME, kind=_DETAILS_KIND, data=data)))
         out.append(MessageStop(stop_reason=effective_stop(self._stop, self._completed_calls)))
         self._done = True
         return out
+
+    def _broken_off(self, message: str, reason: str) -> StreamError:
+        """A finish reason that says the answer failed part way: terminal, and retried only before content."""
+        self._done = True
+        if message == Messages.SERVER_ERROR and self._started:
+            message = Messages.STREAM_PROVIDER_ERROR
+        return StreamError(code=ProtocolErrorCode.HTTP_STATUS, message=message, provider_detail=self._scrub(reason))
 
     def _error(self, error: Any) -> StreamError:
         self._done = True
@@ -375,6 +496,49 @@ class OpenAIStreamMapper:
         )
 
 
+def _continues(current: _OpenCall, index: int | None, call_id: str, name: str) -> bool:
+    """Whether a fragment continues the open call: the same index, else the same (or no) id.
+
+    A new id together with a function name at the open index is a new call (Ollama numbers every call 0);
+    a new id alone is not (LM Studio sends one with every fragment of one call, reported in
+    NousResearch/hermes-agent#106943); the same id and name again is the same call (Fireworks and vLLM's
+    finishing chunk repeat them, SillyTavern/SillyTavern#5948, vllm-project/vllm#31438).
+    """
+    same = index == current.key if index is not None else (not call_id or call_id == current.id)
+    return same and not (call_id and call_id != current.id and name)
+
+
+def _usage(usage: Mapping[str, Any]) -> Usage:
+    """Token counts from any of the places compatible servers put them.
+
+    Cache reads: ``prompt_tokens_details.cached_tokens`` (OpenAI, OpenRouter), DeepSeek's
+    ``prompt_cache_hit_tokens``, Moonshot's top-level ``cached_tokens``; reasoning tokens:
+    ``completion_tokens_details.reasoning_tokens``.
+    """
+    prompt = usage.get("prompt_tokens_details")
+    completion = usage.get("completion_tokens_details")
+    cached = (
+        (non_negative_int(prompt.get("cached_tokens")) if isinstance(prompt, dict) else None)
+        or non_negative_int(usage.get("prompt_cache_hit_tokens"))
+        or non_negative_int(usage.get("cached_tokens"))
+    )
+    reasoning = non_negative_int(completion.get("reasoning_tokens")) if isinstance(completion, dict) else None
+    return Usage(
+        input_tokens=non_negative_int(usage.get("prompt_tokens")) or 0,
+        output_tokens=non_negative_int(usage.get("completion_tokens")) or 0,
+        cache_read_input_tokens=cached or 0,
+        reasoning_tokens=reasoning or 0,
+    )
+
+
+def _compact(value: Any) -> str | None:
+    """``value`` as compact JSON, or None when it has no strict JSON form."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
 def _fragment_text(fragment: Any) -> str:
     try:
         return json.dumps(fragment, ensure_ascii=False)[:200]
@@ -389,16 +553,20 @@ def _arguments(value: Any) -> str:
         return "{}"
 
 
-def _messages_to_wire(message: Message) -> list[dict[str, Any]]:
+def _messages_to_wire(message: Message, options: OpenAIRequestOptions) -> list[dict[str, Any]]:
     text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
     if message.role == "assistant":
         calls = [b for b in message.content if isinstance(b, ToolCallBlock)]
+        # OpenAI's rule for a message with tool calls: content is text or null, the ids are the calls' own.
         wire: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
         if calls:
             wire["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.input)}}
                 for c in calls
             ]
+            # Reasoning goes back only beside tool calls: DeepSeek and Moonshot require it exactly there and
+            # ignore it elsewhere, and no server documents a use for it on a plain answer.
+            wire.update(_reasoning_to_wire(message, options))
         return [wire]
     results = [b for b in message.content if isinstance(b, ToolResultBlock)]
     out: list[dict[str, Any]] = [{"role": "tool", "tool_call_id": r.call_id, "content": r.content} for r in results]
@@ -407,8 +575,54 @@ def _messages_to_wire(message: Message) -> list[dict[str, Any]]:
     return out
 
 
+def _reasoning_to_wire(message: Message, options: OpenAIRequestOptions) -> dict[str, Any]:
+    """The reasoning fields ``options`` sends back on an assistant message with tool calls.
+
+    Only unsigned thinking that names its source was streamed by a compatible server; Anthropic's signed
+    blocks never go to this wire. With ``"auto"`` each block goes back in the field it came in (typed
+    content parts, which have no field of their own, stay out); with a name, all of it goes in that field.
+    """
+    fields: dict[str, Any] = {}
+    name = options.reasoning_field
+    if name is not None:
+        for block in message.content:
+            if not isinstance(block, ThinkingBlock) or block.signature or not block.source or not block.thinking:
+                continue
+            if name != _AUTO:
+                field = name
+            elif block.source in _REASONING_FIELDS:
+                field = block.source
+            else:
+                continue
+            fields[field] = fields.get(field, "") + block.thinking
+    if options.reasoning_details:
+        details: list[Any] = []
+        for block in message.content:
+            if isinstance(block, ProviderBlock) and block.wire == _WIRE_NAME and block.kind == _DETAILS_KIND:
+                value = decode_json_object(block.data)
+                items = value.get(_DETAILS_KIND) if value is not None else None
+                details.extend(items if isinstance(items, list) else ())
+        if details:
+            fields[_DETAILS_KIND] = details
+    return fields
+
+
 MaxTokensField: TypeAlias = Literal["max_completion_tokens", "max_tokens"]
 AuthHeader: TypeAlias = Literal["bearer", "api-key"]
+
+_AUTO: Final = "auto"
+_FIELD_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+# Fields of an assistant message the body already sets: a reasoning field may never overwrite one.
+_MESSAGE_FIELDS: Final = frozenset(
+    {"role", "content", "tool_calls", "name", "refusal", "audio", "function_call", "tool_call_id", _DETAILS_KIND}
+)
+
+
+def _reasoning_field(instance: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not _FIELD_NAME.fullmatch(value) or value in _MESSAGE_FIELDS:
+        raise ValueError(f"{attribute.name} must be None, 'auto' or a free message field name, got {value!r}")
 
 
 @final
@@ -419,25 +633,58 @@ class OpenAIRequestOptions:
     ``max_tokens_field`` names the output cap (None sends none: the server's default applies);
     ``include_usage`` sends ``stream_options.include_usage``; ``auth`` is ``Authorization: Bearer``
     or Azure's ``api-key`` header.
+
+    ``reasoning_field`` is the assistant-message field that carries the model's reasoning back on a message
+    with tool calls: None sends none, ``"auto"`` the field the server streamed it in, any other name that
+    field. ``reasoning_details`` sends OpenRouter's ``reasoning_details`` back on the same messages. A
+    server that must not get a field it does not know (OpenAI, Groq) gets neither. What the servers read:
+    DeepSeek and Moonshot ``reasoning_content`` (a tool loop's next request is refused without it),
+    OpenRouter ``reasoning`` and ``reasoning_details``, Ollama ``reasoning``; of the servers a URL cannot
+    name, vLLM reads ``reasoning`` since its interleaved-thinking change (PR #28531; ``"auto"`` also suits
+    older builds, which stream ``reasoning_content``) and llama.cpp ``reasoning_content`` since its PR #18994
+    (earlier builds refuse the field), LM Studio documents none.
     """
 
     max_tokens_field: MaxTokensField | None = "max_completion_tokens"
     include_usage: bool = True
     auth: AuthHeader = "bearer"
+    reasoning_field: str | None = attrs.field(default=None, validator=_reasoning_field)
+    reasoning_details: bool = False
 
     @classmethod
     def for_base_url(cls, base_url: str | None) -> OpenAIRequestOptions:
-        """OpenAI and Azure OpenAI take the current fields; any other server gets the classic ``max_tokens``.
+        """The fields each known server takes, recognized by its host (or Ollama's port); an explicit
+        ``OpenAIRequestOptions`` always overrides this.
 
-        vLLM before 0.6, llama.cpp, LiteLLM and several gateways reject or ignore
-        ``max_completion_tokens``; every one of them reads ``max_tokens``.
+        OpenAI and Azure OpenAI take the current fields; any other server gets the classic ``max_tokens``:
+        vLLM before 0.6, llama.cpp, LiteLLM and several gateways reject or ignore ``max_completion_tokens``,
+        and every one of them reads ``max_tokens``. Reasoning goes back where the server's docs ask for it:
+        DeepSeek's thinking mode (on by default) and Moonshot's Kimi thinking models answer a tool loop's
+        next request with HTTP 400 unless each assistant message with tool calls carries its
+        ``reasoning_content``; OpenRouter reads ``reasoning`` and needs ``reasoning_details`` back for
+        Gemini's and Anthropic's signed reasoning; Ollama reads ``reasoning``. Groq refuses a message field
+        it does not know ("property 'reasoning_content' is unsupported"), so like any other server it gets
+        none.
         """
-        host = _host(base_url or OpenAIWire.default_base_url)
+        url = base_url or OpenAIWire.default_base_url
+        host = _host(url)
         if host == "api.openai.com":
             return cls()
         if host.endswith(".openai.azure.com") or host.endswith(".cognitiveservices.azure.com"):
             return cls(auth="api-key")
+        if host in _REASONING_CONTENT_HOSTS:
+            return cls(max_tokens_field="max_tokens", reasoning_field="reasoning_content")
+        if host == "openrouter.ai":
+            return cls(max_tokens_field="max_tokens", reasoning_field="reasoning", reasoning_details=True)
+        if host == "ollama.com" or _port(url) == _OLLAMA_PORT:
+            return cls(max_tokens_field="max_tokens", reasoning_field="reasoning")
         return cls(max_tokens_field="max_tokens")
+
+
+# DeepSeek (api-docs.deepseek.com, "Thinking Mode": tool calls) and Moonshot's two regions
+# (platform.moonshot.ai, "Using thinking models").
+_REASONING_CONTENT_HOSTS: Final = frozenset({"api.deepseek.com", "api.moonshot.ai", "api.moonshot.cn"})
+_OLLAMA_PORT: Final = 11434  # Ollama's documented default (http://localhost:11434/v1)
 
 
 def _host(url: str) -> str:
@@ -447,6 +694,13 @@ def _host(url: str) -> str:
         return ""
 
 
+def _port(url: str) -> int | None:
+    try:
+        return httpx.URL(url).port
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return None
+
+
 def build_openai_body(request: ChatRequest, options: OpenAIRequestOptions | None = None) -> dict[str, Any]:
     """The Chat Completions request: leading system message, tool_calls, role "tool" results, usage on."""
     options = options or OpenAIRequestOptions()
@@ -454,7 +708,7 @@ def build_openai_body(request: ChatRequest, options: OpenAIRequestOptions | None
     if request.system:
         messages.append({"role": "system", "content": request.system})
     for message in request.messages:
-        messages.extend(_messages_to_wire(message))
+        messages.extend(_messages_to_wire(message, options))
     body: dict[str, Any] = {"model": request.model}
     if options.max_tokens_field is not None:
         body[options.max_tokens_field] = request.max_tokens

@@ -313,6 +313,19 @@ def _call_identity(state: TurnState, server_id: str) -> tuple[str, bool]:
         attempt += 1
 
 
+def _failed_unprepared(common: Mapping[str, Any], text: str) -> CallRecord:
+    """A call that failed before any tool prepared it, answered with ``text``; a call whose tool is not
+    known yet (``common`` has no effect) counts as a mutation, the most careful reading."""
+    return CallRecord(
+        **{"effect": "mutate", "destructive": False, **common},
+        input_digest="",
+        summary=text,
+        status=CallStatus.FAILED,
+        result=text,
+        is_error=True,
+    )
+
+
 def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnState:
     """SPEC §2: duplicate id, unknown tool, caps, invalid input, sticky denial, read-only policy."""
     name = event.name
@@ -321,17 +334,7 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
     draft = (state.draft or Draft()).with_call(ToolCallBlock(id=call_id, name=name, input=event.input))
     common: dict[str, Any] = {"id": call_id, "tool_name": name, "iteration": state.iteration}
     if duplicate:
-        text = duplicate_call_text(event.id)
-        record = CallRecord(
-            **common,
-            input_digest="",
-            summary=text,
-            effect="mutate",
-            destructive=False,
-            status=CallStatus.FAILED,
-            result=text,
-            is_error=True,
-        )
+        record = _failed_unprepared(common, duplicate_call_text(event.id))
         state = _violate(
             _add_call(state, record, draft=draft), Violation.DUPLICATE_CALL_ID, call_id, f"reused {echo(event.id)}"
         )
@@ -339,18 +342,8 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
 
     tool = state.tool_set.get(name)
     if tool is None:
-        text = unknown_tool_text(name)
-        record = CallRecord(
-            **common,
-            input_digest="",
-            summary=text,
-            effect="mutate",
-            destructive=False,
-            status=CallStatus.FAILED,
-            result=text,
-            is_error=True,
-        )
-        return _violate(_add_call(state, record, draft=draft), Violation.UNKNOWN_TOOL, call_id, text)
+        record = _failed_unprepared(common, unknown_tool_text(name))
+        return _violate(_add_call(state, record, draft=draft), Violation.UNKNOWN_TOOL, call_id, record.summary)
 
     common.update(effect=tool.effect, destructive=tool.destructive)
     if tool_call_cap(state.budget, state.limits, state.current_call_count) is not None:
@@ -370,23 +363,11 @@ def _on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnSta
         return _notice(state, LIMIT_NOTICE) if first else state
 
     if event.input_error is not None:
-        text = unreadable_input_text(name, event.input_error)
-        record = CallRecord(
-            **common, input_digest="", summary=text, status=CallStatus.FAILED, result=text, is_error=True
-        )
+        record = _failed_unprepared(common, unreadable_input_text(name, event.input_error))
         return _notice(_add_call(state, record, draft=draft), unreadable_input_notice(name))
     prepared = tool.prepare(event.input)
     if isinstance(prepared, PrepareFailure):
-        text = invalid_input_text(name, prepared)
-        record = CallRecord(
-            **common,
-            input_digest="",
-            summary=text,
-            status=CallStatus.FAILED,
-            result=text,
-            is_error=True,
-        )
-        return _add_call(state, record, draft=draft)
+        return _add_call(state, _failed_unprepared(common, invalid_input_text(name, prepared)), draft=draft)
 
     budget = state.budget.spent(tool_calls=1)
     common.update(input_digest=prepared.input_digest, summary=prepared.summary, prepared=prepared)

@@ -48,6 +48,7 @@ __all__ = [
     "BLOCK_NOT_JSON",
     "CALLER_MARKER",
     "CONTAINER_MARKER",
+    "SERVER_BLOCKS",
     "SERVER_INPUT_UNREADABLE",
     "STOP_REASONS",
     "AnthropicStreamMapper",
@@ -92,7 +93,7 @@ _KNOWN_EVENTS: Final = frozenset(
 )
 # Blocks the server produced and runs itself (server tools, the MCP connector, container uploads,
 # compaction, the fallback marker): kept whole and sent back in place, never run by us.
-_SERVER_BLOCKS: Final = frozenset(
+SERVER_BLOCKS: Final = frozenset(
     {
         "server_tool_use",
         "web_search_tool_result",
@@ -409,7 +410,7 @@ class AnthropicStreamMapper:
         else:
             # Any other type is kept too, as the SDK keeps it: the API takes its own blocks back, and some
             # must come back in place (a ``fallback`` marks where thinking verification chains split).
-            self._open[index] = _OpenServer(dict(block), known=kind in _SERVER_BLOCKS)
+            self._open[index] = _OpenServer(dict(block), known=kind in SERVER_BLOCKS)
 
     def _remember_container(self, container: Any) -> None:
         if isinstance(container, dict) and isinstance(container.get("id"), str) and container["id"]:

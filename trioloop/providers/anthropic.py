@@ -34,6 +34,7 @@ from trioloop.providers._anthropic_stream import (
     BLOCK_NOT_JSON,
     CALLER_MARKER,
     CONTAINER_MARKER,
+    SERVER_BLOCKS,
     SERVER_INPUT_UNREADABLE,
     AnthropicStreamMapper,
 )
@@ -202,27 +203,9 @@ def _message_to_wire(message: Message) -> dict[str, Any] | None:
     return {"role": message.role, "content": content}
 
 
-# The block types whose request form takes ``cache_control`` (the Messages API's content block params):
-# never thinking, redacted thinking or the fallback marker, and never a type this module does not know.
-_CACHEABLE: Final = frozenset(
-    {
-        "text",
-        "tool_use",
-        "tool_result",
-        "server_tool_use",
-        "web_search_tool_result",
-        "web_fetch_tool_result",
-        "code_execution_tool_result",
-        "bash_code_execution_tool_result",
-        "text_editor_code_execution_tool_result",
-        "tool_search_tool_result",
-        "advisor_tool_result",
-        "mcp_tool_use",
-        "mcp_tool_result",
-        "container_upload",
-        "compaction",
-    }
-)
+# The block types whose request form takes ``cache_control`` (the Messages API's content block params): ours
+# and every server block but the fallback marker; never thinking, redacted thinking, or a type unknown here.
+_CACHEABLE: Final = frozenset({"text", "tool_use", "tool_result"} | (SERVER_BLOCKS - {"fallback"}))
 
 
 def _mark_prefix(messages: list[dict[str, Any]]) -> None:

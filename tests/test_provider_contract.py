@@ -345,7 +345,8 @@ _calls = st.lists(
     max_size=3,
     unique_by=lambda c: c.id,
 )
-_responses = st.builds(
+#: Any logical response every wire can express (tests/test_provider_responses.py uses it for the third).
+RESPONSES = st.builds(
     WireResponse,
     model=st.text(max_size=10),
     text=st.text(max_size=60),
@@ -362,7 +363,7 @@ _responses = st.builds(
 
 
 @settings(max_examples=120, deadline=None)
-@given(response=_responses, cut=st.floats(0, 1))
+@given(response=RESPONSES, cut=st.floats(0, 1))
 def test_rendered_responses_map_identically_on_both_wires(response: WireResponse, cut: float) -> None:
     results = []
     for wire, render in (("anthropic", render_anthropic_stream), ("openai", render_openai_stream)):

@@ -17,6 +17,7 @@ import trio.testing
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_provider_contract import EXPECTED as CONTRACT
+from test_provider_contract import RESPONSES as LOGICAL_RESPONSES
 from torture_support import check_stream
 
 from trioloop import OpenAIResponsesProvider as TopLevelProvider
@@ -263,39 +264,9 @@ async def test_the_real_transport_gives_the_same_events(name: str, autojump_cloc
 
 # --- any logical response, rendered by each of the three wires, maps to the same events ------------------
 
-_json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=6),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-    max_leaves=8,
-)
-_calls = st.lists(
-    st.builds(
-        ToolCallBlock,
-        id=st.from_regex(r"[a-z0-9_]{1,8}", fullmatch=True),
-        name=st.from_regex(r"[a-z_]{1,10}", fullmatch=True),
-        input=st.dictionaries(st.text(max_size=4), _json_values, max_size=3),
-    ),
-    max_size=3,
-    unique_by=lambda c: c.id,
-)
-_responses = st.builds(
-    WireResponse,
-    model=st.text(max_size=10),
-    text=st.text(max_size=60),
-    tool_calls=_calls.map(tuple),
-    # Chat Completions has neither a stop sequence nor a paused turn; Responses has no tool_use without a call.
-    stop_reason=st.sampled_from([r for r in StopReason if r not in (StopReason.STOP_SEQUENCE, StopReason.PAUSE_TURN)]),
-    input_tokens=st.integers(0, 10**6),
-    output_tokens=st.integers(0, 10**6),
-    text_piece=st.integers(1, 20),
-    arguments_piece=st.integers(1, 20),
-    error_type=st.sampled_from([None, None, "rate_limit_error", "overloaded_error"]),
-    error_message=st.text(max_size=20),
-)
-
 
 @settings(max_examples=150, deadline=None)
-@given(response=_responses, cut=st.floats(0, 1))
+@given(response=LOGICAL_RESPONSES, cut=st.floats(0, 1))
 def test_rendered_responses_map_identically_on_all_three_wires(response: WireResponse, cut: float) -> None:
     assume(response.tool_calls or response.stop_reason is not StopReason.TOOL_USE)
     results = []
@@ -313,7 +284,7 @@ def test_rendered_responses_map_identically_on_all_three_wires(response: WireRes
 
 
 @settings(max_examples=40, deadline=None)
-@given(response=_responses, chunks=st.integers(1, 40))
+@given(response=LOGICAL_RESPONSES, chunks=st.integers(1, 40))
 def test_any_chunking_gives_the_same_events(response: WireResponse, chunks: int) -> None:
     raw = render_responses_stream(response)
     assert mapped(raw, chunks) == mapped(raw)

@@ -483,8 +483,18 @@ class AnthropicStreamMapper:
         if not isinstance(delta, dict):
             raise _Undecodable
         kind = _text(delta.get("type"))
-        targets = _DELTA_TARGETS.get(kind)
         block = self._open.get(index)
+        if kind == "text_delta" and type(block) is _OpenText:
+            # The delta nearly every event of a long answer is: its text goes straight out.
+            text = delta.get("text")
+            if type(text) is not str:
+                raise _Undecodable
+            if text:
+                if not self._started:
+                    self._start(out)
+                out.append(TextDelta(text=text))
+            return
+        targets = _DELTA_TARGETS.get(kind)
         if isinstance(block, _OpenServer) and not block.known:
             block.stale = True  # no delta is known to apply to a type this mapper does not know
             return

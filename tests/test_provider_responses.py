@@ -964,3 +964,26 @@ async def test_the_cli_speaks_the_responses_wire(
     assert request.target == "/v1/responses" and request.header("authorization") == f"Bearer {KEY}"
     body = request.json()
     assert body["model"] == "gpt-5" and body["store"] is False
+
+
+def _sse_body(*events: dict[str, Any]) -> bytes:
+    return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
+
+
+def test_items_with_no_strict_json_form_are_said_never_kept_or_run_with_other_input() -> None:
+    # 1e999 decodes as infinity, whose JSON text ("Infinity") no server reads back: a reasoning item holding
+    # it cannot go back as it came (a notice, not a kept block), and a call's object arguments holding it
+    # make an unreadable call (answered, never run), not a call with {} or invented arguments.
+    reasoning = '{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"x","n":1e999}'
+    call = '{"type":"function_call","id":"fc_1","call_id":"call_1","name":"f","arguments":{"a":1e999}}'
+    done = (
+        'event: response.output_item.done\ndata: {{"type":"response.output_item.done","output_index":{},"item":{}}}\n\n'
+    )
+    raw = (done.format(0, reasoning) + done.format(1, call)).encode()
+    raw += _sse_body({"type": "response.completed", "response": {"id": "resp_1", "output": []}})
+    events = mapped(raw)
+    assert not any(isinstance(e, ProviderBlockComplete) for e in events)
+    assert any(isinstance(e, StreamError) and not e.terminal and e.provider_detail == "reasoning" for e in events)
+    (complete,) = [e for e in events if isinstance(e, ToolCallComplete)]
+    assert complete.id == "call_1" and complete.input == {} and "not representable" in (complete.input_error or "")
+    assert isinstance(events[-1], MessageStop)

@@ -7,7 +7,6 @@ wire and the provider live in ``anthropic.py``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Final, final
 
@@ -33,12 +32,15 @@ from trioloop.protocol.messages import JsonValue, ProviderBlock, RedactedThinkin
 from trioloop.providers.base import (
     Messages,
     NoticeFolder,
+    compact_json,
     decode_json_object,
     effective_stop,
     finish_tool_call,
     loads_strict_json,
+    no_scrub,
     non_negative_int,
     notice,
+    text_or_empty,
     unreadable_call,
 )
 from trioloop.providers.sse import SseFrame
@@ -130,22 +132,6 @@ SERVER_INPUT_UNREADABLE: Final = (
 BLOCK_NOT_JSON: Final = "The AI provider sent a block that cannot be sent back as JSON; it was left out."
 
 
-def _identity(text: str) -> str:
-    return text
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _compact(value: JsonValue) -> str | None:
-    """``value`` as compact JSON, or None when it has no strict JSON form (a float too large for one)."""
-    try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (ValueError, RecursionError):
-        return None
-
-
 class _Undecodable(Exception):
     """A frame whose JSON does not have the documented shape."""
 
@@ -221,7 +207,7 @@ class AnthropicStreamMapper:
     """
 
     def __init__(self, *, scrub: Callable[[str], str] | None = None) -> None:
-        self._scrub = scrub or _identity
+        self._scrub = scrub or no_scrub
         self._started = False
         self._message_seen = False
         self._done = False
@@ -252,7 +238,7 @@ class AnthropicStreamMapper:
             return self._folder.admit([notice(Messages.UNDECODABLE_EVENT, self._scrub(frame.data))])
         kind = frame.event
         if kind == "message":
-            kind = _text(payload.get("type"))
+            kind = text_or_empty(payload.get("type"))
         out: list[StreamEvent] = []
         self._frame, self._frame_strict = frame.data, None
         try:
@@ -333,7 +319,7 @@ class AnthropicStreamMapper:
         if content is None:
             return
         if not isinstance(content, list):
-            out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(_compact(content) or "")))
+            out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(compact_json(content) or "")))
             return
         # Blocks the message already holds are part of the response, in order, at indices 0..n-1 (the
         # SDK's snapshot starts from them and appends each later block); each maps as if it had streamed
@@ -344,7 +330,7 @@ class AnthropicStreamMapper:
                     raise _Undecodable
                 self._open_block(index, block, out)
             except _Undecodable:
-                out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(_compact(block) or "")))
+                out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(compact_json(block) or "")))
                 continue
             self._close_block(index, out)
 
@@ -380,7 +366,7 @@ class AnthropicStreamMapper:
             self._start(out)
             call = self._open_call(call_id, name, block.get("input"))
             caller = block.get("caller")
-            if isinstance(caller, dict) and _compact(caller) is not None:
+            if isinstance(caller, dict) and compact_json(caller) is not None:
                 call.caller = caller
             self._open[index] = call
             out.append(ToolCallStart(id=call_id, name=name))
@@ -418,7 +404,7 @@ class AnthropicStreamMapper:
             self._container = {"id": container["id"], **({"expires_at": expires} if isinstance(expires, str) else {})}
 
     def _marker(self, kind: str, value: Mapping[str, Any], out: list[StreamEvent]) -> None:
-        data = _compact(value)
+        data = compact_json(value)
         if data is not None:
             out.append(ProviderBlockComplete(block=ProviderBlock(wire=_WIRE_NAME, kind=kind, data=data)))
 
@@ -432,7 +418,7 @@ class AnthropicStreamMapper:
         """
         if start is None or start == {}:
             return _OpenCall(call_id, name)
-        if _compact(start) is None:
+        if compact_json(start) is None:
             return _OpenCall(call_id, name, start_error=f"{Messages.BAD_TOOL_ARGUMENTS}: not representable as JSON")
         if not self._strict_frame():
             return _OpenCall(call_id, name, start_error=f"{Messages.BAD_TOOL_ARGUMENTS}: duplicate object key")
@@ -470,7 +456,7 @@ class AnthropicStreamMapper:
             except ValueError:
                 # Never dropped silently: kept with the input it started with, and the person is told.
                 out.append(notice(SERVER_INPUT_UNREADABLE, self._scrub(text)))
-        compact = _compact(data)
+        compact = compact_json(data)
         if compact is None:
             out.append(notice(BLOCK_NOT_JSON, block.kind))
             return
@@ -482,7 +468,7 @@ class AnthropicStreamMapper:
         delta = payload.get("delta")
         if not isinstance(delta, dict):
             raise _Undecodable
-        kind = _text(delta.get("type"))
+        kind = text_or_empty(delta.get("type"))
         block = self._open.get(index)
         if kind == "text_delta" and type(block) is _OpenText:
             # The delta nearly every event of a long answer is: its text goes straight out.
@@ -589,7 +575,7 @@ class AnthropicStreamMapper:
         error = payload.get("error")
         if not isinstance(error, dict):
             raise _Undecodable
-        kind, message = _text(error.get("type")), _text(error.get("message"))
+        kind, message = text_or_empty(error.get("type")), text_or_empty(error.get("message"))
         rate_limited = kind == "rate_limit_error"
         if rate_limited:
             text = Messages.STREAM_RATE_LIMITED

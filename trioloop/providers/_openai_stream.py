@@ -35,11 +35,15 @@ from trioloop.protocol.messages import ProviderBlock, ThinkingBlock
 from trioloop.providers.base import (
     Messages,
     NoticeFolder,
+    arguments_json,
+    compact_json,
     decode_json_object,
     effective_stop,
     finish_tool_call,
+    no_scrub,
     non_negative_int,
     notice,
+    text_or_empty,
     unreadable_call,
 )
 from trioloop.providers.sse import SseFrame
@@ -50,7 +54,6 @@ __all__ = [
     "OPENAI_BLOCK_WIRE",
     "REASONING_FIELDS",
     "OpenAIStreamMapper",
-    "arguments_text",
 ]
 
 _FINISH_REASONS: Final[Mapping[str, StopReason]] = {
@@ -71,10 +74,6 @@ _FAILED_FINISH_REASONS: Final[Mapping[str, str]] = {
 }
 
 
-def _identity(text: str) -> str:
-    return text
-
-
 class _Undecodable(Exception):
     """A chunk whose JSON does not have the documented shape."""
 
@@ -88,10 +87,6 @@ class _OpenCall:
     name: str
     runnable: bool = True
     fragments: list[str] = attrs.field(factory=list)
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
 
 
 REASONING_FIELDS: Final = ("reasoning_content", "reasoning")
@@ -123,9 +118,9 @@ def _parts_text(parts: list[Any], reasoning: list[str], depth: int = 0) -> str:
             continue
         if not isinstance(part, dict):
             raise _Undecodable
-        kind = _text(part.get("type"))  # a hostile type may be a list: never hashed as it is
+        kind = text_or_empty(part.get("type"))  # a hostile type may be a list: never hashed as it is
         if kind == "text":
-            answer.append(_text(part.get("text")))
+            answer.append(text_or_empty(part.get("text")))
         elif kind in _REASONING_PARTS:
             inner = part.get(kind)
             if isinstance(inner, str):
@@ -133,7 +128,7 @@ def _parts_text(parts: list[Any], reasoning: list[str], depth: int = 0) -> str:
             elif isinstance(inner, list) and depth < _PART_DEPTH:  # hostile nesting stops here
                 reasoning.append(_parts_text(inner, reasoning, depth + 1))
             else:
-                reasoning.append(_text(part.get("text")))
+                reasoning.append(text_or_empty(part.get("text")))
     return "".join(answer)
 
 
@@ -154,7 +149,7 @@ class OpenAIStreamMapper:
     """
 
     def __init__(self, *, scrub: Callable[[str], str] | None = None) -> None:
-        self._scrub = scrub or _identity
+        self._scrub = scrub or no_scrub
         self._started = False
         self._done = False
         self._model = ""
@@ -214,7 +209,7 @@ class OpenAIStreamMapper:
     def _chunk(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
         if not self._model:
             # Azure's first chunk (prompt filter results) has no model: take it from the first chunk with one.
-            self._model = _text(payload.get("model"))
+            self._model = text_or_empty(payload.get("model"))
         choices = payload.get("choices")
         usage = payload.get("usage")
         if (choices is not None and not isinstance(choices, list)) or (
@@ -264,7 +259,7 @@ class OpenAIStreamMapper:
         # send both fields with the same text: it is read once.
         pieces: list[tuple[str, str]] = []
         for field in REASONING_FIELDS:
-            text = _text(delta.get(field))
+            text = text_or_empty(delta.get(field))
             if text and all(text != seen for _, seen in pieces):
                 pieces.append((field, text))
         if isinstance(content, list):
@@ -317,7 +312,7 @@ class OpenAIStreamMapper:
                 out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(_fragment_text(item))))
                 continue
             index = non_negative_int(item.get("index"))
-            slot_key = (_text(item.get("type")), index) if index is not None else None
+            slot_key = (text_or_empty(item.get("type")), index) if index is not None else None
             slot = self._detail_slots.get(slot_key) if slot_key is not None else None
             if slot is None:
                 if slot_key is not None:
@@ -327,7 +322,7 @@ class OpenAIStreamMapper:
             merged = self._details[slot]
             for key, value in item.items():
                 if key in _DETAIL_TEXT_KEYS and isinstance(value, str):
-                    merged[key] = _text(merged.get(key)) + value
+                    merged[key] = text_or_empty(merged.get(key)) + value
                 elif key == "signature" and isinstance(value, str) and value:
                     merged[key] = value  # sent whole, in the last fragment
                 elif merged.get(key) is None:
@@ -343,11 +338,11 @@ class OpenAIStreamMapper:
             raise _Undecodable
         arguments = function.get("arguments")
         if isinstance(arguments, dict):
-            arguments = arguments_text(arguments)  # some servers send the arguments as an object
+            arguments = arguments_json(arguments)  # some servers send the arguments as an object
         elif arguments is not None and not isinstance(arguments, str):
             raise _Undecodable
         arguments = arguments or ""
-        call_id, name = _text(fragment.get("id")), _text(function.get("name"))
+        call_id, name = text_or_empty(fragment.get("id")), text_or_empty(function.get("name"))
         raw_index = fragment.get("index")
         index = non_negative_int(raw_index)
         if raw_index is not None and index is None:
@@ -422,7 +417,7 @@ class OpenAIStreamMapper:
                 self._close_open_call(out)
         self._close_thinking(out)
         if self._details:
-            data = _compact({DETAILS_KIND: self._details})
+            data = compact_json({DETAILS_KIND: self._details})
             if data is None:
                 out.append(notice(Messages.UNDECODABLE_EVENT, DETAILS_KIND))
             else:
@@ -441,9 +436,13 @@ class OpenAIStreamMapper:
     def _error(self, error: Any) -> StreamError:
         self._done = True
         if isinstance(error, dict):
-            kind, code, message = _text(error.get("type")), _text(error.get("code")), _text(error.get("message"))
+            kind, code, message = (
+                text_or_empty(error.get("type")),
+                text_or_empty(error.get("code")),
+                text_or_empty(error.get("message")),
+            )
         else:
-            kind, code, message = "", "", _text(error)
+            kind, code, message = "", "", text_or_empty(error)
         label = f"{kind} {code}"
         rate_limited = "rate_limit" in label or "insufficient_quota" in label
         if rate_limited:
@@ -494,24 +493,8 @@ def _usage(usage: Mapping[str, Any]) -> Usage:
     )
 
 
-def _compact(value: Any) -> str | None:
-    """``value`` as compact JSON, or None when it has no strict JSON form."""
-    try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
-        return None
-
-
 def _fragment_text(fragment: Any) -> str:
     try:
         return json.dumps(fragment, ensure_ascii=False)[:200]
     except (TypeError, ValueError):
         return ""
-
-
-def arguments_text(value: Any) -> str:
-    """A call's arguments as compact JSON text (``{}`` when they have no strict JSON form)."""
-    try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
-        return "{}"

@@ -8,7 +8,6 @@ continuing after a tool call is refused or degraded without them. The stream hal
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, TypeAlias, final
 
@@ -17,7 +16,7 @@ import httpx
 
 from trioloop.protocol.messages import Message, ProviderBlock, TextBlock, ToolCallBlock, ToolResultBlock
 from trioloop.protocol.tools import ChatRequest
-from trioloop.providers.base import decode_json_object
+from trioloop.providers.base import arguments_json, decode_json_object
 from trioloop.providers.transport import is_loopback_host
 
 __all__ = [
@@ -108,13 +107,6 @@ def _url(value: str) -> httpx.URL | None:
         return None
 
 
-def _arguments(value: Any) -> str:
-    try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
-        return "{}"
-
-
 def response_marker(block: ProviderBlock) -> tuple[str, tuple[str, ...]] | None:
     """The stored response id and the call ids it issued, when ``block`` is this wire's response marker."""
     if block.wire != RESPONSES_BLOCK_WIRE or block.kind != RESPONSE_KIND:
@@ -200,7 +192,12 @@ def _message_items(message: Message, options: OpenAIResponsesOptions) -> list[di
                 items.append({"type": "message", "role": "assistant", "content": content})
         elif isinstance(block, ToolCallBlock):
             items.append(
-                {"type": "function_call", "call_id": block.id, "name": block.name, "arguments": _arguments(block.input)}
+                {
+                    "type": "function_call",
+                    "call_id": block.id,
+                    "name": block.name,
+                    "arguments": arguments_json(block.input),
+                }
             )
         elif isinstance(block, ProviderBlock):
             item = _provider_item(block, options)

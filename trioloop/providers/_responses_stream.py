@@ -11,7 +11,6 @@ from its ``output``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, final
 
@@ -37,11 +36,15 @@ from trioloop.providers._responses_request import REASONING_KIND, RESPONSE_KIND,
 from trioloop.providers.base import (
     Messages,
     NoticeFolder,
+    arguments_json,
+    compact_json,
     decode_json_object,
     effective_stop,
     finish_tool_call,
+    no_scrub,
     non_negative_int,
     notice,
+    text_or_empty,
     unreadable_call,
 )
 from trioloop.providers.sse import SseFrame
@@ -54,18 +57,6 @@ _INCOMPLETE_REASONS: Final[Mapping[str, StopReason]] = {
 }
 _TRANSIENT_LABELS: Final = ("server_error", "overloaded", "api_error", "internal_error")
 _UNFINISHED_STATUSES: Final = frozenset({"in_progress", "incomplete"})
-
-
-def _identity(text: str) -> str:
-    return text
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 class _Undecodable(Exception):
@@ -95,7 +86,7 @@ def _locate(payload: Mapping[str, Any]) -> tuple[int | None, str]:
     index = non_negative_int(raw)
     if raw is not None and index is None:
         raise _Undecodable
-    return index, _text(payload.get("item_id"))
+    return index, text_or_empty(payload.get("item_id"))
 
 
 def _item(payload: Mapping[str, Any]) -> tuple[int | None, Mapping[str, Any]]:
@@ -120,7 +111,7 @@ def _parts_text(parts: Any, kinds: Iterable[str], separator: str = "") -> str:
     texts = []
     for part in parts:
         if isinstance(part, dict) and part.get("type") in wanted:
-            texts.append(_text(part.get("text")) or _text(part.get("refusal")))
+            texts.append(text_or_empty(part.get("text")) or text_or_empty(part.get("refusal")))
     return separator.join(t for t in texts if t)
 
 
@@ -133,7 +124,7 @@ class ResponsesStreamMapper:
     """
 
     def __init__(self, *, scrub: Callable[[str], str] | None = None, keep_response_id: bool = False) -> None:
-        self._scrub = scrub or _identity
+        self._scrub = scrub or no_scrub
         self._keep_response_id = keep_response_id
         self._started = False
         self._done = False
@@ -200,8 +191,8 @@ class ResponsesStreamMapper:
 
     def _remember(self, response: Mapping[str, Any]) -> None:
         if not self._started and not self._model:
-            self._model = _text(response.get("model"))
-        self._response_id = _text(response.get("id")) or self._response_id
+            self._model = text_or_empty(response.get("model"))
+        self._response_id = text_or_empty(response.get("id")) or self._response_id
 
     # -- output items ------------------------------------------------------------------------------
 
@@ -216,7 +207,7 @@ class ResponsesStreamMapper:
 
     def _complete_item(self, index: int | None, item: Mapping[str, Any], out: list[StreamEvent], *, cut: bool) -> None:
         """One finished output item; ``cut``: the response ended early, so a call still streaming is unfinished."""
-        keys = _keys(index, _text(item.get("id")))
+        keys = _keys(index, text_or_empty(item.get("id")))
         kind = item.get("type")
         if any(key in self._handled for key in keys):
             return
@@ -230,18 +221,18 @@ class ResponsesStreamMapper:
             self._message_done(keys, item, out)
 
     def _open_call(self, index: int | None, item: Mapping[str, Any], out: list[StreamEvent]) -> _OpenCall | None:
-        item_id = _text(item.get("id"))
+        item_id = text_or_empty(item.get("id"))
         keys = _keys(index, item_id)
         if not keys or any(key in self._calls or key in self._handled for key in keys):
             raise _Undecodable
-        name = _text(item.get("name"))
+        name = text_or_empty(item.get("name"))
         if not name:
             # Nothing could run it and nothing could answer it by name: said, and its deltas ignored.
             self._handled.update(keys)
-            out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(_compact(item))[:200]))
+            out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(compact_json(item) or "")[:200]))
             return None
         # The call_id pairs the call with its output; a server that sends none still gets its call answered.
-        call_id = _text(item.get("call_id")) or item_id or f"call_{index}"
+        call_id = text_or_empty(item.get("call_id")) or item_id or f"call_{index}"
         call = _OpenCall(call_id, name)
         for key in keys:
             self._calls[key] = call
@@ -275,13 +266,19 @@ class ResponsesStreamMapper:
             del self._calls[key]
         self._handled.update(keys)
         arguments = item.get("arguments")
-        if isinstance(arguments, dict):
-            arguments = _compact(arguments)  # some servers send the arguments as an object
+        if isinstance(arguments, dict):  # some servers send the arguments as an object
+            arguments = compact_json(arguments)
+            if arguments is None:  # one with no strict JSON form: answered as unreadable, never run
+                out.append(
+                    unreadable_call(call.id, call.name, f"{Messages.BAD_TOOL_ARGUMENTS}: not representable as JSON")
+                )
+                self._call_ids.append(call.id)
+                return
         if not isinstance(arguments, str) or not arguments:
             arguments = call.final or "".join(call.fragments)
         if not call.fragments and arguments:
             out.append(ToolCallInputDelta(id=call.id, partial_json=arguments))
-        status = _text(item.get("status"))
+        status = text_or_empty(item.get("status"))
         if status in _UNFINISHED_STATUSES or (cut and streamed and status != "completed"):
             out.append(unreadable_call(call.id, call.name, Messages.UNFINISHED_CALL))
         else:
@@ -380,8 +377,13 @@ class ResponsesStreamMapper:
             )
             if text:
                 out.append(ThinkingDelta(text=text))
-        block = ProviderBlock(wire=RESPONSES_BLOCK_WIRE, kind=REASONING_KIND, data=_compact(item))
-        out.append(ProviderBlockComplete(block=block))
+        data = compact_json(item)
+        if data is None:  # it could not go back as it came (a float too large for JSON): said, not kept
+            out.append(notice(Messages.UNDECODABLE_EVENT, REASONING_KIND))
+            return
+        out.append(
+            ProviderBlockComplete(block=ProviderBlock(wire=RESPONSES_BLOCK_WIRE, kind=REASONING_KIND, data=data))
+        )
 
     # -- the end -----------------------------------------------------------------------------------
 
@@ -404,7 +406,7 @@ class ResponsesStreamMapper:
                 try:
                     self._complete_item(position if index is None else index, item, out, cut=incomplete)
                 except _Undecodable:  # one bad item costs that item, not the end of the response
-                    out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(_compact(item))[:200]))
+                    out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(compact_json(item) or "")[:200]))
         for call in {id(c): c for c in self._calls.values()}.values():  # still open, not in the output
             if incomplete:
                 out.append(unreadable_call(call.id, call.name, Messages.UNFINISHED_CALL))
@@ -414,12 +416,12 @@ class ResponsesStreamMapper:
         self._calls.clear()
         if incomplete:
             details = response.get("incomplete_details")
-            reason = _text(details.get("reason")) if isinstance(details, dict) else ""
+            reason = text_or_empty(details.get("reason")) if isinstance(details, dict) else ""
             stop = _INCOMPLETE_REASONS.get(reason, StopReason.OTHER)
         else:
             stop = StopReason.REFUSAL if self._refused else StopReason.END_TURN
         if self._keep_response_id and self._response_id:
-            marker = _compact({"id": self._response_id, "call_ids": self._call_ids})
+            marker = arguments_json({"id": self._response_id, "call_ids": self._call_ids})  # strings: always JSON
             out.append(
                 ProviderBlockComplete(block=ProviderBlock(wire=RESPONSES_BLOCK_WIRE, kind=RESPONSE_KIND, data=marker))
             )
@@ -427,7 +429,7 @@ class ResponsesStreamMapper:
         if isinstance(usage, dict):
             out.append(_usage(usage))
         elif usage is not None:
-            out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(_compact(usage))[:200]))
+            out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(compact_json(usage) or "")[:200]))
         out.append(MessageStop(stop_reason=effective_stop(stop, len(self._call_ids))))
         self._done = True
 
@@ -445,9 +447,9 @@ class ResponsesStreamMapper:
 
     def _error(self, error: Mapping[str, Any]) -> StreamError:
         self._done = True
-        kind = _text(error.get("type"))
+        kind = text_or_empty(error.get("type"))
         kind = "" if kind == "error" else kind
-        code, message = _text(error.get("code")), _text(error.get("message"))
+        code, message = text_or_empty(error.get("code")), text_or_empty(error.get("message"))
         label = f"{kind} {code}".lower()
         rate_limited = "rate_limit" in label or "insufficient_quota" in label
         if rate_limited:

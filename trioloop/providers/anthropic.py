@@ -43,6 +43,7 @@ from trioloop.providers.base import (
     WireResponse,
     decode_json_object,
     split_text,
+    text_or_empty,
 )
 from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryNotice, RetryPolicy
 from trioloop.providers.transport import (
@@ -86,10 +87,6 @@ _ERROR_TYPES: Final[Mapping[int, str]] = {
 }
 _WIRE_NAME: Final = ANTHROPIC_BLOCK_WIRE
 _MARKERS: Final = frozenset({CALLER_MARKER, CONTAINER_MARKER})  # facts of ours, never sent as content
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
 
 
 def _tool_use_input(value: Any) -> dict[str, Any]:
@@ -350,7 +347,7 @@ class AnthropicWire:
         payload = decode_json_object(body.decode("utf-8", errors="replace"))
         error = payload.get("error") if payload is not None else None
         if isinstance(error, dict):
-            message, kind = _text(error.get("message")), _text(error.get("type"))
+            message, kind = text_or_empty(error.get("message")), text_or_empty(error.get("type"))
             return ErrorBody(
                 detail=f"{kind}: {message}" if kind and message else (message or kind),
                 context_overflow="prompt is too long" in message.lower(),

@@ -34,15 +34,19 @@ __all__ = [
     "Transport",
     "WireFormat",
     "WireResponse",
+    "arguments_json",
+    "compact_json",
     "decode_json_object",
     "effective_stop",
     "finish_tool_call",
     "is_retriable",
     "loads_strict_json",
     "map_chunks",
+    "no_scrub",
     "non_negative_int",
     "notice",
     "split_text",
+    "text_or_empty",
     "unreadable_call",
 ]
 
@@ -232,6 +236,33 @@ def decode_json_object(data: str) -> Mapping[str, Any] | None:
     except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def text_or_empty(value: object) -> str:
+    """``value`` when it is a string, else "" (a field a hostile server filled with anything else)."""
+    return value if isinstance(value, str) else ""
+
+
+def no_scrub(text: str) -> str:
+    """The scrubber of a mapper nobody gave one: the text as it is."""
+    return text
+
+
+def compact_json(value: JsonValue) -> str | None:
+    """``value`` as strict compact JSON, or None when it has none (a float too large for JSON, a non-JSON type).
+
+    What goes back to a server verbatim (a kept block, a call's arguments) must read back exactly: a decoded
+    ``1e999`` is infinite, and its non-strict text (``Infinity``) would not.
+    """
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def arguments_json(value: JsonValue) -> str:
+    """A call's arguments as they go back in a request: strict compact JSON, ``{}`` when there is none."""
+    return compact_json(value) or "{}"
 
 
 def finish_tool_call(call_id: str, name: str, fragments: list[str], *, default: JsonValue = None) -> ToolCallComplete:

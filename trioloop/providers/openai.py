@@ -34,13 +34,14 @@ from trioloop.providers._openai_stream import (
     OPENAI_BLOCK_WIRE,
     REASONING_FIELDS,
     OpenAIStreamMapper,
-    arguments_text,
 )
 from trioloop.providers.base import (
     ErrorBody,
     WireResponse,
+    arguments_json,
     decode_json_object,
     split_text,
+    text_or_empty,
 )
 from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryNotice, RetryPolicy
 from trioloop.providers.transport import (
@@ -71,10 +72,6 @@ _WIRE_FINISH_REASONS: Final[Mapping[StopReason, str]] = {
 _WIRE_NAME: Final = OPENAI_BLOCK_WIRE
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
 _ERROR_KINDS: Final[Mapping[int, tuple[str, str]]] = {
     400: ("invalid_request_error", "invalid_request"),
     401: ("invalid_request_error", "invalid_api_key"),
@@ -92,7 +89,7 @@ def _messages_to_wire(message: Message, options: OpenAIRequestOptions) -> list[d
         wire: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
         if calls:
             wire["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments_text(c.input)}}
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments_json(c.input)}}
                 for c in calls
             ]
             # Reasoning goes back only beside tool calls: DeepSeek and Moonshot require it exactly there and
@@ -287,7 +284,7 @@ def render_openai_stream(response: WireResponse) -> bytes:
     for index, call in enumerate(response.tool_calls):
         first = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
         parts.append(chunk({"tool_calls": [first]}))
-        for piece in split_text(arguments_text(call.input), response.arguments_piece):
+        for piece in split_text(arguments_json(call.input), response.arguments_piece):
             parts.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
     parts.append(chunk({}, _WIRE_FINISH_REASONS[response.stop_reason]))
     usage = {
@@ -338,7 +335,11 @@ class OpenAIWire:
         payload = decode_json_object(body.decode("utf-8", errors="replace"))
         error = payload.get("error") if payload is not None else None
         if isinstance(error, dict):
-            message, code, kind = _text(error.get("message")), _text(error.get("code")), _text(error.get("type"))
+            message, code, kind = (
+                text_or_empty(error.get("message")),
+                text_or_empty(error.get("code")),
+                text_or_empty(error.get("type")),
+            )
             label = ": ".join(part for part in (code or kind, message) if part)
             return ErrorBody(detail=label, context_overflow=code == "context_length_exceeded")
         return ErrorBody(detail=body.decode("utf-8", errors="replace"))

@@ -24,7 +24,14 @@ from trioloop.providers._responses_request import (
     build_responses_body,
 )
 from trioloop.providers._responses_stream import ResponsesStreamMapper
-from trioloop.providers.base import ErrorBody, WireResponse, decode_json_object, split_text
+from trioloop.providers.base import (
+    ErrorBody,
+    WireResponse,
+    arguments_json,
+    decode_json_object,
+    split_text,
+    text_or_empty,
+)
 from trioloop.providers.retry import DEFAULT_RETRY_POLICY, RetryNotice, RetryPolicy
 from trioloop.providers.transport import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_READ_TIMEOUT, HttpChatProvider
 
@@ -46,21 +53,6 @@ _ERROR_KINDS: Final[Mapping[int, tuple[str, str]]] = {
     404: ("invalid_request_error", "model_not_found"),
     429: ("requests", "rate_limit_exceeded"),
 }
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _arguments(value: Any) -> str:
-    try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
-        return "{}"
 
 
 def _terminal(response: WireResponse) -> tuple[str, str | None]:
@@ -131,7 +123,7 @@ def render_responses_stream(response: WireResponse) -> bytes:
             "name": call.name,
         }
         emit("response.output_item.added", output_index=index, item=item)
-        arguments = _arguments(call.input)
+        arguments = arguments_json(call.input)
         for piece in split_text(arguments, response.arguments_piece):
             emit("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=piece)
         emit("response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=arguments)
@@ -158,7 +150,9 @@ def render_responses_stream(response: WireResponse) -> bytes:
 
 
 def _sse(events: list[dict[str, Any]]) -> bytes:
-    return "".join(f"event: {e['type']}\ndata: {_compact(e)}\n\n" for e in events).encode()
+    return "".join(
+        f"event: {e['type']}\ndata: {json.dumps(e, separators=(',', ':'), ensure_ascii=False)}\n\n" for e in events
+    ).encode()
 
 
 # -- the wire and the provider ----------------------------------------------------------------------------
@@ -199,7 +193,11 @@ class OpenAIResponsesWire:
         payload = decode_json_object(_error_text(body))
         error = payload.get("error") if payload is not None else None
         if isinstance(error, dict):
-            message, code, kind = _text(error.get("message")), _text(error.get("code")), _text(error.get("type"))
+            message, code, kind = (
+                text_or_empty(error.get("message")),
+                text_or_empty(error.get("code")),
+                text_or_empty(error.get("type")),
+            )
             label = ": ".join(part for part in (code or kind, message) if part)
             return ErrorBody(detail=label, context_overflow=code == "context_length_exceeded")
         return ErrorBody(detail=_error_text(body))

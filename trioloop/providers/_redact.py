@@ -27,6 +27,7 @@ from trioloop.protocol.events import (
     ToolCallStart,
 )
 from trioloop.protocol.messages import RedactedThinkingBlock, ThinkingBlock
+from trioloop.providers.base import compact_json
 
 __all__ = [
     "MASKED_LOGGERS",
@@ -189,7 +190,7 @@ class EventScrubber:
         clean = scrub_json(value, self.key)
         if clean == value:
             return event
-        data = json.dumps(clean, ensure_ascii=False, separators=(",", ":"))
+        data = compact_json(clean) or "{}"
         return ProviderBlockComplete(block=attrs.evolve(event.block, data=data))
 
     def flush(self) -> list[StreamEvent]:

@@ -17,7 +17,6 @@ import re
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Final, Self, cast, final
 
-import attrs
 import httpx
 import trio
 
@@ -166,7 +165,7 @@ def _failure(
     retry_after: float | None = None,
 ) -> AttemptOutcome:
     return AttemptOutcome(
-        failure=StreamError(code=code, message=message, provider_detail=detail),
+        failure=StreamError(code=code, message=message, provider_detail=detail, retry_after=retry_after),
         committed=committed,
         retry_after=retry_after,
     )
@@ -607,9 +606,6 @@ class HttpChatProvider:
                     provider_detail=type(exc).__name__,
                 )
             )
-        failure = outcome.failure
-        if failure is not None:
-            _log.debug("provider stream failed: %s", failure.code.value)
-            if outcome.retry_after is not None and failure.retry_after is None:
-                failure = attrs.evolve(failure, retry_after=outcome.retry_after)
-            await out.send(failure)
+        if outcome.failure is not None:
+            _log.debug("provider stream failed: %s", outcome.failure.code.value)
+            await out.send(outcome.failure)

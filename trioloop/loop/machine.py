@@ -293,10 +293,10 @@ def _call_identity(state: TurnState, server_id: str) -> tuple[str, bool]:
     Expected O(1): the first rename of ``server_id`` in an iteration is derived from it and the iteration
     alone (so a repeat finds it), any other from the call's position (so a flood never walks a chain).
     """
-    if server_id and not _taken(state, server_id):
+    position = state.calls.position(server_id) if server_id else None
+    if server_id and position is None and server_id not in state.base_call_ids:
         return server_id, False
     first = state.iteration_first_call
-    position = state.calls.position(server_id) if server_id else None
     duplicate = position is not None and position >= first
     salt = f"{state.turn_id}\0{state.iteration}"
     if not duplicate:

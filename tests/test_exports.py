@@ -186,6 +186,7 @@ LOW_LEVEL = [
     "Refusal",
     "Refused",
     "Retry",
+    "Revoke",
     "StartCall",
     "Submit",
     "TurnBudget",

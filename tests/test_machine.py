@@ -30,6 +30,7 @@ from trioloop.loop import (
     Phase,
     RegisteredTool,
     Retry,
+    Revoke,
     StartCall,
     Submit,
     ToolOutcome,
@@ -211,6 +212,7 @@ SAMPLES: dict[InputKind, TurnInput] = {
     InputKind.ADVANCE: Advance(now_ms=1),
     InputKind.RETRY: Retry(now_ms=1),
     InputKind.CANCEL: Cancel(),
+    InputKind.REVOKE: Revoke(call_id="c1", detail="the tool changed"),
     InputKind.UNDO_TURN: UndoTurn(),
 }
 
@@ -258,6 +260,8 @@ def _extra_transitions() -> list[tuple[TurnState, TurnInput]]:
         (two_pending, ApproveBatch(call_ids=("c1", "c2"))),  # awaiting -> executing
         (ran, Advance(now_ms=5)),  # executing -> requesting
         (ran, Advance(now_ms=10**9)),  # executing -> settled (deadline)
+        (two_pending, Revoke(call_id="c1")),  # awaiting -> awaiting (c2 still pending)
+        (start(call("c1")), Revoke(call_id="c1")),  # awaiting -> executing (nothing left to decide)
     ]
 
 
@@ -311,6 +315,8 @@ def _status_scenarios() -> list[list[TurnInput]]:
         [*twins, StartCall(call_id="c2", now_ms=1)],  # approved -> failed (denied_replay)
         [submit(), *iteration(call("r1", "read"), call("x1", "nope"), call("b1", target=""))],
         [submit(TurnLimits(max_tool_calls_per_iteration=1)), *iteration(call("c1"), call("c2"))],
+        [*approve_c1, Revoke(call_id="c2")],  # pending -> failed (its tool changed)
+        [*approve_c1, Revoke(call_id="c1")],  # approved -> failed (its tool changed)
     ]
 
 
@@ -333,6 +339,20 @@ def test_call_statuses_move_only_along_table_edges_and_every_edge_is_used() -> N
     tabled = {(old, new) for old, targets in CALL_STATUS_EDGES.items() for new in targets}
     assert created == INITIAL_CALL_STATUSES
     assert moved == tabled
+
+
+def test_a_revoked_call_fails_with_a_violation_and_never_runs() -> None:
+    state = run([ApproveCall(call_id="c1")], start(call("c1"), call("c2", target="db")))
+    state = reduce_turn(state, Revoke(call_id="c1", detail="digest abc != def"))
+    revoked = state.call("c1")
+    assert revoked is not None and revoked.status is CallStatus.FAILED and revoked.is_error
+    assert revoked.result is not None and "changed after this call was shown" in revoked.result
+    assert state.violations[-1].violation is Violation.DIGEST_MISMATCH
+    assert state.violations[-1].detail == "digest abc != def"
+    assert state.phase is Phase.AWAITING_APPROVAL  # c2 still awaits a decision
+    assert reduce_turn(state, StartCall(call_id="c1", now_ms=1)).call("c1") == revoked
+    # A call already decided and terminal is left alone.
+    assert reduce_turn(state, Revoke(call_id="c1")) is state
 
 
 def test_terminal_statuses_have_no_way_out_but_undo() -> None:

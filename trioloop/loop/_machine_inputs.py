@@ -44,6 +44,7 @@ __all__ = [
     "DenyCall",
     "InputKind",
     "Retry",
+    "Revoke",
     "StartCall",
     "Submit",
     "TurnCommand",
@@ -198,12 +199,33 @@ class Cancel:
 
 @final
 @attrs.frozen(kw_only=True)
+class Revoke:
+    """A call that has not run may no longer run: its tool changed after the card was shown (a resumed
+    session re-prepared it and got another digest). A pending or approved call fails with a text naming
+    why, and a ``digest_mismatch`` violation is recorded; ``detail`` says what differed, for the person."""
+
+    call_id: str = attrs.field(validator=_text)
+    detail: str = attrs.field(default="", validator=_text)
+
+
+@final
+@attrs.frozen(kw_only=True)
 class UndoTurn:
     """The turn's document changes were undone; its succeeded calls become undone."""
 
 
 TurnCommand: TypeAlias = (
-    Submit | ApproveCall | ApproveBatch | DenyCall | StartCall | CallSettled | Advance | Retry | Cancel | UndoTurn
+    Submit
+    | ApproveCall
+    | ApproveBatch
+    | DenyCall
+    | StartCall
+    | CallSettled
+    | Advance
+    | Retry
+    | Cancel
+    | Revoke
+    | UndoTurn
 )
 TurnInput: TypeAlias = StreamEvent | TurnCommand
 
@@ -234,6 +256,7 @@ class InputKind(enum.StrEnum):
     ADVANCE = "advance"
     RETRY = "retry"
     CANCEL = "cancel"
+    REVOKE = "revoke"
     UNDO_TURN = "undo_turn"
 
 
@@ -333,6 +356,7 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
             ),
         ),
         Cancel: (InputKind.CANCEL, lambda c: _is_str(c.reason) and c.reason in _CANCEL_REASONS),
+        Revoke: (InputKind.REVOKE, lambda c: _is_str(c.call_id) and _is_str(c.detail)),
         UndoTurn: (InputKind.UNDO_TURN, lambda c: True),
     }
 )

@@ -73,6 +73,7 @@ PHASE_TRANSITIONS: Final[Mapping[Phase, Mapping[InputKind, frozenset[Phase]]]] =
                 _K.APPROVE_CALL: frozenset({_P.AWAITING_APPROVAL, _P.EXECUTING}),
                 _K.APPROVE_BATCH: frozenset({_P.AWAITING_APPROVAL, _P.EXECUTING}),
                 _K.DENY_CALL: frozenset({_P.AWAITING_APPROVAL, _P.EXECUTING}),
+                _K.REVOKE: frozenset({_P.AWAITING_APPROVAL, _P.EXECUTING}),
             },
         ),
         _P.EXECUTING: _live(
@@ -81,6 +82,7 @@ PHASE_TRANSITIONS: Final[Mapping[Phase, Mapping[InputKind, frozenset[Phase]]]] =
                 _K.APPROVE_CALL: _stay(_P.EXECUTING),
                 _K.APPROVE_BATCH: _stay(_P.EXECUTING),
                 _K.DENY_CALL: _stay(_P.EXECUTING),
+                _K.REVOKE: _stay(_P.EXECUTING),
                 _K.ADVANCE: frozenset({_P.EXECUTING, _P.REQUESTING, _P.SETTLED}),
             },
         ),
@@ -100,7 +102,8 @@ CALL_STATUS_EDGES: Final[Mapping[CallStatus, frozenset[CallStatus]]] = MappingPr
     {
         # approved by the user; declined, or not run at settle. (A start is refused while any call of
         # the iteration is pending, so a pending call never fails a start.)
-        _S.PENDING: frozenset({_S.APPROVED, _S.DENIED}),
+        # (A revoked call -- its tool changed before it ran -- fails from pending or approved.)
+        _S.PENDING: frozenset({_S.APPROVED, _S.DENIED, _S.FAILED}),
         _S.APPROVED: frozenset({_S.RUNNING, _S.DENIED, _S.FAILED}),
         # settled by the runner; at a cancel its value is discarded and it is marked not run.
         _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.DENIED}),

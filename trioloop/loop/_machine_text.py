@@ -34,6 +34,7 @@ __all__ = [
     "invalid_input_text",
     "not_authorized_text",
     "retry_notice",
+    "revoked_text",
     "unknown_tool_text",
     "unreadable_input_notice",
     "unreadable_input_text",
@@ -132,6 +133,14 @@ INTERRUPTED_TEXT: Final = "Not run to completion: the turn ended while this call
 
 
 NOT_TEXT_RESULT: Final = "The tool returned a result that is not text, so the call failed and its result was discarded."
+
+
+def revoked_text(name: str) -> str:
+    """The result of a call whose tool changed between the review card and the run (a resumed session)."""
+    return (
+        f"Not run: the {echo(name)} tool changed after this call was shown for review, so the review no longer "
+        "matches what would run. Call it again if it is still needed."
+    )
 
 
 def not_authorized_text(violation: Violation) -> str:

@@ -30,6 +30,7 @@ from trioloop.loop._machine_inputs import (
     DenyCall,
     InputKind,
     Retry,
+    Revoke,
     StartCall,
     Submit,
     TurnCommand,
@@ -65,6 +66,7 @@ from trioloop.loop._machine_text import (
     invalid_input_text,
     not_authorized_text,
     retry_notice,
+    revoked_text,
     unknown_tool_text,
     unreadable_input_notice,
     unreadable_input_text,
@@ -112,6 +114,7 @@ __all__ = [
     "Outcome",
     "Phase",
     "Retry",
+    "Revoke",
     "StartCall",
     "Submit",
     "TurnCommand",
@@ -581,6 +584,17 @@ def _on_retry(state: TurnState, cmd: Retry) -> TurnState:
     return state.evolved(budget=budget, notice_log=state.notice_log.append(text))
 
 
+def _on_revoke(state: TurnState, cmd: Revoke) -> TurnState:
+    call = state.call(cmd.call_id)
+    if call is None or call.status not in (CallStatus.PENDING, CallStatus.APPROVED):
+        return state
+    failed = _moved(call, CallStatus.FAILED, result=revoked_text(call.tool_name), is_error=True)
+    state = _violate(_replace_call(state, failed), Violation.DIGEST_MISMATCH, cmd.call_id, cmd.detail or "tool changed")
+    if state.phase is Phase.AWAITING_APPROVAL and not _has_pending(state):
+        state = state.evolved(phase=Phase.EXECUTING)
+    return state
+
+
 def _on_undo_turn(state: TurnState, cmd: UndoTurn) -> TurnState:
     # Only calls whose commit changed the document are undone; a read, or an edit that changed nothing,
     # stays succeeded.
@@ -619,6 +633,7 @@ _HANDLERS: Final[Mapping[InputKind, _Handler]] = MappingProxyType(
         _K.ADVANCE: _on_advance,
         _K.RETRY: _on_retry,
         _K.CANCEL: _on_cancel,
+        _K.REVOKE: _on_revoke,
         _K.UNDO_TURN: _on_undo_turn,
     }
 )

@@ -1,0 +1,206 @@
+"""Where a session's journal lives: the small protocol the core calls out through, and a store in memory.
+
+The core never does storage I/O itself (DESIGN.md): `Session` hands numbered, already-encoded entries to a
+`JournalStore` and reads them back. A store knows nothing of what an entry means; it keeps, per session id,
+an ordered run of ``(seq, bytes)`` with three promises:
+
+- **Numbered appends.** `JournalLease.append` writes a batch atomically (all or nothing), and only when its
+  first ``seq`` is exactly one past the last stored one (1 for an empty journal) and the batch counts up by
+  one. Anything else raises `JournalConflict` and writes nothing: a stale writer (one that lost its lease, or
+  a second process that never had it) cannot fork a journal, and nothing already stored is lost.
+- **Durable when it returns.** Once ``append`` returns, the entries survive a crash of the process (and, for
+  the stores that promise it, of the machine): the session publishes a decision's effect only after that.
+- **One driver per session.** `JournalStore.acquire` grants a lease; while it is held no other lease on the
+  same session id is granted, in this process or another (`SessionLocked`, or a wait up to ``wait_s``). A
+  lease ends with `JournalLease.release` or with its process (a killed process never leaves a session locked
+  for longer than the store documents).
+
+Stores run their blocking calls in worker threads under a limiter of their own, never on the event loop.
+`MemoryJournalStore` keeps everything in the process: for tests, and for an app that wants the journal's
+audit trail without persistence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Protocol, final, runtime_checkable
+
+import attrs
+import trio
+
+__all__ = [
+    "JournalConflict",
+    "JournalLease",
+    "JournalStore",
+    "JournalStoreError",
+    "MemoryJournalStore",
+    "SessionLocked",
+    "StoredEntry",
+    "check_batch",
+]
+
+
+class JournalStoreError(Exception):
+    """A store could not do what was asked (I/O failed, the database went away); the message says why."""
+
+
+class JournalConflict(JournalStoreError):
+    """An append whose numbering does not continue the stored journal: nothing was written."""
+
+
+class SessionLocked(JournalStoreError):
+    """Another lease (in this process or another) drives this session; try again once it is released."""
+
+
+@final
+@attrs.frozen
+class StoredEntry:
+    """One journal entry as a store keeps it: its number (1, 2, ...) and its encoded bytes."""
+
+    seq: int
+    data: bytes
+
+
+def check_batch(last_seq: int, entries: Sequence[StoredEntry]) -> None:
+    """Refuse (`JournalConflict`) a batch that does not continue a journal whose last entry is ``last_seq``.
+
+    Every store calls this (inside its own transaction, against the last number it really holds), so all of
+    them refuse the same batches.
+    """
+    expected = last_seq + 1
+    for entry in entries:
+        if type(entry.seq) is not int or entry.seq != expected:
+            raise JournalConflict(
+                f"journal entry {entry.seq!r} does not follow entry {expected - 1}: another writer appended first"
+            )
+        if not isinstance(entry.data, bytes):
+            raise TypeError("a journal entry's data is bytes")
+        expected += 1
+
+
+@runtime_checkable
+class JournalLease(Protocol):
+    """The right to drive one session's journal, until `release` (or the end of ``async with``)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    async def entries(self, *, after: int = 0) -> Sequence[StoredEntry]:
+        """The stored entries with ``seq > after``, in order."""
+        ...
+
+    async def last_seq(self) -> int:
+        """The number of the last stored entry (0 when there is none)."""
+        ...
+
+    async def append(self, entries: Sequence[StoredEntry]) -> None:
+        """Store ``entries`` durably, all or nothing; `JournalConflict` if they do not continue the journal."""
+        ...
+
+    async def discard_before(self, seq: int) -> None:
+        """Drop the entries numbered below ``seq`` (compaction: the entry at ``seq`` is a snapshot)."""
+        ...
+
+    async def release(self) -> None: ...
+
+    async def __aenter__(self) -> JournalLease: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+@runtime_checkable
+class JournalStore(Protocol):
+    """Journals by session id; see the module docstring for what every store promises."""
+
+    async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> JournalLease:
+        """A lease on ``session_id`` (created empty if new); `SessionLocked` if another holds it past ``wait_s``."""
+        ...
+
+    async def session_ids(self) -> Sequence[str]:
+        """The ids of every session with a journal, sorted."""
+        ...
+
+
+class _MemoryLease:
+    def __init__(self, store: MemoryJournalStore, session_id: str) -> None:
+        self._store = store
+        self._session_id = session_id
+        self._released = False
+
+    @property
+    def session_id(self) -> str:
+        return self._session_id
+
+    def _journal(self) -> list[StoredEntry]:
+        if self._released:
+            raise JournalStoreError("this lease was released")
+        return self._store._journals[self._session_id]
+
+    async def entries(self, *, after: int = 0) -> Sequence[StoredEntry]:
+        await trio.lowlevel.checkpoint()
+        return tuple(e for e in self._journal() if e.seq > after)
+
+    async def last_seq(self) -> int:
+        await trio.lowlevel.checkpoint()
+        journal = self._journal()
+        return journal[-1].seq if journal else 0
+
+    async def append(self, entries: Sequence[StoredEntry]) -> None:
+        await trio.lowlevel.checkpoint()
+        journal = self._journal()
+        check_batch(journal[-1].seq if journal else 0, entries)
+        if self._store.fail_appends:
+            raise JournalStoreError("the memory store was told to fail appends")
+        journal.extend(entries)
+
+    async def discard_before(self, seq: int) -> None:
+        await trio.lowlevel.checkpoint()
+        journal = self._journal()
+        journal[:] = [e for e in journal if e.seq >= seq]
+
+    async def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._store._leased.discard(self._session_id)
+            self._store._freed.unpark_all()
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> _MemoryLease:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        with trio.CancelScope(shield=True):
+            await self.release()
+
+
+class MemoryJournalStore:
+    """Journals in this process's memory (lost with it): tests, and an audit trail without persistence.
+
+    ``fail_appends`` makes every append raise `JournalStoreError`, as a failing disk would.
+    """
+
+    def __init__(self) -> None:
+        self._journals: dict[str, list[StoredEntry]] = {}
+        self._leased: set[str] = set()
+        self._freed = trio.lowlevel.ParkingLot()
+        self.fail_appends = False
+
+    async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> JournalLease:
+        await trio.lowlevel.checkpoint()
+        with trio.move_on_after(wait_s):
+            while session_id in self._leased:
+                await self._freed.park()
+        if session_id in self._leased:  # checked and taken with no checkpoint in between
+            raise SessionLocked(f"session {session_id!r} is driven by another lease")
+        self._leased.add(session_id)
+        self._journals.setdefault(session_id, [])
+        return _MemoryLease(self, session_id)
+
+    async def session_ids(self) -> Sequence[str]:
+        await trio.lowlevel.checkpoint()
+        return sorted(k for k, v in self._journals.items() if v)

@@ -337,10 +337,11 @@ class CallTable(Sequence[CallRecord]):
                 old.denial_reason is DenialReason.LIMIT_EXCEEDED
             )
             records[position] = record
-        # Every record keeps its id and position, so the index is shared, not copied: ``append`` grows a
-        # shared index in place only for the newest table, and ``position`` ignores what lies past a
-        # table's own size (an older table that appends later sees a longer index and builds its own).
-        return self._grown(records, self._index, self._size, pending, refused)
+        # Every record keeps its id and position, but the index is copied with the list all the same: a
+        # shared index would grow in place from two different lists (this one's and the table it was
+        # replaced from, each the tip of its own line), and an entry one of them added could then be taken
+        # for the other's (found by tests/test_machine_scaling.py). The copy costs what the list's does.
+        return self._grown(records, dict(self._index), self._size, pending, refused)
 
     @property
     def pending_count(self) -> int:

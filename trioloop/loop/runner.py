@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
@@ -32,6 +32,8 @@ from trioloop.loop._sharp_deadline import LEAD_S as SHARPEN_LEAD_S
 from trioloop.loop._sharp_deadline import DeadlineSharpener
 from trioloop.loop._stream_fold import fold_text_deltas
 from trioloop.loop.document import DocumentKind
+from trioloop.loop.journal import JournalWriter, recovery_inputs
+from trioloop.loop.journal_store import StoredEntry
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, Bound, TurnLimits, timing_exhaustion
 from trioloop.loop.machine import (
     NO_STATE_CHANGE,
@@ -59,7 +61,7 @@ from trioloop.protocol.provider import ChatProvider
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import is_retriable
 
-__all__ = ["TOOL_CANCEL_GRACE_S", "TurnControls", "TurnRequest", "Workspace", "run_turn"]
+__all__ = ["TOOL_CANCEL_GRACE_S", "ResumePoint", "TurnControls", "TurnJournal", "TurnRequest", "Workspace", "run_turn"]
 
 #: How long a cancelled tool may take to unwind before the turn abandons it (its value discarded).
 TOOL_CANCEL_GRACE_S = 2.0
@@ -116,6 +118,44 @@ class _StreamBatch:
 _InboxItem: TypeAlias = TurnInput | _StreamItem | _StreamBatch | _RequestEnded
 
 
+class TurnJournal:
+    """Where a journaled turn writes: the entries `JournalWriter` makes, appended through ``append``.
+
+    The runner appends what is ready before any effect of it is visible outside the process: before a
+    call starts, before a request opens, before a state is published. An append that fails stops the turn
+    (nothing runs that could not be recorded); ``error`` keeps the failure, and later entries are dropped.
+    """
+
+    def __init__(self, writer: JournalWriter, append: Callable[[Sequence[StoredEntry]], Awaitable[None]]) -> None:
+        self.writer = writer
+        self._append = append
+        self.error: Exception | None = None
+
+    async def flush(self) -> bool:
+        """Append what is ready (shielded: a half-known append is worse than a late Stop); False on failure."""
+        entries = self.writer.take()
+        if not entries or self.error is not None:
+            return self.error is None
+        try:
+            with trio.CancelScope(shield=True):
+                await self._append(entries)
+        except Exception as exc:
+            self.error = exc
+            return False
+        return True
+
+
+@attrs.frozen(kw_only=True)
+class ResumePoint:
+    """A live turn taken up again from its journal: its state, the machine time it had spent, and how long
+    its review had waited (when it was suspended in review)."""
+
+    state: TurnState
+    machine_ms: int = 0
+    review_waited_ms: int = 0
+    card_digests: Mapping[str, str] = attrs.field(factory=dict)
+
+
 class TurnControls:
     """The user's handle on a live turn. Every method is synchronous and becomes one reducer input.
 
@@ -130,7 +170,10 @@ class TurnControls:
         self._scope: trio.CancelScope | None = None
         self._tool_scopes: set[trio.CancelScope] = set()
         self._stop_requested = False
+        self._suspend_requested = False
         self._closed = False
+        #: Set when the turn ended suspended in review: the machine time it had spent, the review's wait.
+        self.suspended_at: tuple[int, int] | None = None
 
     def _put(self, item: _InboxItem) -> bool:
         if self._closed:
@@ -160,6 +203,16 @@ class TurnControls:
         self._stop_requested = True
         # Tools' own scopes first, so a running tool sees ``ctx.cancelled`` on its own scope.
         self._cancel_tools()
+        if self._scope is not None:
+            self._scope.cancel()
+        return True
+
+    def suspend(self) -> bool:
+        """End the turn's tasks without settling it, if it is waiting for the review (else it is a Stop):
+        the consumer takes the decisions already queued, then, still in review, ends the turn suspended."""
+        if self._closed:
+            return False
+        self._suspend_requested = True
         if self._scope is not None:
             self._scope.cancel()
         return True
@@ -291,8 +344,12 @@ class _Turn(Generic[D]):
         on_state: StateObserver | None,
         tool_nursery: trio.Nursery,
         started_at: float,
+        journal: TurnJournal | None = None,
     ) -> None:
         self.request = request
+        self.journal = journal
+        self.unpublished = False  # a state not yet published because its journal entries are not durable
+        self.suspended = False
         self.workspace = workspace
         self.tool_nursery = tool_nursery
         self.provider = provider
@@ -321,10 +378,31 @@ class _Turn(Generic[D]):
         new = reduce_turn(self.state, item)
         if new is not self.state:
             old, self.state = self.state, new
+            journal = self.journal
+            if journal is not None:
+                journal.writer.note(item, old, new, self.workspace.document)
             if (old.phase is Phase.AWAITING_APPROVAL) is not (new.phase is Phase.AWAITING_APPROVAL):
                 self.pause_deadline_for_review(new.phase is Phase.AWAITING_APPROVAL)
             if self.on_state is not None:
-                self.on_state(new)
+                if journal is not None and journal.writer.has_ready:
+                    self.unpublished = True  # published by `sync`, once its entries are durable
+                else:
+                    self.on_state(new)
+
+    async def sync(self) -> None:
+        """Make the journal entries made so far durable, then publish the state they held back.
+
+        Does nothing (and no checkpoint) without a journal or with nothing to write. A failed append
+        stops the turn: nothing that could not be recorded may run."""
+        journal = self.journal
+        if journal is None:
+            return
+        if journal.writer.has_ready and not await journal.flush():
+            self.controls.stop()
+        if self.unpublished:
+            self.unpublished = False
+            if self.on_state is not None:
+                self.on_state(self.state)
 
     # -- the reviewer's time ---------------------------------------------------------------------
 
@@ -373,7 +451,9 @@ class _Turn(Generic[D]):
     async def consume(self) -> None:
         receive = self.controls._receive
         while not self.state.is_settled:
-            self.perform_effects()
+            if self.journal is not None:
+                await self.sync()
+            await self.perform_effects()
             if self.state.is_settled:
                 break
             try:
@@ -389,6 +469,8 @@ class _Turn(Generic[D]):
             except trio.Cancelled:
                 if self.approaching():
                     raise  # the deadline draws near (only the approach scope is cancelled): _drive goes on
+                if self.controls._suspend_requested and not self.controls._stop_requested and self.try_suspend():
+                    raise  # suspended in review: nothing settles; _drive ends the turn's tasks
                 # Stop, the deadline or a scope outside: settle now, before the request task is
                 # cancelled (``_drive`` does that next) and unwinds (an HTTP response being closed):
                 # nothing it does can reach the workspace, so the settled state need not wait for it.
@@ -396,6 +478,27 @@ class _Turn(Generic[D]):
                 await self.settle()
                 raise
             self.handle(item)
+
+    def try_suspend(self) -> bool:
+        """Suspend the turn if it is (still) in review once the decisions already queued are taken."""
+        while self.state.phase is Phase.AWAITING_APPROVAL:
+            try:
+                item = self.controls._receive.receive_nowait()
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
+                break
+            if isinstance(item, ApproveCall | ApproveBatch | DenyCall):
+                self.apply(item)
+        if self.state.phase is not Phase.AWAITING_APPROVAL:
+            self.controls.stop()  # decided meanwhile: suspending is Stop in any other phase
+            return False
+        self.suspended = True
+        self.controls._closed = True
+        waited = 0.0 if self.review_since is None else trio.current_time() - self.review_since
+        machine = max(self.machine_now_ms() - self.state.budget.started_at_ms, 0)
+        self.controls.suspended_at = (machine, _ms(waited))
+        if self.journal is not None:
+            self.journal.writer.add("suspend", {"machine_ms": machine, "review_waited_ms": _ms(waited)})
+        return True
 
     def approaching(self) -> bool:
         """Whether the approach scope is cancelled and nothing else that concerns the turn is (yet)."""
@@ -469,15 +572,19 @@ class _Turn(Generic[D]):
 
     # -- effects ---------------------------------------------------------------------------------
 
-    def perform_effects(self) -> None:
+    async def perform_effects(self) -> None:
         # Loop because starting calls or advancing yields a new state that may ask for more.
         while True:
             state = self.state
             if state.phase is Phase.REQUESTING and not self.request_open:
+                if self.journal is not None:
+                    await self.sync()  # the request carries the conversation: what led to it is durable first
+                    if self.controls.turn_cancelled:
+                        return
                 self.open_request(backoff_s=0.0)
             elif state.phase is Phase.EXECUTING:
                 current = state.current_calls
-                self.start_approved_calls(current)
+                await self.start_approved_calls(current)
                 if self.state is not state:
                     continue
                 if all(c.status.is_terminal for c in current):
@@ -523,7 +630,7 @@ class _Turn(Generic[D]):
             )
         inbox.send_nowait(_RequestEnded(attempt, sink.terminal_sent))
 
-    def start_approved_calls(self, current: Sequence[CallRecord]) -> None:
+    async def start_approved_calls(self, current: Sequence[CallRecord]) -> None:
         """Start the approved calls of ``current`` (the iteration's calls in the state as it is now)."""
         # Reads run concurrently; mutations run one at a time, each from the document as the previous
         # one left it, so two approved edits never race into a document_changed refusal.
@@ -541,6 +648,8 @@ class _Turn(Generic[D]):
             started = self.state.call(call.id)
             if started is None or started.status is not CallStatus.RUNNING or started.prepared is None:
                 continue  # the reducer refused it (recorded as a violation, call made terminal)
+            if self.journal is not None:
+                await self.sync()  # the start is durable before the tool runs: a crash never runs it twice
             tool = self.state.tool_set.get(started.tool_name)
             if tool is None:  # unreachable: the reducer checked the frozen tool set
                 continue
@@ -679,6 +788,7 @@ class _Turn(Generic[D]):
         if not self.state.is_settled:
             self.drain_settlements()
             self.apply(Cancel(reason=reason))
+        await self.sync()
 
     async def await_tools(self) -> None:
         """Cancel every tool still running and wait for them to unwind, for at most the grace period.
@@ -711,6 +821,8 @@ async def run_turn(
     tool_nursery: trio.Nursery | None = None,
     controls: TurnControls | None = None,
     on_state: StateObserver | None = None,
+    journal: TurnJournal | None = None,
+    resume: ResumePoint | None = None,
 ) -> TurnState:
     """Drive one turn to a settled state. Expected outcomes (stop, deadline, provider or tool failure)
     are states, never exceptions; only a cancellation from outside the turn propagates.
@@ -719,14 +831,39 @@ async def run_turn(
     passes its own): a tool that ignores cancellation is then abandoned after the grace, its value
     discarded, and the nursery cancels and awaits it when it closes. Without one, the turn opens its own,
     and returning waits until every tool task has really ended.
+
+    With a ``journal``, every input that must survive is appended before its effect is visible outside the
+    process. ``resume`` takes up a live turn from its journal instead of submitting ``request.text``: it
+    comes back in its phase, with the machine time it had spent; a call that was running is settled failed
+    (never run again), a call whose tool changed is revoked, a request in flight is asked again. A turn
+    suspended in review (`TurnControls.suspend`) returns its live state, not settled.
     """
     started_at = trio.current_time()  # the turn's clock (and its deadline) runs from the call
+    if resume is not None:
+        started_at -= resume.machine_ms / 1000
     if tool_nursery is not None:
-        return await _drive(request, workspace, provider, tool_nursery, controls, on_state, started_at)
+        return await _drive(request, workspace, provider, tool_nursery, controls, on_state, started_at, journal, resume)
     async with trio.open_nursery() as own:
-        state = await _drive(request, workspace, provider, own, controls, on_state, started_at)
+        state = await _drive(request, workspace, provider, own, controls, on_state, started_at, journal, resume)
         own.cancel_scope.cancel()  # the turn is settled: anything still running is not wanted
     return state
+
+
+def _take_up(turn: _Turn[Any], resume: ResumePoint, now_ms: int) -> None:
+    """Put a journaled live turn back in place: its state, its review clock, then the recovery inputs."""
+    state = resume.state
+    turn.state = state
+    if state.phase is Phase.AWAITING_APPROVAL:
+        turn.pause_deadline_for_review(True)
+        assert turn.review_since is not None
+        turn.review_since -= resume.review_waited_ms / 1000
+        timeout_ms = state.limits.review_timeout_ms
+        if timeout_ms is not None:
+            turn.set_deadline(turn.review_since + timeout_ms / 1000)
+    if turn.on_state is not None:
+        turn.on_state(state)
+    for item in recovery_inputs(state, resume.card_digests, now_ms=now_ms):
+        turn.apply(item)
 
 
 async def _drive(
@@ -737,20 +874,26 @@ async def _drive(
     controls: TurnControls | None,
     on_state: StateObserver | None,
     started_at: float,
+    journal: TurnJournal | None = None,
+    resume: ResumePoint | None = None,
 ) -> TurnState:
     controls = controls or TurnControls()
-    turn = _Turn(request, workspace, provider, controls, on_state, tool_nursery, started_at)
-    now_ms = int(started_at * 1000)
-    turn.apply(
-        Submit(
-            turn_id=request.turn_id,
-            text=request.text,
-            base_messages=request.base_messages,
-            tool_set=request.registry,
-            limits=request.limits,
-            now_ms=now_ms,
+    turn = _Turn(request, workspace, provider, controls, on_state, tool_nursery, started_at, journal)
+    if resume is None:
+        turn.apply(
+            Submit(
+                turn_id=request.turn_id,
+                text=request.text,
+                base_messages=request.base_messages,
+                tool_set=request.registry,
+                limits=request.limits,
+                now_ms=int(started_at * 1000),
+            )
         )
-    )
+    else:
+        # ``started_at`` is now minus the machine time already spent: the deadline continues where it stood.
+        turn.deadline = started_at + resume.state.limits.turn_deadline_ms / 1000
+        turn.sharpener.move(turn.deadline)
     try:
         # The request tasks' nursery holds the turn's scope, not the other way round: Stop and the deadline
         # cancel the turn's scope, the consumer settles, and only then are the requests cancelled (below).
@@ -761,13 +904,16 @@ async def _drive(
             try:
                 with trio.CancelScope(deadline=turn.deadline) as turn_scope:
                     controls._scope = turn_scope
+                    if resume is not None:
+                        _take_up(turn, resume, _now_ms())
                     if controls.stop_requested:
                         turn_scope.cancel()
                     with trio.CancelScope(deadline=turn.deadline - SHARPEN_LEAD_S) as approach:
                         turn.approach = approach
+                        approach.deadline = turn_scope.deadline - SHARPEN_LEAD_S  # a resumed review moved it
                         await turn.consume()
                     turn.approach = None
-                    if not turn.state.is_settled:
+                    if not turn.state.is_settled and not turn.suspended:
                         # The deadline is near (and only then, so a turn that ends sooner spawns nothing):
                         # Trio's timer rounds up to the millisecond, the sharpener makes it fire on time.
                         requests.start_soon(turn.sharpener.run, name="trioloop deadline sharpener")
@@ -779,8 +925,11 @@ async def _drive(
                     requests.cancel_scope.cancel()
     finally:
         # Runs on Stop, on the deadline, and even when a scope outside the turn cancels us: the turn
-        # always ends settled. The one await is shielded and bounded by the tool grace.
-        await turn.settle()
+        # always ends settled (unless suspended in review). The one await is shielded and bounded.
+        if turn.suspended:
+            await turn.sync()
+        else:
+            await turn.settle()
         controls._scope = None
         controls._send.close()
     return turn.state

@@ -14,6 +14,7 @@ a slow observer can never hold the turn back.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -26,9 +27,11 @@ from typing import Any, Generic, Protocol, TypeVar
 import trio
 
 from trioloop.loop.document import DocumentKind, TextDocumentKind
+from trioloop.loop.journal import GENESIS, JournalWriter, decode_entries, replay_journal
+from trioloop.loop.journal_store import JournalLease, JournalStore
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
-from trioloop.loop.machine import TurnState, UndoTurn, reduce_turn
-from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.loop.machine import Phase, TurnState, UndoTurn, reduce_turn
+from trioloop.loop.runner import ResumePoint, TurnControls, TurnJournal, TurnRequest, Workspace, run_turn
 from trioloop.loop.session_file import (
     MAX_SESSION_BYTES,
     SessionFileError,
@@ -43,7 +46,15 @@ from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.provider import ChatProvider, HoldsConnections
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
 
-__all__ = ["Session", "SessionBusy", "SessionClosed", "Toolset", "TranscriptError", "default_system_prompt"]
+__all__ = [
+    "Session",
+    "SessionBusy",
+    "SessionClosed",
+    "SessionJournalError",
+    "Toolset",
+    "TranscriptError",
+    "default_system_prompt",
+]
 
 D = TypeVar("D")
 _TRANSCRIPT_VERSION = 1
@@ -66,6 +77,18 @@ class SessionBusy(RuntimeError):
 
 class SessionClosed(RuntimeError):
     """The session has no nursery: use ``async with session:`` (or pass ``nursery=``) before ``send``."""
+
+
+class SessionJournalError(RuntimeError):
+    """The session's journal could not be written. The turn was stopped at once (nothing runs that could not
+    be recorded) and the session refuses new turns; reopening its journal resumes from what was recorded."""
+
+
+def _default_actor() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment: decisions are journaled without one
+        return ""
 
 
 class TranscriptError(ValueError):
@@ -119,6 +142,14 @@ class Session(Generic[D]):
         self._last_turn_id: str | None = None  # the turn `undo_last_turn` undoes
         self._turns_started = 0
         self._changed = trio.lowlevel.ParkingLot()  # `states()` readers park here until the next state
+        self._lease: JournalLease | None = None  # the journal this session writes, when opened from a store
+        self._journal: TurnJournal | None = None
+        self._compact = False
+        self._resume: ResumePoint | None = None  # a live turn suspended in review (or cut by a crash)
+        self._turn_ended = trio.Event()
+        self._turn_ended.set()
+        #: Who the person deciding is, as the journal records each decision (the OS user by default).
+        self.actor = _default_actor()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -156,6 +187,21 @@ class Session(Generic[D]):
             self._nursery = None
             if held is not None:
                 await held.__aexit__(None, None, None)
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Write what the journal still holds and release its lease (another process may then open it).
+        Leaving ``async with session:`` does this; a session opened from a store but never entered must call it."""
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        journal = self._journal
+        with trio.CancelScope(shield=True):
+            try:
+                if journal is not None and journal.error is None:
+                    await self._flush()  # a failure already reported is not raised again here
+            finally:
+                await lease.release()
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -206,6 +252,12 @@ class Session(Generic[D]):
     def busy(self) -> bool:
         return self._controls is not None
 
+    @property
+    def suspended(self) -> bool:
+        """Whether a turn waits to be taken up again with `continue_turn` (suspended in review, or
+        reopened from a journal a crash cut short)."""
+        return self._resume is not None
+
     async def states(self) -> AsyncIterator[TurnState]:
         """Yield the latest state each time it changes, forever. A slow reader skips states, never
         lags: it always gets the newest one when it asks again."""
@@ -225,14 +277,35 @@ class Session(Generic[D]):
     # -- turns -----------------------------------------------------------------------------------
 
     async def send(self, text: str) -> TurnState:
-        """Run one turn for ``text`` and return its settled state."""
+        """Run one turn for ``text`` and return its state: settled, or live if it was suspended in review."""
         if self._controls is not None:
             raise SessionBusy("A turn is already running in this session; wait for it or stop it first.")
+        if self._resume is not None:
+            raise SessionBusy("A turn suspended in review is waiting: take it up with continue_turn() first.")
+        self._turns_started += 1
+        return await self._run(text, f"turn-{self._turns_started}", None)
+
+    async def continue_turn(self) -> TurnState:
+        """Take up the suspended turn (see `suspended`) where it stood and run it on: the same cards, with the
+        decisions already made, the remaining turn deadline and review timeout. After a crash, a call that
+        was running is settled failed and never run again, a call whose tool changed since its card was
+        shown is refused, and a request that was in flight is asked again as a retry."""
+        if self._controls is not None:
+            raise SessionBusy("A turn is already running in this session.")
+        resume = self._resume
+        if resume is None:
+            raise SessionBusy("No suspended turn: there is nothing to continue.")
+        self._resume = None
+        if self._journal is not None:
+            self._journal.writer.add("resume", {"by": self.actor, "turn_id": resume.state.turn_id})
+        return await self._run("", resume.state.turn_id, resume)
+
+    async def _run(self, text: str, turn_id: str, resume: ResumePoint | None) -> TurnState:
+        self._check_journal()
         nursery = self.nursery
         controls = TurnControls()
         self._controls = controls
-        self._turns_started += 1
-        turn_id = f"turn-{self._turns_started}"
+        self._turn_ended = trio.Event()
         request = TurnRequest(
             text=text,
             turn_id=turn_id,
@@ -243,9 +316,19 @@ class Session(Generic[D]):
             limits=self.limits,
             max_output_tokens=self.max_output_tokens,
         )
+        journal = self._journal
+        if journal is not None:
+            journal.writer.actor = self.actor
         try:
             state = await run_turn(
-                request, self._workspace, self.provider, tool_nursery=nursery, controls=controls, on_state=self._publish
+                request,
+                self._workspace,
+                self.provider,
+                tool_nursery=nursery,
+                controls=controls,
+                on_state=self._publish,
+                journal=journal,
+                resume=resume,
             )
         finally:
             self._controls = None
@@ -253,8 +336,50 @@ class Session(Generic[D]):
             if final is not None and final.is_settled:
                 self._history = final.messages
                 self._last_turn_id = turn_id
+            elif final is not None and controls.suspended_at is not None:
+                machine_ms, review_ms = controls.suspended_at
+                digests = {} if resume is None else resume.card_digests
+                self._resume = ResumePoint(
+                    state=final, machine_ms=machine_ms, review_waited_ms=review_ms, card_digests=digests
+                )
+            self._turn_ended.set()
         self._publish(state)
+        if journal is not None:
+            if state.is_settled:
+                journal.writer.snapshot(self.snapshot())  # compaction: reopening replays from here
+            await self._flush()
         return state
+
+    async def suspend(self) -> TurnState | None:
+        """Make the current turn durable and end its tasks, so a later process can take it up (`Session.open`
+        on the same journal, then `continue_turn`). In review, the turn is suspended as it stands, with the
+        decisions already made; in any other phase it is stopped first (settled cancelled, committed work
+        kept). Returns the turn's state (None before any turn)."""
+        controls = self._controls
+        if controls is not None:
+            if self._state is not None and self._state.phase is Phase.AWAITING_APPROVAL:
+                controls.suspend()
+            else:
+                controls.stop()
+            await self._turn_ended.wait()
+        await self._flush()
+        return self._state
+
+    def _check_journal(self) -> None:
+        journal = self._journal
+        if journal is not None and journal.error is not None:
+            raise SessionJournalError(
+                f"the session journal could not be written ({type(journal.error).__name__}: {journal.error}); "
+                "reopen the session from its store"
+            ) from journal.error
+
+    async def _flush(self) -> None:
+        """Append what the journal holds; `SessionJournalError` if the store failed (now or earlier)."""
+        journal = self._journal
+        if journal is None:
+            return
+        await journal.flush()
+        self._check_journal()
 
     def approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> bool:
         return self._controls is not None and self._controls.approve(call_id, edited_input)
@@ -283,9 +408,18 @@ class Session(Generic[D]):
         if undone is None:
             return False
         self._workspace.document, self._workspace.undo = undone
+        if self._journal is not None:
+            self._journal.writer.add("undo", {"turn_id": turn_id, "by": self.actor})
         if self._state is not None:
             self._publish(reduce_turn(self._state, UndoTurn()))
         return True
+
+    async def undo(self) -> bool:
+        """`undo_last_turn`, made durable before it returns (with a journal; `undo_last_turn` alone leaves
+        the journal entry to the next write)."""
+        undone = self.undo_last_turn()
+        await self._flush()
+        return undone
 
     # -- session files ---------------------------------------------------------------------------
 
@@ -308,8 +442,11 @@ class Session(Generic[D]):
         included. Needs a kind with a text form (`TextDocumentKind`); refused while a turn runs."""
         from trioloop.files import write_atomic
 
-        if self._controls is not None:
-            raise SessionBusy("A session cannot be saved while a turn is running; save it once the turn settles.")
+        if self._controls is not None or self._resume is not None:
+            raise SessionBusy(
+                "A session cannot be saved while a turn is running or suspended; save it once the turn settles "
+                "(a journal, Session.open, keeps a suspended turn)."
+            )
         kind = self.kind
         if not isinstance(kind, TextDocumentKind):
             raise TypeError(f"the {kind.name} kind has no text form (dump/load), so this session cannot be saved")
@@ -365,6 +502,108 @@ class Session(Generic[D]):
         session._turns_started = max([snapshot.turn_count, *numbered])
         session._last_turn_id = snapshot.last_turn_id
         return session
+
+    # -- journals --------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        store: JournalStore,
+        session_id: str,
+        *,
+        kind: TextDocumentKind[D],
+        provider: ChatProvider,
+        document: D | None = None,
+        model: str | None = None,
+        tools: ToolRegistry[D] | Iterable[RegisteredTool[D]] = (),
+        limits: TurnLimits = DEFAULT_TURN_LIMITS,
+        system_prompt: str | None = None,
+        max_output_tokens: int = 4096,
+        nursery: trio.Nursery | None = None,
+        wait_s: float = 0.0,
+        compact: bool = False,
+    ) -> Session[D]:
+        """A session whose every turn is journaled in ``store`` under ``session_id``, taking its lease.
+
+        A new id starts from ``document`` and ``model``. An existing journal is verified (numbering and hash
+        chain) and replayed: the conversation, document, undo history and, if a turn was suspended in review
+        or cut short by a crash, that turn (`suspended`, `state`; take it up with `continue_turn`). The
+        ``tools`` must be the ones the journaled turn offered: each call is prepared again from its tool, and
+        one whose digest changed is refused, never run. ``compact`` drops the entries before each new
+        snapshot (the audit trail then starts there). Raises `SessionLocked` while another lease drives the
+        session (after waiting up to ``wait_s``), `JournalError` for a journal that does not verify.
+        """
+        registry = tools if isinstance(tools, ToolRegistry) else create_tool_registry(tools)
+        lease = await store.acquire(session_id, wait_s=wait_s)
+        try:
+            stored = await lease.entries()
+            if not stored:
+                if document is None or model is None:
+                    raise ValueError(f"session {session_id!r} is new: pass document= and model= to start it")
+                session = cls(
+                    document=document,
+                    kind=kind,
+                    provider=provider,
+                    model=model,
+                    tools=registry,
+                    limits=limits,
+                    system_prompt=system_prompt,
+                    max_output_tokens=max_output_tokens,
+                    nursery=nursery,
+                )
+                session._attach(lease, JournalWriter(last_seq=0, last_hash=GENESIS, dump_document=kind.dump), compact)
+                session._journal.writer.snapshot(session.snapshot())  # type: ignore[union-attr]
+                await session._flush()
+                return session
+            replayed = replay_journal(decode_entries(stored), load_document=kind.load, registry=registry)
+            chosen = model if model is not None else replayed.model
+            if chosen is None:
+                raise ValueError("the journal names no model: pass model=")
+            session = cls(
+                document=replayed.document,
+                kind=kind,
+                provider=provider,
+                model=chosen,
+                tools=registry,
+                limits=limits,
+                system_prompt=system_prompt,
+                history=replayed.messages,
+                max_output_tokens=max_output_tokens,
+                nursery=nursery,
+            )
+            session._workspace.undo = replayed.undo
+            session._turns_started = replayed.turn_count
+            session._last_turn_id = replayed.last_turn_id
+            session._state = replayed.state
+            live = replayed.live
+            if live is not None:
+                machine_ms = replayed.suspended_machine_ms
+                session._resume = ResumePoint(
+                    state=live,
+                    machine_ms=replayed.advanced_machine_ms if machine_ms is None else machine_ms,
+                    review_waited_ms=replayed.suspended_review_ms or 0,
+                    card_digests=replayed.card_digests,
+                )
+            writer = JournalWriter(last_seq=replayed.last_seq, last_hash=replayed.last_hash, dump_document=kind.dump)
+            session._attach(lease, writer, compact)
+            return session
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await lease.release()
+            raise
+
+    def _attach(self, lease: JournalLease, writer: JournalWriter, compact: bool) -> None:
+        self._lease = lease
+        self._compact = compact
+
+        async def append(entries: Sequence[Any]) -> None:
+            await lease.append(entries)
+            if self._compact:
+                snapshots = [e.seq for e in entries if e.data.startswith(b'{"seq":%d,"kind":"snapshot"' % e.seq)]
+                if snapshots:
+                    await lease.discard_before(snapshots[-1])
+
+        self._journal = TurnJournal(writer, append)
 
     # -- transcripts -----------------------------------------------------------------------------
 

@@ -1,0 +1,300 @@
+"""Durable sessions: suspend in review and resume elsewhere, replay equals live, crash recovery at most once,
+tools that changed, a failing store, leases, and a tampered journal refused."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import aclosing
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from trioloop import (
+    CallStatus,
+    Outcome,
+    Phase,
+    ScriptedProvider,
+    Session,
+    ToolExecutionContext,
+    ToolOutcome,
+    define_document_kind,
+    function_tool,
+)
+from trioloop.loop.authorization import Violation
+from trioloop.loop.journal import INTERRUPTED_CALL_TEXT, JournalError, decode_entries
+from trioloop.loop.journal_store import MemoryJournalStore, SessionLocked, StoredEntry
+from trioloop.loop.session import SessionJournalError
+from trioloop.providers.scripted import ScriptedCall, ScriptStep
+
+NOTE = define_document_kind("note", dump=lambda text: text, load=lambda text: text)
+RUNS: list[str] = []
+
+
+@function_tool
+async def append_line(ctx: ToolExecutionContext[str], line: str) -> ToolOutcome[str]:
+    """Append one line to the note."""
+    RUNS.append(line)
+    return ToolOutcome.success(f"appended {line}", document=ctx.document + line + "\n")
+
+
+@function_tool(effect="read")
+def read_note(ctx: ToolExecutionContext[str]) -> ToolOutcome[str]:
+    """Read the note."""
+    return ToolOutcome.success(ctx.document)
+
+
+@function_tool
+async def append_loud(ctx: ToolExecutionContext[str], line: str, loud: bool = True) -> ToolOutcome[str]:
+    """Append one line to the note (a changed tool under the same name)."""
+    RUNS.append(line.upper())
+    return ToolOutcome.success("appended", document=ctx.document + line.upper() + "\n")
+
+
+TOOLS = [append_line, read_note]
+
+
+def calls(*pairs: tuple[str, str]) -> ScriptStep:
+    return ScriptStep(
+        tool_calls=tuple(ScriptedCall(id=cid, name="append_line", input={"line": line}) for cid, line in pairs)
+    )
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runs() -> None:
+    RUNS.clear()
+
+
+async def wait_for_review(session: Session[str]) -> None:
+    """Until the running turn waits for the review."""
+    async with aclosing(session.states()) as states:
+        async for state in states:
+            if session.busy and state.phase is Phase.AWAITING_APPROVAL:
+                return
+
+
+async def open_note(store: MemoryJournalStore, provider: ScriptedProvider, **kw: Any) -> Session[str]:
+    return await Session.open(store, "s1", kind=NOTE, provider=provider, document="", model="m", tools=TOOLS, **kw)
+
+
+def comparable(state: Any) -> Any:
+    """A state's fields, the draft (a view of how text was chunked) aside."""
+    return attrs.evolve(state, draft=None)
+
+
+async def test_suspend_in_review_and_continue_in_a_new_session_with_the_same_cards() -> None:
+    store = MemoryJournalStore()
+    steps = [calls(("a", "one"), ("b", "two")), ScriptStep(text="Done.")]
+    async with ScriptedProvider(steps) as provider:
+        async with await open_note(store, provider) as session:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(session.send, "add two lines")
+                await wait_for_review(session)
+                assert session.approve("a")  # one decision made before the suspension
+                await trio.testing.wait_all_tasks_blocked()
+                suspended = await session.suspend()
+            assert suspended is not None and suspended.phase is Phase.AWAITING_APPROVAL
+            assert session.suspended and not session.busy and RUNS == []
+
+        # Another process: only the store carries the turn over.
+        reopened = await open_note(store, provider)
+        assert reopened.suspended and reopened.state is not None
+        assert comparable(reopened.state) == comparable(suspended)
+        assert [(c.id, c.status, c.input_digest) for c in reopened.state.current_calls] == [
+            (c.id, c.status, c.input_digest) for c in suspended.current_calls
+        ]
+        async with reopened:
+            async with trio.open_nursery() as nursery:
+                result: list[Any] = []
+
+                async def drive() -> None:
+                    result.append(await reopened.continue_turn())
+
+                nursery.start_soon(drive)
+                await trio.testing.wait_all_tasks_blocked()  # taken up: in review again, as it was
+                assert reopened.busy and reopened.approve("b")
+            assert result[0].outcome is Outcome.COMPLETED
+            assert RUNS == ["one", "two"] and reopened.document == "one\ntwo\n"
+            assert not reopened.suspended
+            # The undo of the whole turn still works after the move.
+            assert await reopened.undo() and reopened.document == ""
+
+    # Replay of the whole journal equals the live end state.
+    again = await open_note(store, provider)
+    assert again.document == "" and again.history == reopened.history
+    assert again.state is not None and reopened.state is not None
+    assert comparable(again.state) == comparable(reopened.state)
+    await again.aclose()
+
+
+async def test_replay_equals_live_after_several_turns() -> None:
+    store = MemoryJournalStore()
+    steps = [
+        calls(("a", "one")),
+        ScriptStep(text="First."),
+        ScriptStep(tool_calls=(ScriptedCall(id="r", name="read_note"),)),
+        calls(("b", "two"), ("c", "three")),
+        ScriptStep(text="Second."),
+    ]
+    async with ScriptedProvider(steps) as provider, await open_note(store, provider) as session:
+
+        async def review() -> None:
+            async for state in session.states():
+                if state.phase is Phase.AWAITING_APPROVAL:
+                    for call in state.current_calls:
+                        if call.status is CallStatus.PENDING:
+                            if call.id == "c":
+                                session.deny(call.id, "not that one")
+                            else:
+                                session.approve(call.id, {"line": "ONE"} if call.id == "a" else None)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(review)
+            assert (await session.send("first")).outcome is Outcome.COMPLETED
+            assert (await session.send("second")).outcome is Outcome.COMPLETED
+            nursery.cancel_scope.cancel()
+        live = (session.state, session.history, session.document, session.undo_history, session._last_turn_id)
+    replayed = await open_note(store, provider)
+    assert replayed.state is not None and live[0] is not None
+    assert comparable(replayed.state) == comparable(live[0])
+    assert (replayed.history, replayed.document, replayed.undo_history, replayed._last_turn_id) == live[1:]
+    assert replayed.document == "ONE\ntwo\n"
+    await replayed.aclose()
+
+
+async def test_a_call_running_at_a_crash_is_settled_failed_and_never_run_again() -> None:
+    store = MemoryJournalStore()
+    steps = [calls(("a", "one")), ScriptStep(text="Noted.")]
+    async with ScriptedProvider(steps) as provider:
+        async with await open_note(store, provider) as session:
+
+            async def review() -> None:
+                await wait_for_review(session)
+                session.approve("a")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(review)
+                await session.send("add")
+        entries = store._journals["s1"]
+        start = next(i for i, e in enumerate(entries) if b'"kind":"start"' in e.data)
+        # The process died right after the start was durable (the tool may or may not have run).
+        crashed = MemoryJournalStore()
+        crashed._journals["s1"] = list(entries[: start + 1])
+        RUNS.clear()
+        reopened = await open_note(crashed, provider)
+        assert reopened.suspended and reopened.state is not None
+        assert reopened.state.call("a") is not None and reopened.state.call("a").status is CallStatus.RUNNING  # type: ignore[union-attr]
+        async with reopened:
+            final = await reopened.continue_turn()
+        interrupted = final.call("a")
+        assert interrupted is not None and interrupted.status is CallStatus.FAILED
+        assert interrupted.result == INTERRUPTED_CALL_TEXT
+        assert RUNS == []  # at most once: never run again
+        assert reopened.document == ""
+        assert final.outcome is Outcome.COMPLETED
+
+
+async def test_a_request_in_flight_at_a_crash_is_asked_again_as_a_retry() -> None:
+    store = MemoryJournalStore()
+    async with ScriptedProvider([ScriptStep(text="Hello.")]) as provider:
+        async with await open_note(store, provider) as session:
+            await session.send("hi")
+        entries = store._journals["s1"]
+        submit = next(i for i, e in enumerate(entries) if b'"kind":"submit"' in e.data)
+        crashed = MemoryJournalStore()
+        crashed._journals["s1"] = list(entries[: submit + 1])
+    async with ScriptedProvider([ScriptStep(text="Hello again.")]) as provider:
+        reopened = await open_note(crashed, provider)
+        assert reopened.suspended and reopened.state is not None and reopened.state.phase is Phase.REQUESTING
+        async with reopened:
+            final = await reopened.continue_turn()
+    assert final.outcome is Outcome.COMPLETED and final.budget.retries_used == 1
+    assert "interrupted" in final.notices[0]
+    assert final.messages[-1].content[0].text == "Hello again."  # type: ignore[union-attr]
+
+
+async def test_a_call_whose_tool_changed_is_revoked_on_resume() -> None:
+    store = MemoryJournalStore()
+    async with ScriptedProvider([calls(("a", "one")), ScriptStep(text="Ok.")]) as provider:
+        async with await open_note(store, provider) as session, trio.open_nursery() as nursery:
+            nursery.start_soon(session.send, "add")
+            await wait_for_review(session)
+            await session.suspend()
+        changed = attrs.evolve(append_loud, name="append_line")
+        reopened = await Session.open(store, "s1", kind=NOTE, provider=provider, tools=[changed, read_note])
+        async with reopened:
+            final = await reopened.continue_turn()
+    revoked = final.call("a")
+    assert revoked is not None and revoked.status is CallStatus.FAILED and "changed after" in (revoked.result or "")
+    assert any(v.violation is Violation.DIGEST_MISMATCH for v in final.violations)
+    assert RUNS == [] and reopened.document == ""
+
+
+async def test_a_failing_store_stops_the_turn_before_the_tool_runs() -> None:
+    store = MemoryJournalStore()
+    async with ScriptedProvider([calls(("a", "one")), ScriptStep(text="Ok.")]) as provider:
+        async with await open_note(store, provider) as session:
+            failures: list[BaseException] = []
+
+            async def send() -> None:
+                try:
+                    await session.send("add")
+                except SessionJournalError as exc:  # raised once the turn has settled
+                    failures.append(exc)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send)
+                await wait_for_review(session)
+                store.fail_appends = True
+                session.approve("a")
+            assert len(failures) == 1 and "could not be written" in str(failures[0])
+            assert session.state is not None and session.state.outcome is Outcome.CANCELLED
+            assert RUNS == [] and session.document == ""
+            with pytest.raises(SessionJournalError):
+                await session.send("again")
+            store.fail_appends = False
+        # The journal holds the turn up to the review: reopened, the approval is not there and nothing ran.
+        reopened = await open_note(store, provider)
+        assert reopened.suspended and reopened.state is not None
+        assert reopened.state.call("a") is not None and reopened.state.call("a").status is CallStatus.PENDING  # type: ignore[union-attr]
+        await reopened.aclose()
+
+
+async def test_a_second_opener_is_refused_while_the_lease_is_held() -> None:
+    store = MemoryJournalStore()
+    async with ScriptedProvider([]) as provider:
+        first = await open_note(store, provider)
+        with pytest.raises(SessionLocked):
+            await open_note(store, provider)
+        await first.aclose()
+        second = await open_note(store, provider)
+        await second.aclose()
+
+
+def tamper(entries: Sequence[StoredEntry], index: int, old: bytes, new: bytes) -> list[StoredEntry]:
+    changed = list(entries)
+    changed[index] = StoredEntry(changed[index].seq, changed[index].data.replace(old, new))
+    return changed
+
+
+async def test_a_tampered_journal_is_refused_naming_the_first_bad_entry() -> None:
+    store = MemoryJournalStore()
+    async with ScriptedProvider([calls(("a", "one")), ScriptStep(text="Ok.")]) as provider:
+        async with await open_note(store, provider) as session:
+
+            async def review() -> None:
+                await wait_for_review(session)
+                session.approve("a")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(review)
+                await session.send("add")
+        entries = store._journals["s1"]
+        approve = next(i for i, e in enumerate(entries) if b'"kind":"approve"' in e.data)
+        forged = MemoryJournalStore()
+        forged._journals["s1"] = tamper(entries, approve, b'"by":"', b'"by":"mallory')
+        with pytest.raises(JournalError) as caught:
+            await open_note(forged, provider)
+        assert caught.value.seq == approve + 2  # the entry after the forged one no longer matches its hash
+        assert decode_entries(forged._journals["s1"])[approve].data["by"].startswith("mallory")

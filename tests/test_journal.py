@@ -1,0 +1,358 @@
+"""The journal format, pure: replay equals live for arbitrary runs (hypothesis), the hash chain catches any
+change, and hostile entries are refused with a typed error naming the entry."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trioloop.loop import (
+    Advance,
+    ApproveBatch,
+    ApproveCall,
+    CallSettled,
+    CallStatus,
+    Cancel,
+    DenyCall,
+    Retry,
+    Revoke,
+    StartCall,
+    Submit,
+    ToolOutcome,
+    TurnInput,
+    TurnLimits,
+    TurnState,
+    UndoTurn,
+    create_tool_registry,
+    define_executable_tool,
+    reduce_turn,
+    tool_field,
+)
+from trioloop.loop.journal import (
+    GENESIS,
+    JournalError,
+    JournalWriter,
+    decode_entries,
+    decode_entry,
+    encode_entry,
+    replay_journal,
+    verify_chain,
+)
+from trioloop.loop.journal_store import StoredEntry
+from trioloop.loop.session_file import SessionSnapshot, UndoRecord
+from trioloop.loop.transaction import UndoEntry, UndoHistory, undo_turn
+from trioloop.protocol import (
+    Aborted,
+    MessageStart,
+    MessageStop,
+    StreamError,
+    TextDelta,
+    ToolCallComplete,
+    Usage,
+)
+
+SCALE = max(1, int(os.environ.get("TRIOLOOP_TORTURE_SCALE", "1")))
+
+
+@attrs.frozen(kw_only=True)
+class Target:
+    name: str = tool_field(min_length=1)
+
+
+def _tool(name: str, effect: str, destructive: bool) -> Any:
+    return define_executable_tool(
+        name=name,
+        description=name,
+        effect=effect,  # type: ignore[arg-type]
+        destructive=destructive,
+        input_type=Target,
+        run=lambda value, ctx: ToolOutcome.success("done"),
+        summarize=lambda value: f"{name} {value.name}",
+    )
+
+
+REGISTRY = create_tool_registry(
+    [_tool("read", "read", False), _tool("update", "mutate", False), _tool("delete", "mutate", True)]
+)
+NAMES = ("read", "update", "update", "delete", "nope")
+INPUTS: tuple[Any, ...] = ({"name": "web"}, {"name": "db"}, {"name": ""}, {})
+
+
+def dump(text: str) -> str:
+    return text
+
+
+class LiveSession:
+    """A session folded by hand, as `Session` and the runner do, writing its journal as it goes."""
+
+    def __init__(self) -> None:
+        self.document = "v0"
+        self.undo: UndoHistory[str] = UndoHistory()
+        self.messages: tuple[Any, ...] = ()
+        self.turn: TurnState | None = None
+        self.state: TurnState | None = None
+        self.last_turn_id: str | None = None
+        self.turns = 0
+        self.writer = JournalWriter(last_seq=0, last_hash=GENESIS, dump_document=dump, clock=lambda: 0)
+        self.entries: list[StoredEntry] = []
+        self.writer.snapshot(self.snapshot())
+
+    def snapshot(self) -> SessionSnapshot[str]:
+        return SessionSnapshot(
+            messages=self.messages,
+            document=self.document,
+            undo=tuple(UndoRecord(turn_id=e.turn_id, document=e.document) for e in self.undo.entries),
+            undo_max_entries=self.undo.max_entries,
+            last_turn_id=self.last_turn_id,
+            turn_count=self.turns,
+            model="m",
+        )
+
+    def feed(self, item: TurnInput) -> None:
+        assert self.turn is not None
+        old = self.turn
+        if isinstance(item, CallSettled) and item.changed_document:
+            call = old.call(item.call_id)
+            if call is not None and call.status is CallStatus.RUNNING and item.outcome.ok:
+                top = self.undo.top
+                if top is None or top.turn_id != old.turn_id:
+                    self.undo = self.undo.push(UndoEntry(turn_id=old.turn_id, document=self.document))
+                self.document = f"v{self.writer.last_seq}-{item.call_id}"
+        new = reduce_turn(old, item)
+        self.writer.note(item, old, new, self.document)
+        self.turn = self.state = new
+        if new.is_settled:
+            self.messages = new.messages
+            self.last_turn_id = new.turn_id
+            self.turn = None
+            self.writer.snapshot(self.snapshot())
+
+    def submit(self, text: str, limits: TurnLimits) -> None:
+        self.turns += 1
+        self.turn = TurnState.idle()
+        self.feed(
+            Submit(
+                turn_id=f"turn-{self.turns}",
+                text=text,
+                base_messages=self.messages,
+                tool_set=REGISTRY,
+                limits=limits,
+                now_ms=self.turns * 1000,
+            )
+        )
+
+    def undo_last(self) -> None:
+        if self.turn is not None or self.last_turn_id is None:
+            return
+        undone = undo_turn(self.undo, self.document, self.last_turn_id)
+        if undone is None:
+            return
+        self.document, self.undo = undone
+        self.writer.add("undo", {"turn_id": self.last_turn_id, "by": ""})
+        if self.state is not None:
+            self.state = reduce_turn(self.state, UndoTurn())
+
+
+def comparable(state: TurnState | None) -> Any:
+    return None if state is None else attrs.evolve(state, draft=None)
+
+
+def check_replay(live: LiveSession) -> None:
+    live.entries.extend(live.writer.take())
+    entries = decode_entries(live.entries)
+    replayed = replay_journal(entries, load_document=lambda text: text, registry=REGISTRY)
+    assert replayed.document == live.document
+    assert replayed.undo.entries == live.undo.entries
+    assert replayed.messages == live.messages
+    assert replayed.last_turn_id == live.last_turn_id
+    assert replayed.turn_count == live.turns
+    assert comparable(replayed.live) == comparable(live.turn)
+    assert comparable(replayed.state) == comparable(live.state)
+
+
+def _step(data: st.DataObject, live: LiveSession, clock: list[int]) -> None:
+    turn = live.turn
+    clock[0] += 7
+    now = clock[0]
+    if turn is None:
+        choice = data.draw(st.sampled_from(["submit", "submit", "submit", "undo"]))
+        if choice == "undo":
+            live.undo_last()
+        else:
+            limits = data.draw(
+                st.sampled_from(
+                    [
+                        TurnLimits(),
+                        TurnLimits(max_iterations=2, max_tool_calls_per_iteration=2),
+                        TurnLimits(max_retries_per_turn=1),
+                    ]
+                )
+            )
+            live.submit(data.draw(st.text(max_size=5)), limits)
+        return
+    ids = [c.id for c in turn.calls] + ["ghost", "c1"]
+    call_id = data.draw(st.sampled_from(ids))
+    kind = data.draw(
+        st.sampled_from(
+            [
+                "start_stream",
+                "text",
+                "text",
+                "call",
+                "call",
+                "usage",
+                "stop",
+                "stop",
+                "error",
+                "notice",
+                "abort",
+                "approve",
+                "approve",
+                "edit",
+                "batch",
+                "deny",
+                "start",
+                "start",
+                "settle",
+                "settle",
+                "advance",
+                "advance",
+                "retry",
+                "cancel",
+                "revoke",
+            ]
+        )
+    )
+    item: TurnInput
+    if kind == "start_stream":
+        item = MessageStart(model="m")
+    elif kind == "text":
+        item = TextDelta(text=data.draw(st.text(max_size=4)))
+    elif kind == "call":
+        item = ToolCallComplete(
+            id=data.draw(st.sampled_from(["c1", "c2", "c3", ""])),
+            name=data.draw(st.sampled_from(NAMES)),
+            input=data.draw(st.sampled_from(INPUTS)),
+        )
+    elif kind == "usage":
+        item = Usage(input_tokens=data.draw(st.integers(0, 50)), output_tokens=3)
+    elif kind == "stop":
+        item = MessageStop(stop_reason=data.draw(st.sampled_from(["tool_use", "end_turn", "max_tokens", "pause_turn"])))
+    elif kind == "error":
+        item = StreamError(code="http_status", message="boom")
+    elif kind == "notice":
+        item = StreamError(code="malformed_stream", message="one frame", terminal=False)
+    elif kind == "abort":
+        item = Aborted()
+    elif kind == "approve":
+        item = ApproveCall(call_id=call_id)
+    elif kind == "edit":
+        item = ApproveCall(call_id=call_id, edited_input=data.draw(st.sampled_from(INPUTS)))
+    elif kind == "batch":
+        item = ApproveBatch(call_ids=tuple(data.draw(st.lists(st.sampled_from(ids), max_size=3))))
+    elif kind == "deny":
+        item = DenyCall(call_id=call_id, reason=data.draw(st.text(max_size=4)))
+    elif kind == "start":
+        item = StartCall(call_id=call_id, now_ms=now)
+    elif kind == "settle":
+        ok = data.draw(st.booleans())
+        outcome: ToolOutcome[Any] = ToolOutcome.success("ok") if ok else ToolOutcome.failure("no")
+        item = CallSettled(call_id=call_id, outcome=outcome, now_ms=now, changed_document=data.draw(st.booleans()))
+    elif kind == "advance":
+        item = Advance(now_ms=turn.budget.started_at_ms + data.draw(st.sampled_from([5, 10**9])))
+    elif kind == "retry":
+        item = Retry(now_ms=now, failure=StreamError(code="http_status", message="busy"), wait_ms=500)
+    elif kind == "cancel":
+        item = Cancel(reason=data.draw(st.sampled_from(["stop", "deadline", "review_timeout"])))
+    else:
+        item = Revoke(call_id=call_id, detail="changed")
+    live.feed(item)
+
+
+@settings(max_examples=150 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_replay_equals_live_for_any_run(data: st.DataObject) -> None:
+    live = LiveSession()
+    clock = [0]
+    for _ in range(data.draw(st.integers(1, 60))):
+        _step(data, live, clock)
+        if not live.writer.holding_stream:
+            # Whenever nothing is held back (a response in mid-stream is asked again after a crash), the
+            # journal replays to exactly the live session, field for field (the draft's chunking aside).
+            check_replay(live)
+
+
+def _journal(n: int = 3) -> list[StoredEntry]:
+    live = LiveSession()
+    for index in range(n):
+        live.submit(f"t{index}", TurnLimits())
+        live.feed(MessageStart(model="m"))
+        live.feed(TextDelta(text="hello"))
+        live.feed(MessageStop(stop_reason="end_turn"))
+    return live.writer.take()
+
+
+def test_any_changed_byte_breaks_the_chain_at_the_next_entry() -> None:
+    stored = _journal()
+    entries = decode_entries(stored)
+    verify_chain(entries)
+    for index in range(len(stored) - 1):
+        raw = stored[index].data
+        # Change one character of the entry's data and keep it well formed.
+        forged = raw.replace(b'"at":0', b'"at":1')
+        changed = [*entries[:index], decode_entry(forged), *entries[index + 1 :]]
+        with pytest.raises(JournalError) as caught:
+            verify_chain(changed)
+        assert caught.value.seq == entries[index + 1].seq
+
+
+def test_a_removed_or_reordered_entry_is_named() -> None:
+    entries = decode_entries(_journal())
+    with pytest.raises(JournalError, match="gap"):
+        verify_chain([*entries[:2], *entries[3:]])
+    swapped = [entries[0], entries[2], entries[1], *entries[3:]]
+    with pytest.raises(JournalError):
+        verify_chain(swapped)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"not json",
+        b'{"seq":1}',
+        b'{"seq":1,"kind":"submit","prev":"' + b"0" * 64 + b'","at":0,"data":{},"x":1}',
+        b'{"seq":1,"kind":"launch","prev":"' + b"0" * 64 + b'","at":0,"data":{}}',
+        b'{"seq":0,"kind":"submit","prev":"' + b"0" * 64 + b'","at":0,"data":{}}',
+        b'{"seq":1,"seq":1,"kind":"submit","prev":"' + b"0" * 64 + b'","at":0,"data":{}}',
+        b'{"seq":1,"kind":"submit","prev":"xyz","at":0,"data":{}}',
+        b'{"seq":1,"kind":"submit","prev":"' + b"0" * 64 + b'","at":NaN,"data":{}}',
+        '{"seq":1,"kind":"submit","prev":"é","at":0,"data":{}}'.encode(),
+        b"[" * 100_000,
+    ],
+)
+def test_hostile_entries_are_refused_with_a_typed_error(raw: bytes) -> None:
+    with pytest.raises(JournalError):
+        decode_entry(raw)
+
+
+def test_a_journal_with_entries_that_do_not_make_sense_is_refused_naming_them() -> None:
+    live = LiveSession()
+    live.submit("x", TurnLimits())
+    stored = live.writer.take()
+    bad = encode_entry(3, "start", hashlib.sha256(stored[-1].data).hexdigest(), 0, {})
+    with pytest.raises(JournalError) as caught:
+        replay_journal(decode_entries([*stored, StoredEntry(3, bad)]), load_document=str, registry=REGISTRY)
+    assert caught.value.seq == 3
+    value = json.loads(stored[1].data)
+    value["data"]["limits"]["max_iterations"] = -1
+    forged = json.dumps(value, separators=(",", ":")).encode()
+    with pytest.raises(JournalError, match="limits"):
+        replay_journal(decode_entries([stored[0], StoredEntry(2, forged)]), load_document=str, registry=REGISTRY)

@@ -24,6 +24,7 @@ FORBIDDEN = {
         "trioloop.tools",
         "trioloop.mcp",
         "trioloop.lowlevel",
+        "trioloop.stores",
     ),
     "protocol": (
         "trioloop.threatmodel",
@@ -36,6 +37,7 @@ FORBIDDEN = {
         "trioloop.loop",
         "trioloop.providers",
         "trioloop.lowlevel",
+        "trioloop.stores",
     ),
     "providers": (
         "trioloop.threatmodel",
@@ -45,9 +47,32 @@ FORBIDDEN = {
         "trioloop.loop",
         "trioloop.tools",
         "trioloop.mcp",
+        "trioloop.stores",
     ),
-    "tools": ("trioloop.threatmodel", "trioloop.ui", "trioloop.cli", "trioloop._commands", "trioloop.mcp"),
+    "tools": (
+        "trioloop.threatmodel",
+        "trioloop.ui",
+        "trioloop.cli",
+        "trioloop._commands",
+        "trioloop.mcp",
+        "trioloop.stores",
+    ),
+    # The journal stores implement the core's protocol and know nothing above it.
+    "stores": (
+        "trioloop.threatmodel",
+        "trioloop.ui",
+        "trioloop.cli",
+        "trioloop._commands",
+        "trioloop._demo_view",
+        "trioloop.tools",
+        "trioloop.mcp",
+        "trioloop.providers",
+        "trioloop.lowlevel",
+    ),
 }
+
+#: Storage libraries the core never imports: it calls the journal-store protocol, and stores/ implements it.
+STORAGE_LIBRARIES = ("sqlite3", "psycopg")
 
 
 def modules(package: str) -> list[Path]:
@@ -86,6 +111,17 @@ def arrows(package: str) -> list[str]:
 def test_no_arrow_points_up_or_into_a_domain(package: str) -> None:
     assert modules(package), package
     assert arrows(package) == []
+
+
+@pytest.mark.parametrize("package", ["loop", "protocol"])
+def test_the_core_imports_no_storage_library(package: str) -> None:
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+        for path in modules(package)
+        for line, name in imported(path)
+        if any(name == library or name.startswith(library + ".") for library in STORAGE_LIBRARIES)
+    ]
+    assert found == []
 
 
 def test_the_checker_sees_a_forbidden_arrow(tmp_path: Path) -> None:

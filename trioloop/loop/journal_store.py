@@ -8,6 +8,9 @@ an ordered run of ``(seq, bytes)`` with three promises:
   first ``seq`` is exactly one past the last stored one (1 for an empty journal) and the batch counts up by
   one. Anything else raises `JournalConflict` and writes nothing: a stale writer (one that lost its lease, or
   a second process that never had it) cannot fork a journal, and nothing already stored is lost.
+- **An unknown outcome is possible.** `JournalStoreError` from ``append`` (a connection lost during the
+  commit) does not say whether the batch was written: read `JournalLease.last_seq` before writing again.
+  A lease also ends when the store loses it (a PostgreSQL connection that dropped): its calls then raise.
 - **Durable when it returns.** Once ``append`` returns, the entries survive a crash of the process (and, for
   the stores that promise it, of the machine): the session publishes a decision's effect only after that.
 - **One driver per session.** `JournalStore.acquire` grants a lease; while it is held no other lease on the
@@ -99,7 +102,8 @@ class JournalLease(Protocol):
         ...
 
     async def discard_before(self, seq: int) -> None:
-        """Drop the entries numbered below ``seq`` (compaction: the entry at ``seq`` is a snapshot)."""
+        """Drop the entries numbered below ``seq`` (compaction: the entry at ``seq`` is a snapshot). The last
+        entry is always kept, so the numbering goes on and a stale writer still cannot start over at 1."""
         ...
 
     async def release(self) -> None: ...
@@ -159,7 +163,9 @@ class _MemoryLease:
     async def discard_before(self, seq: int) -> None:
         await trio.lowlevel.checkpoint()
         journal = self._journal()
-        journal[:] = [e for e in journal if e.seq >= seq]
+        if journal:
+            keep_from = min(seq, journal[-1].seq)
+            journal[:] = [e for e in journal if e.seq >= keep_from]
 
     async def release(self) -> None:
         if not self._released:

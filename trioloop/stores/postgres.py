@@ -1,0 +1,300 @@
+"""Journals in PostgreSQL (psycopg 3): one database shared by a fleet of processes.
+
+Theory of operation: psycopg's sync API (its async API needs asyncio, which a Trio app lacks), every call
+in a worker thread under the store's own limiter. Each lease owns one connection. On it the lease holds the
+session-level advisory lock ``pg_try_advisory_lock(key)`` (key: the first 64 bits of the session id's
+sha256) and runs its own transactions, so a lease whose connection is lost can no longer write, and a killed
+process's lease ends as soon as the server sees its connection close (at once when the kernel closes the
+socket; for a machine that vanished, after the server's TCP keepalive, ``tcp_keepalives_idle``). The store
+keeps one more connection for `session_ids` and for creating the table.
+
+An append is one transaction: read the last number, `check_batch`, insert. Should a second writer ever read
+the same last number (the lease makes that a bug, not a race), the primary key stops it: its insert waits for
+the first commit, then fails, and it gets `JournalConflict` with nothing written.
+
+psycopg is imported only when a store is made: ``pip install "trioloop[postgres]"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar, final
+
+import trio
+
+from trioloop.loop.journal_store import (
+    JournalConflict,
+    JournalLease,
+    JournalStoreError,
+    StoredEntry,
+    check_batch,
+)
+from trioloop.stores._waiting import check_session_id, wait_for_lease
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["PostgresJournalStore"]
+
+#: Worker threads one store runs at once: one per lease at most (each lease's calls also take its own lock).
+MAX_THREADS = 8
+#: Seconds a connection attempt may take when the conninfo does not say (``connect_timeout``).
+CONNECT_TIMEOUT_S = 10
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS trioloop_journal (
+    session_id text NOT NULL,
+    seq bigint NOT NULL,
+    data bytea NOT NULL,
+    PRIMARY KEY (session_id, seq)
+)
+"""
+
+_T = TypeVar("_T")
+
+
+def advisory_key(text: str) -> int:
+    """The signed 64-bit advisory-lock key for ``text``: the first 8 bytes of its sha256."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big", signed=True)
+
+
+_SCHEMA_KEY = advisory_key("trioloop_journal: CREATE TABLE")
+
+
+def _require_psycopg() -> None:
+    try:
+        import psycopg  # noqa: F401 -- only to turn a missing extra into a message that says what to install
+    except ImportError as exc:
+        raise ImportError('PostgresJournalStore needs psycopg 3: pip install "trioloop[postgres]"') from exc
+
+
+def _guarded(what: str, work: Callable[[], _T]) -> _T:
+    """Run ``work`` (a worker thread), turning psycopg's errors into the store's."""
+    import psycopg
+
+    try:
+        return work()
+    except psycopg.errors.UniqueViolation as exc:
+        raise JournalConflict(f"PostgreSQL journal: {what}: another writer appended first") from exc
+    except psycopg.Error as exc:
+        raise JournalStoreError(f"PostgreSQL journal: {what} failed: {exc}") from exc
+
+
+@final
+class PostgresJournalStore:
+    """Journals of any number of sessions in the table ``trioloop_journal`` of the database ``conninfo`` names.
+
+    ``conninfo`` is a libpq connection string or ``postgresql://`` URL. Leases exclude each other across
+    processes and machines; a killed process's leases end when the server notices its connection closed.
+    ``close()`` (or the end of ``async with``) releases the leases this store granted.
+    """
+
+    def __init__(self, conninfo: str) -> None:
+        _require_psycopg()
+        self._conninfo = conninfo
+        self._limiter = trio.CapacityLimiter(MAX_THREADS)
+        self._admin: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._admin_lock = trio.Lock()
+        self._closed = False
+        self._leases: dict[int, _PostgresLease] = {}
+
+    async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> JournalLease:
+        """A lease on ``session_id``; `SessionLocked` if another lease holds it past ``wait_s`` seconds."""
+        check_session_id(session_id)
+        await self._on_admin("creating the journal table", lambda connection: None)
+        key = advisory_key(session_id)
+        connection = await self._in_thread(f"connecting to lease session {session_id!r}", self._connect)
+        try:
+
+            async def try_once() -> _PostgresLease | None:
+                taken = await self._in_thread(
+                    f"locking session {session_id!r}", lambda: _try_advisory_lock(connection, key)
+                )
+                if not taken:
+                    return None
+                lease = _PostgresLease(self, session_id, connection)
+                self._leases[id(lease)] = lease
+                return lease
+
+            return await wait_for_lease(session_id, wait_s, try_once)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(connection.close, limiter=self._limiter)
+            raise
+
+    async def session_ids(self) -> Sequence[str]:
+        rows = await self._on_admin(
+            "listing sessions",
+            lambda connection: connection.execute("SELECT DISTINCT session_id FROM trioloop_journal").fetchall(),
+        )
+        return sorted(row[0] for row in rows)
+
+    async def close(self) -> None:
+        """Release every lease this store granted and close its connections; later calls raise `JournalStoreError`."""
+        with trio.CancelScope(shield=True):
+            for lease in list(self._leases.values()):
+                await lease.release()
+            self._closed = True
+            async with self._admin_lock:
+                admin, self._admin = self._admin, None
+                if admin is not None:
+                    await trio.to_thread.run_sync(admin.close, limiter=self._limiter)
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> PostgresJournalStore:
+        await trio.lowlevel.checkpoint()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _in_thread(self, what: str, work: Callable[[], _T]) -> _T:
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            raise JournalStoreError("the PostgreSQL journal store is closed")
+        return await trio.to_thread.run_sync(_guarded, what, work, limiter=self._limiter)
+
+    async def _on_admin(self, what: str, work: Callable[[psycopg.Connection[tuple[Any, ...]]], _T]) -> _T:
+        async with self._admin_lock:
+            return await self._in_thread(what, lambda: work(self._admin_connection()))
+
+    def _admin_connection(self) -> psycopg.Connection[tuple[Any, ...]]:
+        """The store's own connection, made (and the table created) on first use or after it broke."""
+        if self._admin is not None and not self._admin.closed:
+            return self._admin
+        connection = self._connect()
+        try:
+            with connection.transaction():
+                connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_KEY,))
+                connection.execute(_SCHEMA)
+        except BaseException:
+            connection.close()
+            raise
+        self._admin = connection
+        return connection
+
+    def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+
+        given = conninfo_to_dict(self._conninfo)
+        defaults: dict[str, Any] = {}
+        if "connect_timeout" not in given:
+            defaults["connect_timeout"] = CONNECT_TIMEOUT_S
+        if "application_name" not in given:
+            defaults["application_name"] = "trioloop journal"
+        connection = psycopg.connect(self._conninfo, autocommit=True, **defaults)
+        try:
+            (commit_mode,) = connection.execute("SHOW synchronous_commit").fetchone() or ("on",)
+            if commit_mode == "off":  # an append must be durable when it returns
+                connection.execute("SET synchronous_commit = on")
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+
+def _try_advisory_lock(connection: psycopg.Connection[tuple[Any, ...]], key: int) -> bool:
+    row = connection.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+    return bool(row and row[0])
+
+
+@final
+class _PostgresLease:
+    def __init__(
+        self, store: PostgresJournalStore, session_id: str, connection: psycopg.Connection[tuple[Any, ...]]
+    ) -> None:
+        self._store = store
+        self._session_id = session_id
+        self._connection = connection
+        self._lock = trio.Lock()  # one call at a time on the lease's connection
+        self._released = False
+
+    @property
+    def session_id(self) -> str:
+        return self._session_id
+
+    async def _run(self, what: str, work: Callable[[psycopg.Connection[tuple[Any, ...]]], _T]) -> _T:
+        if self._released:
+            await trio.lowlevel.checkpoint()
+            raise JournalStoreError("this lease was released")
+        async with self._lock:
+            if self._released:
+                raise JournalStoreError("this lease was released")
+            if self._connection.closed:
+                raise JournalStoreError(
+                    f"the connection holding the lease on session {self._session_id!r} was lost,"
+                    " and the lease with it: acquire the session again"
+                )
+            return await self._store._in_thread(f"{what} session {self._session_id!r}", lambda: work(self._connection))
+
+    async def entries(self, *, after: int = 0) -> Sequence[StoredEntry]:
+        rows = await self._run(
+            "reading",
+            lambda connection: connection.execute(
+                "SELECT seq, data FROM trioloop_journal WHERE session_id = %s AND seq > %s ORDER BY seq",
+                (self._session_id, after),
+            ).fetchall(),
+        )
+        return tuple(StoredEntry(int(seq), bytes(data)) for seq, data in rows)
+
+    async def last_seq(self) -> int:
+        return await self._run("reading", lambda connection: _last_seq(connection, self._session_id))
+
+    async def append(self, entries: Sequence[StoredEntry]) -> None:
+        batch = tuple(entries)
+
+        def write(connection: psycopg.Connection[tuple[Any, ...]]) -> None:
+            with connection.transaction():
+                check_batch(_last_seq(connection, self._session_id), batch)
+                if batch:
+                    with connection.cursor() as cursor:
+                        cursor.executemany(
+                            "INSERT INTO trioloop_journal (session_id, seq, data) VALUES (%s, %s, %s)",
+                            [(self._session_id, entry.seq, entry.data) for entry in batch],
+                        )
+
+        await self._run("appending to", write)
+
+    async def discard_before(self, seq: int) -> None:
+        await self._run(
+            "compacting",
+            lambda connection: connection.execute(
+                "DELETE FROM trioloop_journal WHERE session_id = %s AND seq < %s AND seq < "
+                "(SELECT max(seq) FROM trioloop_journal WHERE session_id = %s)",
+                (self._session_id, seq, self._session_id),
+            ),
+        )
+
+    async def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._store._leases.pop(id(self), None)
+            with trio.CancelScope(shield=True):
+                async with self._lock:  # closing the connection ends the advisory lock with the session
+                    await trio.to_thread.run_sync(self._close, limiter=self._store._limiter)
+        await trio.lowlevel.checkpoint()
+
+    def _close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._connection.close()
+
+    async def __aenter__(self) -> _PostgresLease:
+        await trio.lowlevel.checkpoint()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        with trio.CancelScope(shield=True):
+            await self.release()
+
+
+def _last_seq(connection: psycopg.Connection[tuple[Any, ...]], session_id: str) -> int:
+    row = connection.execute("SELECT max(seq) FROM trioloop_journal WHERE session_id = %s", (session_id,)).fetchone()
+    return int(row[0]) if row is not None and row[0] is not None else 0

@@ -1,0 +1,346 @@
+"""Journals in one SQLite file (stdlib ``sqlite3``): the embedded default store.
+
+Theory of operation: the store owns one connection, opened on first use in a worker thread and then used
+only in worker threads under the store's limiter of one token, so no SQLite call runs on the event loop and
+they run one at a time. The file is in WAL mode; with ``durable=True`` also ``synchronous=FULL``, so a commit
+is on disk when `append` returns (``durable=False`` keeps ``NORMAL``: a commit survives the process dying, not
+the machine losing power). An append is one ``BEGIN IMMEDIATE`` transaction that reads the last number,
+applies `check_batch` and inserts the batch, so it is all or nothing even against another process.
+
+A lease is a one-byte POSIX lock (``fcntl.lockf``) on the sidecar file ``<database>.lock``, at an offset
+taken from the session id's sha256, plus a registry in this process, because POSIX locks never exclude two
+holders in one process. The kernel drops the lock when its process dies, so a killed driver leaves its session
+free at once. Closing *any* descriptor of a file drops all of the process's POSIX locks on it, so the registry
+keeps one descriptor per lock file, shared by every store in the process, and closes it only when no lease on
+that file is left. Do not delete the ``.lock`` file while a store uses the database. POSIX systems only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import TypeVar, final
+
+import attrs
+import trio
+
+from trioloop.loop.journal_store import (
+    JournalConflict,
+    JournalLease,
+    JournalStoreError,
+    StoredEntry,
+    check_batch,
+)
+from trioloop.stores._waiting import check_session_id, wait_for_lease
+
+__all__ = ["SQLiteJournalStore"]
+
+#: How long a write waits for another process's write transaction on the same file before it fails.
+BUSY_TIMEOUT_S = 5.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS trioloop_journal (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID
+"""
+
+_T = TypeVar("_T")
+
+
+def _lock_offset(session_id: str) -> int:
+    """The byte a lease on ``session_id`` locks: 62 bits of its sha256, so offset + 1 still fits an off_t."""
+    return int.from_bytes(hashlib.sha256(session_id.encode("utf-8")).digest()[:8], "big") >> 2
+
+
+@attrs.define
+class _LockFile:
+    fds: list[int]  # the first locks; any other was opened on the same file by a race and must stay open too
+    held: dict[int, str]  # offset -> session id, for the leases this process holds on the file
+
+
+_registry_guard = threading.Lock()
+_lock_files: dict[tuple[int, int], _LockFile] = {}
+
+
+def _try_lock(lock_path: str, session_id: str, offset: int) -> tuple[int, int] | None:
+    """Take the lease's byte if no lease here or elsewhere holds it (a worker thread): the lock file's key."""
+    with _registry_guard:
+        key: tuple[int, int] | None = None
+        with contextlib.suppress(FileNotFoundError):
+            found = os.stat(lock_path)
+            key = (found.st_dev, found.st_ino)
+        entry = _lock_files.get(key) if key is not None else None
+        if entry is None:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            opened = os.fstat(fd)
+            key = (opened.st_dev, opened.st_ino)
+            entry = _lock_files.get(key)
+            if entry is None:
+                entry = _lock_files[key] = _LockFile(fds=[fd], held={})
+            else:
+                entry.fds.append(fd)
+        assert key is not None
+        if offset in entry.held:
+            return None
+        try:
+            fcntl.lockf(entry.fds[0], fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset, os.SEEK_SET)
+        except OSError as exc:
+            if not entry.held:
+                _close_lock_file(key, entry)
+            if exc.errno in (errno.EACCES, errno.EAGAIN):
+                return None
+            raise
+        entry.held[offset] = session_id
+        return key
+
+
+def _unlock(key: tuple[int, int], offset: int) -> None:
+    """Give the lease's byte back (a worker thread); the descriptor closes with the last lease on the file."""
+    with _registry_guard:
+        entry = _lock_files.get(key)
+        if entry is None or entry.held.pop(offset, None) is None:
+            return
+        with contextlib.suppress(OSError):
+            fcntl.lockf(entry.fds[0], fcntl.LOCK_UN, 1, offset, os.SEEK_SET)
+        if not entry.held:
+            _close_lock_file(key, entry)
+
+
+def _close_lock_file(key: tuple[int, int], entry: _LockFile) -> None:
+    del _lock_files[key]
+    for fd in entry.fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+@final
+class SQLiteJournalStore:
+    """Journals of any number of sessions in one SQLite file at ``path`` (created if missing).
+
+    Leases exclude each other across processes through ``<path>.lock``; a killed process's leases end with it.
+    ``close()`` (or the end of ``async with``) releases the leases this store granted and closes the file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, durable: bool = True) -> None:
+        self._path = os.fspath(path)
+        if not self._path or self._path == ":memory:" or self._path.startswith("file:"):
+            raise ValueError(f"SQLiteJournalStore needs a file path, not {self._path!r} (MemoryJournalStore?)")
+        self._file = os.path.abspath(self._path)  # a later chdir must not move the journal or its lock
+        self._lock_path = self._file + ".lock"
+        self._durable = durable
+        self._limiter = trio.CapacityLimiter(1)
+        self._connection: sqlite3.Connection | None = None
+        self._closed = False
+        self._leases: dict[int, _SQLiteLease] = {}
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> JournalLease:
+        """A lease on ``session_id``; `SessionLocked` if another lease holds it past ``wait_s`` seconds."""
+        check_session_id(session_id)
+        await self._run("opening the database", lambda connection: None)
+        offset = _lock_offset(session_id)
+
+        async def try_once() -> _SQLiteLease | None:
+            key = await trio.to_thread.run_sync(self._lock, session_id, offset, limiter=self._limiter)
+            if key is None:
+                return None
+            lease = _SQLiteLease(self, session_id, key, offset)
+            self._leases[id(lease)] = lease
+            return lease
+
+        return await wait_for_lease(session_id, wait_s, try_once)
+
+    async def session_ids(self) -> Sequence[str]:
+        rows = await self._run(
+            "listing sessions",
+            lambda connection: connection.execute("SELECT DISTINCT session_id FROM trioloop_journal").fetchall(),
+        )
+        return sorted(row[0] for row in rows)
+
+    async def close(self) -> None:
+        """Release every lease this store granted and close the database; later calls raise `JournalStoreError`."""
+        with trio.CancelScope(shield=True):
+            for lease in list(self._leases.values()):
+                await lease.release()
+            if not self._closed:
+                self._closed = True
+                await trio.to_thread.run_sync(self._close_connection, limiter=self._limiter)
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> SQLiteJournalStore:
+        await trio.lowlevel.checkpoint()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _run(self, what: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            raise JournalStoreError(f"the SQLite journal store {self._path} is closed")
+        return await trio.to_thread.run_sync(self._in_thread, what, work, limiter=self._limiter)
+
+    def _in_thread(self, what: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        if self._closed:
+            raise JournalStoreError(f"the SQLite journal store {self._path} is closed")
+        try:
+            connection = self._connection if self._connection is not None else self._open()
+            return work(connection)
+        except sqlite3.IntegrityError as exc:
+            raise JournalConflict(f"SQLite journal {self._path}: {what}: another writer appended first") from exc
+        except sqlite3.Error as exc:
+            raise JournalStoreError(f"SQLite journal {self._path}: {what} failed: {exc}") from exc
+        except OSError as exc:
+            raise JournalStoreError(f"SQLite journal {self._path}: {what} failed: {exc}") from exc
+
+    def _open(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(self._file, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+        try:
+            (mode,) = connection.execute("PRAGMA journal_mode=WAL").fetchone()
+            if str(mode).lower() != "wal":
+                raise JournalStoreError(f"SQLite journal {self._path}: WAL mode refused (journal mode {mode!r})")
+            connection.execute(f"PRAGMA synchronous={'FULL' if self._durable else 'NORMAL'}")
+            connection.execute(_SCHEMA)
+            if self._durable:
+                _sync_directory(os.path.dirname(self._file))
+        except BaseException:
+            connection.close()
+            raise
+        self._connection = connection
+        return connection
+
+    def _lock(self, session_id: str, offset: int) -> tuple[int, int] | None:
+        if self._closed:
+            raise JournalStoreError(f"the SQLite journal store {self._path} is closed")
+        try:
+            return _try_lock(self._lock_path, session_id, offset)
+        except OSError as exc:
+            raise JournalStoreError(f"SQLite journal {self._path}: locking {self._lock_path} failed: {exc}") from exc
+
+    def _close_connection(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(sqlite3.Error):
+                connection.close()
+
+
+def _sync_directory(directory: str) -> None:
+    """Make the database file's name itself durable (SQLite syncs the directory only for its WAL)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@final
+class _SQLiteLease:
+    def __init__(self, store: SQLiteJournalStore, session_id: str, key: tuple[int, int], offset: int) -> None:
+        self._store = store
+        self._session_id = session_id
+        self._key = key
+        self._offset = offset
+        self._released = False
+
+    @property
+    def session_id(self) -> str:
+        return self._session_id
+
+    def _held(self) -> None:
+        if self._released:
+            raise JournalStoreError("this lease was released")
+
+    async def entries(self, *, after: int = 0) -> Sequence[StoredEntry]:
+        self._held()
+
+        def read(connection: sqlite3.Connection) -> list[tuple[int, bytes]]:
+            self._held()
+            return connection.execute(
+                "SELECT seq, data FROM trioloop_journal WHERE session_id = ? AND seq > ? ORDER BY seq",
+                (self._session_id, after),
+            ).fetchall()
+
+        rows = await self._store._run(f"reading session {self._session_id!r}", read)
+        return tuple(StoredEntry(seq, bytes(data)) for seq, data in rows)
+
+    async def last_seq(self) -> int:
+        self._held()
+
+        def read(connection: sqlite3.Connection) -> int:
+            self._held()
+            return _last_seq(connection, self._session_id)
+
+        return await self._store._run(f"reading session {self._session_id!r}", read)
+
+    async def append(self, entries: Sequence[StoredEntry]) -> None:
+        self._held()
+        batch = tuple(entries)
+
+        def write(connection: sqlite3.Connection) -> None:
+            self._held()
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                check_batch(_last_seq(connection, self._session_id), batch)
+                connection.executemany(
+                    "INSERT INTO trioloop_journal (session_id, seq, data) VALUES (?, ?, ?)",
+                    [(self._session_id, entry.seq, entry.data) for entry in batch],
+                )
+                connection.execute("COMMIT")
+            except BaseException:
+                if connection.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        connection.execute("ROLLBACK")
+                raise
+
+        await self._store._run(f"appending to session {self._session_id!r}", write)
+
+    async def discard_before(self, seq: int) -> None:
+        self._held()
+
+        def delete(connection: sqlite3.Connection) -> None:
+            self._held()
+            connection.execute(
+                "DELETE FROM trioloop_journal WHERE session_id = ? AND seq < ? AND seq < "
+                "(SELECT max(seq) FROM trioloop_journal WHERE session_id = ?)",
+                (self._session_id, seq, self._session_id),
+            )
+
+        await self._store._run(f"compacting session {self._session_id!r}", delete)
+
+    async def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._store._leases.pop(id(self), None)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_unlock, self._key, self._offset, limiter=self._store._limiter)
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> _SQLiteLease:
+        await trio.lowlevel.checkpoint()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        with trio.CancelScope(shield=True):
+            await self.release()
+
+
+def _last_seq(connection: sqlite3.Connection, session_id: str) -> int:
+    (last,) = connection.execute("SELECT MAX(seq) FROM trioloop_journal WHERE session_id = ?", (session_id,)).fetchone()
+    return int(last) if last is not None else 0

@@ -738,3 +738,13 @@ async def test_postgres_refuses_session_ids_it_cannot_store(pg_url: str) -> None
         for bad in ("nul\x00id", "lone \udc80 surrogate"):
             with pytest.raises(ValueError):
                 await store.acquire(bad)
+
+
+async def test_read_sees_every_entry_without_taking_the_lease(store: Store) -> None:
+    async with await store.acquire("audited") as lease:
+        await lease.append(batch(1, 2, 3))
+        # Another lease drives the session; a reader still sees everything appended so far, in order.
+        assert tuple(await store.read("audited")) == batch(1, 2, 3)
+        await lease.append(batch(4))
+        assert tuple(await store.read("audited")) == batch(1, 2, 3, 4)
+    assert tuple(await store.read("never-written")) == ()

@@ -1,8 +1,8 @@
 """The `trioloop` command line: one function per subcommand, wired up by `_build_parser`.
 
-Exit codes: 0 success, 1 the document is invalid, 2 usage or configuration error (a file that cannot
-be read, no API key, a refused base URL), 3 a chat turn failed (the AI provider could not be reached or
-answered with an error), 130 interrupted.
+Exit codes: 0 success, 1 the document is invalid (for ``audit``: a journal that does not verify), 2 usage
+or configuration error (a file that cannot be read, no API key, a refused base URL), 3 a chat turn failed
+(the AI provider could not be reached or answered with an error), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -68,6 +68,13 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         base_url=args.base_url,
         thinking_budget=args.thinking_budget,
     )
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    """Print a journaled session's audit trail and verify its hash chain."""
+    from trioloop._commands import run_audit
+
+    return run_audit(args.target, args.session, as_json=args.json)
 
 
 def _version() -> str:
@@ -161,6 +168,16 @@ def _build_parser() -> argparse.ArgumentParser:
         "--out", metavar="FILE", help="save the document here (default: in place, after every turn that changed it)"
     )
     chat.set_defaults(run=_cmd_chat)
+
+    audit = commands.add_parser(
+        "audit", help="print a journaled session's audit trail and verify its hash chain (exit 1 if it does not)"
+    )
+    audit.add_argument(
+        "target", metavar="FILE|URL", help="the journal store: a SQLite file (sqlite:///PATH) or a postgresql:// URL"
+    )
+    audit.add_argument("--session", metavar="ID", help="the session to audit (default: every session in the store)")
+    audit.add_argument("--json", action="store_true", help="print JSON lines, one verified entry per line")
+    audit.set_defaults(run=_cmd_audit)
     return parser
 
 

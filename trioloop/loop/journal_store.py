@@ -127,6 +127,11 @@ class JournalStore(Protocol):
         """The ids of every session with a journal, sorted."""
         ...
 
+    async def read(self, session_id: str) -> Sequence[StoredEntry]:
+        """Every stored entry of ``session_id``, in order, without a lease (an auditor reads a session that
+        another process may be driving: it sees every entry appended before the read)."""
+        ...
+
 
 class _MemoryLease:
     def __init__(self, store: MemoryJournalStore, session_id: str) -> None:
@@ -210,3 +215,7 @@ class MemoryJournalStore:
     async def session_ids(self) -> Sequence[str]:
         await trio.lowlevel.checkpoint()
         return sorted(k for k, v in self._journals.items() if v)
+
+    async def read(self, session_id: str) -> Sequence[StoredEntry]:
+        await trio.lowlevel.checkpoint()
+        return tuple(self._journals.get(session_id, ()))

@@ -170,6 +170,16 @@ class SQLiteJournalStore:
         )
         return sorted(row[0] for row in rows)
 
+    async def read(self, session_id: str) -> Sequence[StoredEntry]:
+        """Every entry of ``session_id`` in order, without a lease (for an auditor)."""
+        rows = await self._run(
+            f"reading session {session_id!r}",
+            lambda connection: connection.execute(
+                "SELECT seq, data FROM trioloop_journal WHERE session_id = ? ORDER BY seq", (session_id,)
+            ).fetchall(),
+        )
+        return tuple(StoredEntry(seq, bytes(data)) for seq, data in rows)
+
     async def close(self) -> None:
         """Release every lease this store granted and close the database; later calls raise `JournalStoreError`."""
         with trio.CancelScope(shield=True):

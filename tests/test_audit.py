@@ -1,0 +1,121 @@
+"""`trioloop audit`: the trail of a journaled session in a real SQLite file (who approved which input, edits,
+deny reasons, commits), its JSON lines, and a changed entry named with exit 1."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import trio
+
+from trioloop import (
+    CallStatus,
+    Phase,
+    ScriptedProvider,
+    Session,
+    ToolExecutionContext,
+    ToolOutcome,
+    define_document_kind,
+    function_tool,
+)
+from trioloop.cli import main
+from trioloop.providers.scripted import ScriptedCall, ScriptStep
+from trioloop.stores import SQLiteJournalStore
+
+NOTE = define_document_kind("note", dump=lambda text: text, load=lambda text: text)
+
+
+@function_tool
+async def append_line(ctx: ToolExecutionContext[str], line: str) -> ToolOutcome[str]:
+    """Append one line to the note."""
+    return ToolOutcome.success("appended", document=ctx.document + line + "\n")
+
+
+async def record_a_session(path: Path) -> None:
+    step = ScriptStep(
+        tool_calls=(
+            ScriptedCall(id="a", name="append_line", input={"line": "draft"}),
+            ScriptedCall(id="b", name="append_line", input={"line": "evil \u202e\x1b[31mtext"}),
+        )
+    )
+    async with ScriptedProvider([step, ScriptStep(text="Done.")]) as provider, SQLiteJournalStore(path) as store:
+        session = await Session.open(
+            store, "review-1", kind=NOTE, provider=provider, document="", model="m", tools=[append_line]
+        )
+        session.actor = "alice"
+        async with session:
+
+            async def review() -> None:
+                async for state in session.states():
+                    if session.busy and state.phase is Phase.AWAITING_APPROVAL:
+                        pending = {c.id for c in state.current_calls if c.status is CallStatus.PENDING}
+                        if "a" in pending:
+                            session.approve("a", {"line": "final"})
+                        if "b" in pending:
+                            session.deny("b", "looks wrong")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(review)
+                await session.send("write it")
+                nursery.cancel_scope.cancel()
+            assert session.document == "final\n"
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Path:
+    path = tmp_path / "journal.db"
+    trio.run(record_a_session, path)
+    return path
+
+
+def test_the_trail_shows_who_approved_what_with_edits_reasons_and_commits(
+    journal: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["audit", str(journal)]) == 0
+    out = capsys.readouterr().out
+    assert "session review-1:" in out and "hash chain verified" in out
+    assert "approved a by alice" in out
+    assert "edited line: draft -> final" in out
+    assert "declined b by alice: looks wrong" in out
+    assert "call a succeeded, committed the document" in out
+    assert "turn turn-1 starts: write it" in out
+    # What the card showed (every line of the input) is in the trail, made safe to print.
+    assert "line: final" in out
+    assert "\u202e" not in out and "\x1b" not in out
+
+
+def test_json_lines_carry_the_chain(journal: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", str(journal), "--session", "review-1", "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
+    assert records[0]["prev"] == "0" * 64
+    for before, after in itertools.pairwise(records):
+        assert after["prev"] == before["hash"]
+    kinds = [r["kind"] for r in records]
+    assert kinds[0] == "snapshot" and "approve" in kinds and "deny" in kinds and kinds[-1] == "snapshot"
+    approve = next(r for r in records if r["kind"] == "approve")
+    assert approve["data"]["by"] == "alice" and approve["data"]["edited_input"] == {"line": "final"}
+
+
+def test_a_changed_entry_is_named_and_exits_1(journal: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with sqlite3.connect(journal) as db:
+        seq, data = db.execute(
+            'SELECT seq, data FROM trioloop_journal WHERE CAST(data AS TEXT) LIKE \'%"kind":"deny"%\''
+        ).fetchone()
+        forged = bytes(data).replace(b"looks wrong", b"fine by me!")
+        db.execute("UPDATE trioloop_journal SET data = ? WHERE seq = ?", (forged, seq))
+    assert main(["audit", str(journal)]) == 1
+    captured = capsys.readouterr()
+    # The forged entry still decodes; the next one no longer carries its hash.
+    assert f"entry {seq + 1} does not verify" in captured.err
+    assert "fine by me!" in captured.out  # everything before the break is printed, the break is named
+    assert hashlib.sha256(forged).hexdigest()[:12] in captured.out
+
+
+def test_a_missing_journal_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", str(tmp_path / "nothing.db")]) == 2
+    assert "no journal" in capsys.readouterr().err

@@ -128,3 +128,51 @@ def test_trio_delivers_ctrl_c_to_the_loop(thf: Path) -> None:
         trio.run(main)
     assert interrupted(caught.value)
     assert len(load_thf(thf).threats) == len(load_thf(PAYMENT).threats) + 1
+
+
+async def test_a_killed_chat_resumes_from_its_journal_at_the_open_review(
+    thf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The first call is approved and commits; at the second call's card the terminal is killed. What a
+    # SIGKILL leaves is the journal as it stood (copied here at that instant: every entry is durable
+    # before the card is shown); `--resume` continues that very review.
+    journal = tmp_path / "model.thf.journal"
+    killed = tmp_path / "killed.journal"
+    base = len(load_thf(thf).threats)
+
+    class Killed(Exception):
+        pass
+
+    replies: Iterator[str] = iter(["add two", "a"])
+
+    def prompt(label: str) -> str:
+        reply = next(replies, None)
+        if reply is not None:
+            return reply
+        for suffix in ("", "-wal"):  # WAL mode: the database and its log, as the process left them
+            source = Path(f"{journal}{suffix}")
+            if source.exists():
+                Path(f"{killed}{suffix}").write_bytes(source.read_bytes())
+        raise Killed
+
+    steps = [add_threat("c1", "First"), add_threat("c2", "Second"), ScriptStep(text="unreached")]
+    with pytest.raises(BaseException):  # noqa: B017 - the "kill", wrapped in Trio's exception groups
+        async with ScriptedProvider(steps) as provider:
+            await chat_session(thf, provider, "scripted-1", "ask", prompt, journal=journal)
+    assert f"resume with --resume {journal}" in capsys.readouterr().out
+
+    async with ScriptedProvider([ScriptStep(text="Both added.")]) as provider:
+        code = await chat_session(thf, provider, "scripted-1", "ask", answers("a"), journal=killed, resume=True)
+    out = capsys.readouterr().out
+    assert code == 0 and "Continuing the turn the journal left open." in out
+    threats = load_thf(thf).threats
+    assert [t.title for t in threats[base:]] == ["First", "Second"]  # c1 once (not run again), then c2
+    assert len(provider.requests) == 1  # the open review did not ask the model again
+
+
+async def test_resume_without_a_journal_is_a_usage_error(thf: Path, tmp_path: Path) -> None:
+    async with ScriptedProvider([]) as provider:
+        code = await chat_session(
+            thf, provider, "scripted-1", "ask", answers(), journal=tmp_path / "none.journal", resume=True
+        )
+    assert code == 2

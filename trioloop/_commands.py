@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -62,11 +63,12 @@ def _load(path: Path) -> ThfFile | None:
         return None
 
 
-async def _one_turn(session: Session[ThreatModel], view: TurnView, text: str) -> TurnState:
+async def _one_turn(session: Session[ThreatModel], view: TurnView, text: str | None) -> TurnState:
+    """A turn for ``text`` (None: the turn the journal left open) with its live view and Ctrl-C as Stop."""
     async with trio.open_nursery() as nursery:
         await nursery.start(_ctrl_c_stops, session, view.console)
         nursery.start_soon(view.watch)
-        state = await session.send(text)
+        state = await (session.continue_turn() if text is None else session.send(text))
         await view.render(state)
         nursery.cancel_scope.cancel()
     return state
@@ -241,6 +243,8 @@ async def _chat(
     thinking_budget: int | None = None,
     mcp_servers: McpOptions = ((), None),
     out: Path | None = None,
+    journal: Path | None = None,
+    resume: bool = False,
 ) -> int:
     # Everything that can be checked is checked before the first prompt: URL, key, model, options.
     base_url, problem = _checked_base_url(base_url or os.environ.get(_BASE_URL_ENV[provider_name]) or None)
@@ -262,7 +266,9 @@ async def _chat(
     logging.getLogger("trioloop").addHandler(logging.NullHandler())  # the CLI says it; no stray log line
     host = _host(base_url, provider_name)
     provider = _real_provider(provider_name, key, base_url, thinking_budget)
-    return await chat_session(path, provider, model, mode, prompt, out, mcp_servers, host=host)
+    return await chat_session(
+        path, provider, model, mode, prompt, out, mcp_servers, host=host, journal=journal, resume=resume
+    )
 
 
 async def chat_session(
@@ -275,28 +281,90 @@ async def chat_session(
     mcp_servers: McpOptions = ((), None),
     *,
     host: str = "the provider",
+    journal: Path | None = None,
+    resume: bool = False,
 ) -> int:
     """The chat loop over any provider, with the tools of any MCP servers named.
 
     After every turn that changed the document it is saved (to ``out``, else in place), and on Ctrl-C at
-    any point whatever the settled tools committed is saved. Exit status: 0, or `EXIT_TURN_FAILED` when a
-    turn failed, 1 when the document or an MCP server could not be loaded."""
+    any point whatever the settled tools committed is saved. With ``journal`` (a SQLite file) every turn is
+    journaled as it runs, so a killed terminal loses nothing: ``resume`` continues the file's latest chat,
+    its conversation, document and any review left open. Exit status: 0, or `EXIT_TURN_FAILED` when a turn
+    failed, 1 when the document or an MCP server could not be loaded, 2 when the journal cannot be used."""
     console = _console()
     loaded = _load(path)
     if loaded is None:
         return 1
     saver = _Saver(console, loaded, out or path)
-    async with threat_model_session(document=loaded.model, provider=provider, model=model) as session:
-        if not await _add_mcp_servers(session, mcp_servers):
-            return 1  # servers that did start close with the session
-        console.print(Text(f"{model} at {host}; changes are saved to {saver.target}", style="dim"))
-        try:
-            failed = await _chat_loop(console, session, mode, prompt, host, saver)
-        except BaseException:
-            # Ctrl-C (trio may deliver it inside an exception group) or any other end: the document only
-            # ever holds whole, committed tool results, so what it holds now is worth keeping.
-            saver.save(session.document)
-            raise
+    if journal is None:
+        async with threat_model_session(document=loaded.model, provider=provider, model=model) as session:
+            code = await _chat_in(console, session, mode, prompt, host, saver, mcp_servers, model)
+        return code
+    from trioloop.loop.journal import JournalError
+    from trioloop.loop.journal_store import JournalStoreError, SessionLocked
+    from trioloop.stores import SQLiteJournalStore
+
+    try:
+        async with SQLiteJournalStore(journal) as store:
+            opened = await _open_chat(store, loaded.model, provider, model, resume)
+            if opened is None:
+                _error(f"error: {journal} holds no chat to resume")
+                return EXIT_USAGE
+            async with opened as session:
+                console.print(Text(f"Journal: {journal} (resume with --resume {journal})", style="dim"))
+                code = await _chat_in(console, session, mode, prompt, host, saver, mcp_servers, model)
+            return code
+    except SessionLocked:
+        _error(f"error: another trioloop process is using {journal}")
+        return EXIT_USAGE
+    except (JournalError, JournalStoreError) as exc:
+        _error(f"error: the journal {journal} cannot be used: {exc}")
+        return EXIT_USAGE
+
+
+async def _open_chat(
+    store: Any, document: ThreatModel, provider: ChatProvider, model: str, resume: bool
+) -> Session[ThreatModel] | None:
+    """The file's latest chat (``resume``), or a new one numbered by the time it started."""
+    from trioloop.threatmodel import THREAT_MODEL, create_ai_tool_registry
+    from trioloop.threatmodel.session import THREAT_MODEL_SYSTEM_PROMPT
+
+    options: dict[str, Any] = {
+        "kind": THREAT_MODEL,
+        "provider": provider,
+        "model": model,
+        "tools": create_ai_tool_registry(),
+        "system_prompt": THREAT_MODEL_SYSTEM_PROMPT,
+    }
+    if resume:
+        chats = [i for i in await store.session_ids() if i.startswith("chat-")]
+        if not chats:
+            return None
+        return await Session.open(store, chats[-1], **options)
+    started = datetime.datetime.now(datetime.UTC).strftime("chat-%Y%m%dT%H%M%S.%fZ")
+    return await Session.open(store, started, document=document, **options)
+
+
+async def _chat_in(
+    console: Console,
+    session: Session[ThreatModel],
+    mode: ApproveMode,
+    prompt: Callable[[str], str],
+    host: str,
+    saver: _Saver,
+    mcp_servers: McpOptions,
+    model: str,
+) -> int:
+    if not await _add_mcp_servers(session, mcp_servers):
+        return 1  # servers that did start close with the session
+    console.print(Text(f"{model} at {host}; changes are saved to {saver.target}", style="dim"))
+    try:
+        failed = await _chat_loop(console, session, mode, prompt, host, saver)
+    except BaseException:
+        # Ctrl-C (trio may deliver it inside an exception group) or any other end: the document only
+        # ever holds whole, committed tool results, so what it holds now is worth keeping.
+        saver.save(session.document)
+        raise
     return EXIT_TURN_FAILED if failed else 0
 
 
@@ -313,6 +381,13 @@ async def _chat_loop(
     lines = LinePrompt(prompt)  # one reader for the whole chat: a read a Stop abandoned is not lost
     failed = False
     totals = Usage()
+    if session.suspended:  # a review left open (or a turn a crash cut short): take it up first
+        console.print(Text("Continuing the turn the journal left open.", style="bold"))
+        before = session.document
+        state = await _one_turn(session, TurnView(console, session, mode, lines), None)
+        _report(console, session, state, before)
+        saver.save(session.document)
+        totals = usage_sum(totals, state.usage)
     while True:
         try:
             text = await lines.ask("you> ")
@@ -390,6 +465,8 @@ def run_chat(
     base_url: str | None = None,
     thinking_budget: int | None = None,
     out: str | None = None,
+    journal: str | None = None,
+    resume: bool = False,
 ) -> int:
     return _interruptible(
         _chat,
@@ -402,6 +479,8 @@ def run_chat(
         thinking_budget,
         (tuple(mcp), mcp_config),
         Path(out) if out else None,
+        Path(journal) if journal else None,
+        resume,
     )
 
 

@@ -67,7 +67,19 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         out=args.out,
         base_url=args.base_url,
         thinking_budget=args.thinking_budget,
+        journal=_journal_path(args),
+        resume=args.resume is not None,
     )
+
+
+def _journal_path(args: argparse.Namespace) -> str | None:
+    """The chat's journal: --resume's, else --session's, else FILE.journal beside the document (none with
+    --no-session)."""
+    if args.resume is not None:
+        return str(args.resume)
+    if args.no_session:
+        return None
+    return str(args.session) if args.session else f"{args.file}.journal"
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
@@ -167,6 +179,17 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument(
         "--out", metavar="FILE", help="save the document here (default: in place, after every turn that changed it)"
     )
+    chat.add_argument(
+        "--session",
+        metavar="JOURNAL",
+        help="journal every turn in this SQLite file (default: FILE.journal), so a killed terminal can resume",
+    )
+    chat.add_argument(
+        "--resume",
+        metavar="JOURNAL",
+        help="continue the latest chat journaled in JOURNAL: its conversation, document and any review left open",
+    )
+    chat.add_argument("--no-session", action="store_true", help="keep no journal (nothing to resume after a crash)")
     chat.set_defaults(run=_cmd_chat)
 
     audit = commands.add_parser(

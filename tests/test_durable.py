@@ -3,8 +3,11 @@ tools that changed, a failing store, leases, and a tampered journal refused."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Sequence
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -298,3 +301,21 @@ async def test_a_tampered_journal_is_refused_naming_the_first_bad_entry() -> Non
             await open_note(forged, provider)
         assert caught.value.seq == approve + 2  # the entry after the forged one no longer matches its hash
         assert decode_entries(forged._journals["s1"])[approve].data["by"].startswith("mallory")
+
+
+def test_the_example_suspends_in_one_process_and_approves_in_another(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "durable_review.py"
+    journal = str(tmp_path / "reviews.db")
+    first = subprocess.run([sys.executable, str(example), "start", journal], capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert "waiting for review" in first.stdout and "Forged PSP webhook" in first.stdout
+    second = subprocess.run(
+        [sys.executable, str(example), "approve", journal], capture_output=True, text=True, timeout=60
+    )
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "completed - 8 threats"
+    # A third process finds the turn settled, the threat in the document, nothing left to continue.
+    third = subprocess.run(
+        [sys.executable, str(example), "approve", journal], capture_output=True, text=True, timeout=60
+    )
+    assert third.returncode != 0 and "AssertionError" in third.stderr

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Generic, TypeVar, final
 
@@ -113,6 +114,8 @@ JOURNAL_KINDS: Final = frozenset(
     }
 )
 _ENTRY_KEYS: Final = ("seq", "kind", "prev", "at", "data")
+#: Documents a writer keeps in text form (the live one, the undo history's, a few more).
+_DUMP_CACHE: Final = 64
 
 
 class JournalError(ValueError):
@@ -246,6 +249,14 @@ class JournalWriter:
         self._dump = dump_document
         self._clock = clock
         self._ready: list[StoredEntry] = []
+        # Documents already in their text form, by identity (the runner never changes a live document in
+        # place: a commit swaps in another object): a snapshot after a turn that only read, and the undo
+        # history's documents, cost no second dump. Most recent last; bounded.
+        self._dumped: OrderedDict[int, tuple[Any, str]] = OrderedDict()
+        self._commit_pending = False
+        self._submit_pending = False
+        self._since_snapshot = 0  # bytes written since the last snapshot
+        self._snapshot_size = 0
         self._events: list[dict[str, Any]] = []
         self._text: list[str] = []  # text deltas not yet joined into the last event
         self.actor = ""
@@ -267,8 +278,19 @@ class JournalWriter:
         """Whether a response is in mid-stream: its events are held until it ends."""
         return bool(self._events or self._text)
 
+    @property
+    def commit_pending(self) -> bool:
+        """Whether an entry not yet taken records a commit (a document change): its state waits for it."""
+        return self._commit_pending
+
+    @property
+    def submit_pending(self) -> bool:
+        """Whether an entry not yet taken starts a turn: it is durable before the turn's first request."""
+        return self._submit_pending
+
     def take(self) -> list[StoredEntry]:
         ready, self._ready = self._ready, []
+        self._commit_pending = self._submit_pending = False
         return ready
 
     def add(self, kind: str, data: Mapping[str, Any]) -> None:
@@ -279,6 +301,34 @@ class JournalWriter:
         raw = encode_entry(self._seq, kind, self._prev, self._clock(), data)
         self._prev = entry_hash(raw)
         self._ready.append(StoredEntry(self._seq, raw))
+        if kind == "settled" and data.get("document") is not None:
+            self._commit_pending = True
+        elif kind == "submit":
+            self._submit_pending = True
+        if kind == "snapshot":
+            self._since_snapshot, self._snapshot_size = 0, len(raw)
+        else:
+            self._since_snapshot += len(raw)
+
+    @property
+    def snapshot_due(self) -> bool:
+        """Whether a session snapshot would pay for itself: once the entries since the last one weigh as much
+        as it did, so snapshots cost at most what the rest of the journal does, and reopening replays at
+        most about one snapshot's worth of entries."""
+        return self._since_snapshot >= self._snapshot_size
+
+    def dump(self, document: Any) -> str:
+        """``document`` in its text form, from the cache when this very object was dumped before."""
+        key = id(document)
+        cached = self._dumped.get(key)
+        if cached is not None and cached[0] is document:
+            self._dumped.move_to_end(key)
+            return cached[1]
+        text = self._dump(document)
+        self._dumped[key] = (document, text)
+        if len(self._dumped) > _DUMP_CACHE:
+            self._dumped.popitem(last=False)
+        return text
 
     def _flush_stream(self, state: TurnState | None) -> None:
         self._join_text()
@@ -364,7 +414,7 @@ class JournalWriter:
                     "result": outcome.result if text else None,
                     "changed_document": bool(item.changed_document),
                     "now_ms": item.now_ms,
-                    "document": self._dump(document) if committed else None,
+                    "document": self.dump(document) if committed else None,
                 },
             )
         elif isinstance(item, Advance):
@@ -380,7 +430,7 @@ class JournalWriter:
 
     def snapshot(self, snapshot: SessionSnapshot[Any]) -> None:
         """The whole session: written first, then after every settled turn and every undo."""
-        self.add("snapshot", {"session": encode_session(snapshot, dump_document=self._dump).decode("ascii")})
+        self.add("snapshot", {"session": encode_session(snapshot, dump_document=self.dump).decode("ascii")})
 
 
 _COMMANDS: Final[frozenset[type]] = frozenset(

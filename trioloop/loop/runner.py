@@ -53,7 +53,7 @@ from trioloop.loop.machine import (
     TurnState,
     reduce_turn,
 )
-from trioloop.loop.tool_runtime import RegisteredTool, ToolExecutionContext, ToolOutcome, ToolRegistry
+from trioloop.loop.tool_runtime import PreparedCall, RegisteredTool, ToolExecutionContext, ToolOutcome, ToolRegistry
 from trioloop.loop.transaction import Committed, Refused, UndoHistory, commit_tool_outcome
 from trioloop.protocol.events import StreamError, StreamEvent, is_terminal
 from trioloop.protocol.messages import Message
@@ -384,8 +384,9 @@ class _Turn(Generic[D]):
             if (old.phase is Phase.AWAITING_APPROVAL) is not (new.phase is Phase.AWAITING_APPROVAL):
                 self.pause_deadline_for_review(new.phase is Phase.AWAITING_APPROVAL)
             if self.on_state is not None:
-                if journal is not None and journal.writer.has_ready:
-                    self.unpublished = True  # published by `sync`, once its entries are durable
+                if journal is not None and (journal.writer.commit_pending or new.phase is Phase.AWAITING_APPROVAL):
+                    # Published by `sync`, once durable: a commit, and the cards a person is about to see.
+                    self.unpublished = True
                 else:
                     self.on_state(new)
 
@@ -451,7 +452,13 @@ class _Turn(Generic[D]):
     async def consume(self) -> None:
         receive = self.controls._receive
         while not self.state.is_settled:
-            if self.journal is not None:
+            if self.journal is not None and (
+                self.unpublished
+                or (self.state.phase is Phase.AWAITING_APPROVAL and self.journal.writer.has_ready)
+            ):
+                # A commit is durable before its state is published or anything else runs, and the cards
+                # are durable before the turn waits for the person (who may take a day: a crash meanwhile
+                # must not lose them).
                 await self.sync()
             await self.perform_effects()
             if self.state.is_settled:
@@ -577,8 +584,8 @@ class _Turn(Generic[D]):
         while True:
             state = self.state
             if state.phase is Phase.REQUESTING and not self.request_open:
-                if self.journal is not None:
-                    await self.sync()  # the request carries the conversation: what led to it is durable first
+                if self.journal is not None and self.journal.writer.submit_pending:
+                    await self.sync()  # the turn (the person's words) is durable before its first request
                     if self.controls.turn_cancelled:
                         return
                 self.open_request(backoff_s=0.0)
@@ -635,6 +642,8 @@ class _Turn(Generic[D]):
         # Reads run concurrently; mutations run one at a time, each from the document as the previous
         # one left it, so two approved edits never race into a document_changed refusal.
         mutating = any(c.status is CallStatus.RUNNING and c.effect == "mutate" for c in current)
+        starting: list[tuple[CallRecord, PreparedCall[Any]]] = []
+        snapshot = self.workspace.document
         for call in current:
             if call.status is not CallStatus.APPROVED or call.id in self.started:
                 continue
@@ -643,14 +652,19 @@ class _Turn(Generic[D]):
                     continue
                 mutating = True
             self.started.add(call.id)
-            snapshot = self.workspace.document
             self.apply(StartCall(call_id=call.id, now_ms=_now_ms()))
             started = self.state.call(call.id)
             if started is None or started.status is not CallStatus.RUNNING or started.prepared is None:
                 continue  # the reducer refused it (recorded as a violation, call made terminal)
-            if self.journal is not None:
-                await self.sync()  # the start is durable before the tool runs: a crash never runs it twice
-            tool = self.state.tool_set.get(started.tool_name)
+            starting.append((started, started.prepared))
+        if not starting:
+            return
+        if self.journal is not None:
+            # Every start (and what led to it: the approvals) is durable before any of these tools runs, in
+            # one append: a crash never runs a tool twice.
+            await self.sync()
+        for call, prepared in starting:
+            tool = self.state.tool_set.get(call.tool_name)
             if tool is None:  # unreachable: the reducer checked the frozen tool set
                 continue
             # The tool's own scope carries the turn deadline, so at the deadline (as on Stop) the
@@ -666,9 +680,9 @@ class _Turn(Generic[D]):
                 context = ToolExecutionContext(document=snapshot, cancel_scope=scope)
             else:
                 context = ToolExecutionContext.deferred(partial(kind.private_copy, snapshot), cancel_scope=scope)
-            invoke = started.prepared.invoke
+            invoke = prepared.invoke
             if invoke is None:
-                pending: Awaitable[object] = started.prepared.run(context)
+                pending: Awaitable[object] = prepared.run(context)
             else:
                 # A plain ``def`` tool runs here and now, as it would in a task of its own (no checkpoint
                 # can come between its start and its end either way): no spawn, no scheduler pass, and

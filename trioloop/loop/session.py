@@ -146,6 +146,7 @@ class Session(Generic[D]):
         self._journal: TurnJournal | None = None
         self._compact = False
         self._resume: ResumePoint | None = None  # a live turn suspended in review (or cut by a crash)
+        self._pending_controls: TurnControls | None = None  # its decisions, taken before `continue_turn`
         self._turn_ended = trio.Event()
         self._turn_ended.set()
         #: Who the person deciding is, as the journal records each decision (the OS user by default).
@@ -295,15 +296,18 @@ class Session(Generic[D]):
         resume = self._resume
         if resume is None:
             raise SessionBusy("No suspended turn: there is nothing to continue.")
+        controls, self._pending_controls = self._pending_controls, None
         self._resume = None
         if self._journal is not None:
             self._journal.writer.add("resume", {"by": self.actor, "turn_id": resume.state.turn_id})
-        return await self._run("", resume.state.turn_id, resume)
+        return await self._run("", resume.state.turn_id, resume, controls)
 
-    async def _run(self, text: str, turn_id: str, resume: ResumePoint | None) -> TurnState:
+    async def _run(
+        self, text: str, turn_id: str, resume: ResumePoint | None, controls: TurnControls | None = None
+    ) -> TurnState:
         self._check_journal()
         nursery = self.nursery
-        controls = TurnControls()
+        controls = controls or TurnControls()
         self._controls = controls
         self._turn_ended = trio.Event()
         request = TurnRequest(
@@ -342,10 +346,11 @@ class Session(Generic[D]):
                 self._resume = ResumePoint(
                     state=final, machine_ms=machine_ms, review_waited_ms=review_ms, card_digests=digests
                 )
+                self._pending_controls = TurnControls()
             self._turn_ended.set()
         self._publish(state)
         if journal is not None:
-            if state.is_settled:
+            if state.is_settled and journal.writer.snapshot_due:
                 journal.writer.snapshot(self.snapshot())  # compaction: reopening replays from here
             await self._flush()
         return state
@@ -381,17 +386,32 @@ class Session(Generic[D]):
         await journal.flush()
         self._check_journal()
 
+    def _deciding(self) -> TurnControls | None:
+        """Where a decision goes: the running turn, or the suspended one (taken when it continues)."""
+        return self._controls if self._controls is not None else self._pending_controls
+
     def approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> bool:
-        return self._controls is not None and self._controls.approve(call_id, edited_input)
+        """Approve one call of the current turn's review (or of a suspended turn's: it applies when the turn
+        continues); ``edited_input`` approves the person's edit of the input instead. False when no turn
+        can take it."""
+        controls = self._deciding()
+        return controls is not None and controls.approve(call_id, edited_input)
 
     def approve_batch(self, call_ids: Iterable[str]) -> bool:
-        return self._controls is not None and self._controls.approve_batch(tuple(call_ids))
+        """Approve the listed calls together (destructive ones are never included)."""
+        controls = self._deciding()
+        return controls is not None and controls.approve_batch(tuple(call_ids))
 
     def deny(self, call_id: str, reason: str = "") -> bool:
-        return self._controls is not None and self._controls.deny(call_id, reason)
+        """Decline one call; ``reason`` reaches the model as the person's words."""
+        controls = self._deciding()
+        return controls is not None and controls.deny(call_id, reason)
 
     def stop(self) -> bool:
-        return self._controls is not None and self._controls.stop()
+        """Stop the current turn (approved work already committed is kept); a suspended turn is stopped when it
+        continues. False when there is no turn to stop."""
+        controls = self._deciding()
+        return controls is not None and controls.stop()
 
     def undo_availability(self) -> UndoAvailability:
         turn_id = self._last_turn_id
@@ -578,6 +598,7 @@ class Session(Generic[D]):
             live = replayed.live
             if live is not None:
                 machine_ms = replayed.suspended_machine_ms
+                session._pending_controls = TurnControls()
                 session._resume = ResumePoint(
                     state=live,
                     machine_ms=replayed.advanced_machine_ms if machine_ms is None else machine_ms,

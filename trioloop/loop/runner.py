@@ -453,8 +453,7 @@ class _Turn(Generic[D]):
         receive = self.controls._receive
         while not self.state.is_settled:
             if self.journal is not None and (
-                self.unpublished
-                or (self.state.phase is Phase.AWAITING_APPROVAL and self.journal.writer.has_ready)
+                self.unpublished or (self.state.phase is Phase.AWAITING_APPROVAL and self.journal.writer.has_ready)
             ):
                 # A commit is durable before its state is published or anything else runs, and the cards
                 # are durable before the turn waits for the person (who may take a day: a crash meanwhile

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from trioloop import (
     CallStatus,
@@ -28,7 +29,8 @@ from trioloop import (
 from trioloop.loop.authorization import Violation
 from trioloop.loop.journal import INTERRUPTED_CALL_TEXT, JournalError, decode_entries
 from trioloop.loop.journal_store import MemoryJournalStore, SessionLocked, StoredEntry
-from trioloop.loop.session import SessionJournalError
+from trioloop.loop.limits import TurnLimits
+from trioloop.loop.session import SessionBusy, SessionJournalError
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 
 NOTE = define_document_kind("note", dump=lambda text: text, load=lambda text: text)
@@ -78,7 +80,8 @@ async def wait_for_review(session: Session[str]) -> None:
 
 
 async def open_note(store: MemoryJournalStore, provider: ScriptedProvider, **kw: Any) -> Session[str]:
-    return await Session.open(store, "s1", kind=NOTE, provider=provider, document="", model="m", tools=TOOLS, **kw)
+    kw.setdefault("tools", TOOLS)
+    return await Session.open(store, "s1", kind=NOTE, provider=provider, document="", model="m", **kw)
 
 
 def comparable(state: Any) -> Any:
@@ -319,3 +322,68 @@ def test_the_example_suspends_in_one_process_and_approves_in_another(tmp_path: P
         [sys.executable, str(example), "approve", journal], capture_output=True, text=True, timeout=60
     )
     assert third.returncode != 0 and "AssertionError" in third.stderr
+
+
+async def test_suspend_outside_review_is_stop_first() -> None:
+    store = MemoryJournalStore()
+    running, never = trio.Event(), trio.Event()
+
+    @function_tool
+    async def slow(ctx: ToolExecutionContext[str]) -> ToolOutcome[str]:
+        """Wait for ever (until cancelled)."""
+        RUNS.append("slow")
+        running.set()
+        await never.wait()
+        return ToolOutcome.success("never")
+
+    step = ScriptStep(tool_calls=(ScriptedCall(id="s", name="slow"),))
+    async with ScriptedProvider([step]) as provider:
+        session = await open_note(store, provider, tools=[slow, read_note])
+        async with session, trio.open_nursery() as nursery:
+            nursery.start_soon(session.send, "go")
+            await wait_for_review(session)
+            session.approve("s")
+            await running.wait()  # executing: no review to suspend in
+            final = await session.suspend()
+        assert final is not None and final.outcome is Outcome.CANCELLED and not session.suspended
+        assert RUNS == ["slow"]
+    reopened = await open_note(store, provider, tools=[slow, read_note])
+    assert not reopened.suspended and reopened.state is not None and reopened.state.outcome is Outcome.CANCELLED
+    await reopened.aclose()
+
+
+async def test_suspend_and_continue_in_one_process_without_a_store() -> None:
+    steps = [calls(("a", "one")), ScriptStep(text="Ok.")]
+    async with (
+        ScriptedProvider(steps) as provider,
+        Session(document="", kind=NOTE, provider=provider, model="m", tools=TOOLS) as session,
+    ):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.send, "add")
+            await wait_for_review(session)
+            await session.suspend()
+        assert session.suspended and not session.busy
+        with pytest.raises(SessionBusy):
+            await session.send("something else")
+        assert session.approve("a")  # queued for the suspended turn
+        final = await session.continue_turn()
+    assert final.outcome is Outcome.COMPLETED and session.document == "one\n" and RUNS == ["one"]
+
+
+async def test_the_review_timeout_goes_on_from_where_it_stood(autojump_clock: trio.testing.MockClock) -> None:
+    store = MemoryJournalStore()
+    limits = TurnLimits(review_timeout_ms=10_000)
+    async with ScriptedProvider([calls(("a", "one"))]) as provider:
+        async with await open_note(store, provider, limits=limits) as session, trio.open_nursery() as nursery:
+            nursery.start_soon(session.send, "add")
+            await wait_for_review(session)
+            await trio.sleep(6)  # the person looked at the card for 6 s, then the app closed
+            await session.suspend()
+        reopened = await open_note(store, provider, limits=limits)
+        async with reopened:
+            started = trio.current_time()
+            final = await reopened.continue_turn()
+            waited = trio.current_time() - started
+    assert final.outcome is Outcome.BOUNDED and any("review" in n.lower() for n in final.notices)
+    assert 3.9 <= waited <= 4.1  # the 4 s the review had left, not a fresh 10 s
+    assert RUNS == []

@@ -335,7 +335,13 @@ class JournalWriter:
         events, self._events = self._events, []
         data: dict[str, Any] = {"events": events}
         if state is not None:
-            data["cards"] = [_call_card(c) for c in state.current_calls if not c.is_terminal]
+            # The cards a person reviews, whole; a call approved by the read-only policy is never shown, so
+            # only its digest is kept (a resumed turn still refuses it if its tool changed).
+            data["cards"] = [
+                _call_card(c) if c.status is CallStatus.PENDING else {"call_id": c.id, "digest": c.input_digest}
+                for c in state.current_calls
+                if not c.is_terminal
+            ]
         self.add("stream", data)
 
     def _join_text(self) -> None:

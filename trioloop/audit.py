@@ -63,9 +63,8 @@ def _card_lines(card: Any, indent: str) -> list[str]:
     if not isinstance(card, Mapping):
         return []
     if "tool" not in card:  # approved by the read-only policy: never shown, its digest kept
-        return [
-            f"{indent}call {_show(card.get('call_id'))} approved by the read-only policy, digest {_show(card.get('digest'))}"
-        ]
+        call_id, digest = _show(card.get("call_id")), _show(card.get("digest"))
+        return [f"{indent}call {call_id} approved by the read-only policy, digest {digest}"]
     head = (
         f"{indent}card {_show(card.get('call_id'))}: {_show(card.get('tool'))} "
         f"({'destructive ' if card.get('destructive') else ''}{_show(card.get('effect'))}), "

@@ -23,11 +23,19 @@ from trioloop.loop.document import (
     define_document_kind,
     text_diff,
 )
+from trioloop.loop.journal import JournalError
+from trioloop.loop.journal_store import (
+    JournalConflict,
+    JournalStore,
+    JournalStoreError,
+    MemoryJournalStore,
+    SessionLocked,
+)
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.preview import EntityChange, FieldChange, Preview, preview_call
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
-from trioloop.loop.session import Session, SessionBusy, SessionClosed, Toolset, TranscriptError
+from trioloop.loop.session import Session, SessionBusy, SessionClosed, SessionJournalError, Toolset, TranscriptError
 from trioloop.loop.session_file import SessionFileError
 from trioloop.loop.tool_runtime import (
     Effect,
@@ -101,6 +109,11 @@ __all__ = [
     "Effect",
     "EntityChange",
     "FieldChange",
+    "JournalConflict",
+    "JournalError",
+    "JournalStore",
+    "JournalStoreError",
+    "MemoryJournalStore",
     "Message",
     "MessageStart",
     "MessageStop",
@@ -119,6 +132,8 @@ __all__ = [
     "SessionBusy",
     "SessionClosed",
     "SessionFileError",
+    "SessionJournalError",
+    "SessionLocked",
     "SimpleDocumentKind",
     "StreamError",
     "StreamEvent",

@@ -747,11 +747,15 @@ def recovery_inputs(live: TurnState, card_digests: Mapping[str, str], *, now_ms:
                     f"the card showed digest {shown[:12]}, the tool now prepares {call.input_digest[:12] or 'nothing'}"
                 )
                 inputs.append(Revoke(call_id=call.id, detail=detail))
-    if live.phase in (Phase.REQUESTING, Phase.STREAMING):
-        interrupted = StreamError(
-            code="transport", message="The session was interrupted while the model was answering."
-        )
+    interrupted = StreamError(code="transport", message="The session was interrupted while the model was answering.")
+    if live.phase is Phase.REQUESTING and live.budget.retries_used < live.limits.max_retries_per_turn:
+        # Counted as a retry while the budget allows; past it the request is still asked again (the turn
+        # cannot go on otherwise), uncounted.
         inputs.append(Retry(now_ms=now_ms, failure=interrupted, wait_ms=0))
+    elif live.phase is Phase.STREAMING:
+        # Not written by a live session (a response is journaled whole, once it ended); a journal that ends
+        # mid-response all the same ends its turn as failed rather than waiting on a stream that is gone.
+        inputs.append(interrupted)
     return inputs
 
 

@@ -42,6 +42,7 @@ from trioloop.loop.journal import (
     decode_entries,
     decode_entry,
     encode_entry,
+    recovery_inputs,
     replay_journal,
     verify_chain,
 )
@@ -356,3 +357,34 @@ def test_a_journal_with_entries_that_do_not_make_sense_is_refused_naming_them() 
     forged = json.dumps(value, separators=(",", ":")).encode()
     with pytest.raises(JournalError, match="limits"):
         replay_journal(decode_entries([stored[0], StoredEntry(2, forged)]), load_document=str, registry=REGISTRY)
+
+
+def test_recovery_inputs_settle_running_calls_revoke_changed_ones_and_ask_again() -> None:
+    live = LiveSession()
+    live.submit("x", TurnLimits(max_retries_per_turn=1))
+    requesting = live.turn
+    assert requesting is not None
+    (retry,) = recovery_inputs(requesting, {}, now_ms=5)
+    assert isinstance(retry, Retry) and retry.failure is not None
+    spent = reduce_turn(requesting, retry)
+    assert recovery_inputs(spent, {}, now_ms=6) == []  # past the retry budget: asked again, uncounted
+    live.feed(MessageStart(model="m"))
+    assert live.turn is not None
+    (failed,) = recovery_inputs(live.turn, {}, now_ms=7)
+    assert isinstance(failed, StreamError) and failed.terminal
+    live.feed(ToolCallComplete(id="c1", name="update", input={"name": "web"}))
+    live.feed(ToolCallComplete(id="c2", name="update", input={"name": "db"}))
+    live.feed(MessageStop(stop_reason="tool_use"))
+    live.feed(ApproveCall(call_id="c1"))
+    live.feed(ApproveCall(call_id="c2"))
+    live.feed(StartCall(call_id="c1", now_ms=8))
+    state = live.turn
+    assert state is not None
+    c2 = state.call("c2")
+    assert c2 is not None
+    inputs = recovery_inputs(state, {"c2": "0" * 64, "c1": "whatever"}, now_ms=9)
+    assert [type(i) for i in inputs] == [CallSettled, Revoke]
+    settled, revoked = inputs
+    assert isinstance(settled, CallSettled) and settled.call_id == "c1" and not settled.outcome.ok
+    assert isinstance(revoked, Revoke) and revoked.call_id == "c2"
+    assert recovery_inputs(state, {"c2": c2.input_digest}, now_ms=9)[1:] == []  # same digest: nothing to refuse

@@ -28,6 +28,7 @@ FILES = (
     ("test_torture_hostile.py", "Hostile documents and tool inputs"),
     ("test_fuzz_streams.py", "Stream fuzzing (SSE framer and both mappers)"),
     ("test_torture_writes.py", "Write failures (documents, session files, transcripts)"),
+    ("test_torture_crash.py", "Crashes: SIGKILL at every journal append, in tools, at random instants"),
 )
 
 

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
+import os
+import stat
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trioloop.files import write_atomic
+from trioloop.loop._bounded_json import MEMORY_ALLOWANCE, MEMORY_RATIO
 from trioloop.loop.session_file import (
     MAX_JSON_DEPTH,
     MAX_UNDO_ENTRIES,
@@ -24,7 +30,15 @@ from trioloop.loop.session_file import (
     encode_session,
 )
 from trioloop.loop.transaction import UndoEntry, UndoHistory, undo_turn
-from trioloop.protocol import Message, ProviderBlock, TextBlock, ThinkingBlock, ToolCallBlock, ToolResultBlock
+from trioloop.protocol import (
+    Message,
+    ProviderBlock,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+)
 from trioloop.threatmodel import ThreatModel, dump_thf, load_thf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,3 +232,221 @@ def test_nesting_is_capped_before_any_field_is_read() -> None:
         decode_session(_with(model=deep), load_document=_load)
     with pytest.raises(SessionFileError, match="not valid JSON"):
         decode_session(b"[" * 100_000 + b"]" * 100_000, load_document=_load)
+
+
+# -- memory: decoding never holds more than 8 times the file's size (plus 1 MiB) -------------------
+
+
+def _peak(call: Callable[[], Any]) -> tuple[int, Any]:
+    """(bytes allocated at the peak of ``call()``, its result or the ValueError it raised)."""
+    outer = tracemalloc.is_tracing()
+    if not outer:
+        tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        try:
+            result = call()
+        except ValueError as error:
+            result = error
+        return tracemalloc.get_traced_memory()[1] - start, result
+    finally:
+        if not outer:
+            tracemalloc.stop()
+
+
+def _bound(data: bytes) -> int:
+    return MEMORY_RATIO * len(data) + MEMORY_ALLOWANCE
+
+
+def _session_with(messages: bytes) -> bytes:
+    head = json.dumps({k: v for k, v in _valid().items() if k != "messages"})[:-1].encode()
+    return head + b', "messages": ' + messages + b"}"
+
+
+MEMORY_HOSTILE = {
+    # The issue's file: 2.9 MiB, a million {}; the old decoder grew by about 135 MiB before refusing.
+    "a million {}": b"[" + b",".join([b"{}"] * 1_000_000) + b"]",
+    "300,000 {} as messages": _session_with(b"[" + b",".join([b"{}"] * 300_000) + b"]"),
+    "100,000 [] in a tool input": _session_with(
+        b'[{"role": "assistant", "content": [{"type": "tool_call", "id": "t", "name": "n", "input": ['
+        + b",".join([b"[]"] * 100_000)
+        + b"]}]}]"
+    ),
+    "80,000 distinct keys in a tool input": _session_with(
+        b'[{"role": "assistant", "content": [{"type": "tool_call", "id": "t", "name": "n", "input": {'
+        + b",".join(b'"k%d": 0' % i for i in range(80_000))
+        + b"}}]}]"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(MEMORY_HOSTILE))
+def test_a_hostile_file_is_refused_within_eight_times_its_size(name: str) -> None:
+    data = MEMORY_HOSTILE[name]
+    peak, result = _peak(lambda: decode_session(data, load_document=_load))
+    assert isinstance(result, SessionFileError) and "more memory" in str(result), result
+    assert peak <= _bound(data), f"{name}: {peak / len(data):.1f} times its size"
+
+
+def _with_raw(key: str, raw: bytes) -> bytes:
+    """A valid file whose ``key`` holds ``raw``, written as is (JSON that json.dumps would not write)."""
+    value = _valid()
+    value[key] = "placeholder-7f3a"
+    return _bytes(value).replace(b'"placeholder-7f3a"', raw)
+
+
+def test_a_number_past_a_float_is_refused_not_read_as_infinity() -> None:
+    with pytest.raises(SessionFileError, match="too large for a float"):
+        decode_session(_with_raw("undo_max_entries", b"1e999"), load_document=_load)
+
+
+def _turns(count: int) -> tuple[Message, ...]:
+    messages: list[Message] = []
+    for turn in range(count):
+        call = ToolCallBlock(
+            id=f"toolu_{turn:05d}",
+            name="add_threat",
+            input={"threat": {"title": f"Spoofed webhook {turn} \u00e9", "severity": "high", "tags": ["a", "b"]}},
+        )
+        messages += [
+            Message.user(f"add threat number {turn} \U0001f600"),
+            Message(
+                role="assistant", content=(ThinkingBlock(thinking="Check the flows."), TextBlock(text="Adding."), call)
+            ),
+            Message(role="user", content=(ToolResultBlock(call_id=call.id, content=f"added threat-{turn}"),)),
+            Message.assistant("Done."),
+        ]
+    return tuple(messages)
+
+
+def test_a_long_legitimate_session_is_read_within_eight_times_its_size() -> None:
+    snapshot = attrs.evolve(_snapshot(SMALL)[0], messages=_turns(800))
+    data = encode_session(snapshot, dump_document=dump_thf)
+    peak, result = _peak(lambda: decode_session(data, load_document=_load))
+    assert result == snapshot
+    assert peak <= _bound(data), f"{peak / len(data):.1f} times its size"
+
+
+def test_a_session_of_large_documents_is_read_within_eight_times_its_size() -> None:
+    text = "".join(f'line {i}: "quoted" \\ caf\u00e9 \u4e2d\n' for i in range(20_000))
+    snapshot = SessionSnapshot(
+        messages=_turns(3),
+        document=text,
+        undo=tuple(UndoRecord(turn_id=f"turn-{i}", document=text + str(i)) for i in range(3)),
+        undo_max_entries=20,
+        last_turn_id="turn-2",
+        turn_count=3,
+    )
+    data = encode_session(snapshot, dump_document=str)
+    peak, result = _peak(lambda: decode_session(data, load_document=str))
+    assert result == snapshot
+    assert peak <= _bound(data), f"{peak / len(data):.1f} times its size"
+
+
+_texts = st.text(max_size=12)
+_tool_inputs = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**18), max_value=10**18)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _texts,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_texts, inner, max_size=3),
+    max_leaves=8,
+)
+_side_blocks = st.one_of(
+    st.builds(TextBlock, text=_texts),
+    st.builds(ThinkingBlock, thinking=_texts, signature=_texts, source=_texts),
+    st.builds(RedactedThinkingBlock, data=_texts),
+    st.builds(ProviderBlock, wire=st.sampled_from(["anthropic", "openai-responses"]), kind=_texts, data=_texts),
+)
+
+
+@st.composite
+def _conversations(draw: st.DrawFn) -> tuple[Message, ...]:
+    """A pairable conversation: each turn a user message, an assistant reply, and its tools' results."""
+    messages: list[Message] = []
+    calls_made = 0
+    for _ in range(draw(st.integers(min_value=0, max_value=4))):
+        messages.append(Message.user(draw(_texts)))
+        calls = []
+        for _ in range(draw(st.integers(min_value=0, max_value=2))):
+            calls_made += 1
+            calls.append(ToolCallBlock(id=f"toolu_{calls_made}", name=draw(_texts), input=draw(_tool_inputs)))
+        messages.append(Message(role="assistant", content=(*draw(st.lists(_side_blocks, max_size=2)), *calls)))
+        if calls:
+            results = [ToolResultBlock(call_id=c.id, content=draw(_texts), is_error=draw(st.booleans())) for c in calls]
+            messages.append(Message(role="user", content=tuple(results)))
+    return tuple(messages)
+
+
+@st.composite
+def _sessions(draw: st.DrawFn) -> SessionSnapshot[str]:
+    turn_ids = draw(st.lists(st.text(min_size=1, max_size=8), max_size=4, unique=True))
+    return SessionSnapshot(
+        messages=draw(_conversations()),
+        document=draw(st.text(max_size=40)),
+        undo=tuple(UndoRecord(turn_id=t, document=draw(st.text(max_size=20))) for t in turn_ids),
+        undo_max_entries=draw(st.integers(min_value=max(1, len(turn_ids)), max_value=MAX_UNDO_ENTRIES)),
+        last_turn_id=draw(st.none() | st.text(max_size=8)),
+        turn_count=draw(st.integers(min_value=0, max_value=10**6)),
+        model=draw(st.none() | _texts),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(_sessions())
+def test_any_session_of_valid_messages_decodes_to_what_was_encoded(snapshot: SessionSnapshot[str]) -> None:
+    data = encode_session(snapshot, dump_document=str)
+    assert decode_session(data, load_document=str) == snapshot
+
+
+# -- a save whose folder cannot be synced ---------------------------------------------------------
+
+
+def test_a_save_whose_folder_sync_fails_says_the_new_session_is_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "chat.session.json"
+    old, _ = _snapshot(SMALL)
+    write_atomic(path, encode_session(old, dump_document=dump_thf))
+    new = attrs.evolve(old, turn_count=3, messages=_turns(2))
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):  # the folder's fsync only; the file's goes through
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError) as caught:
+        write_atomic(path, encode_session(new, dump_document=dump_thf))
+    monkeypatch.undo()
+    error = caught.value
+    # Same type and errno as the failure, and a message that does not pretend nothing was written.
+    assert type(error) is OSError and error.errno == errno.EIO and error.filename == str(path.resolve())
+    assert "the new content is in place" in str(error) and "may not survive a crash" in str(error)
+    assert decode_session(path.read_bytes(), load_document=_load) == new
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no temporary file left
+
+
+def test_an_interrupt_while_syncing_the_folder_leaves_the_new_session_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "chat.session.json"
+    old, _ = _snapshot(SMALL)
+    write_atomic(path, encode_session(old, dump_document=dump_thf))
+    new = attrs.evolve(old, turn_count=5)
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise KeyboardInterrupt
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(path, encode_session(new, dump_document=dump_thf))
+    monkeypatch.undo()
+    assert decode_session(path.read_bytes(), load_document=_load) == new
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]

@@ -25,12 +25,21 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     created with mode 0o666 minus the umask, or the mode of the file it replaces), write every byte
     (``os.write`` is unbuffered: nothing is left to flush), ``fsync`` it, rename it over the target
     (``os.replace``: atomic on POSIX and Windows), then ``fsync`` the folder where the platform
-    supports it so the rename itself is durable. On any failure before the rename (a full disk,
-    an I/O error, an interrupt) the original file is untouched, the temporary file is removed and
-    the error propagates (an `OSError` keeps its errno, e.g. ``ENOSPC``). An error from the folder's
-    ``fsync`` (after the rename) propagates too: the new content is in place, its durability is not
-    confirmed. A symbolic link is
-    followed: the file it points to is replaced and the link kept.
+    supports it so the rename itself is durable. A symbolic link is followed: the file it points to
+    is replaced and the link kept.
+
+    What a failure leaves behind:
+
+    * Before the rename (a full disk, an I/O error, an interrupt at any step up to and including
+      ``os.replace``): the original file untouched, byte for byte (or still no file), the temporary
+      file removed, and the error propagated (an `OSError` keeps its type and errno, e.g. ``ENOSPC``).
+    * After the rename, when opening, ``fsync``-ing or closing the folder fails: the new content is
+      in place, whole, and no temporary file is left, but a crash may still undo the rename (the
+      folder's entry is not confirmed on disk). The `OSError` propagates with the same type and
+      errno, its ``filename`` the target and its ``strerror`` saying just that ("... the new content
+      is in place, but ..."), so nobody reads it as "nothing was written". An interrupt there
+      (KeyboardInterrupt) propagates as it is, with the new content in place. A folder ``fsync``
+      the platform does not support (``EINVAL``, ``ENOTSUP``, ...) is skipped silently.
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"write_atomic writes bytes, got {type(data).__name__}")
@@ -56,8 +65,23 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
-    _fsync_folder(folder)
+    try:
+        _fsync_folder(folder)
+    except OSError as error:
+        raise _not_durable(error, target) from error
     return target
+
+
+def _not_durable(error: OSError, target: Path) -> OSError:
+    """``error`` (same type, same errno) with a message that says the new content is in place."""
+    reason = error.strerror or str(error) or type(error).__name__
+    message = (
+        f"{reason}: the new content is in place, but syncing its folder failed, so the rename may not survive a crash"
+    )
+    try:
+        return type(error)(error.errno, message, str(target))
+    except Exception:  # an OSError subclass with another constructor
+        return OSError(error.errno, message, str(target))
 
 
 def _mode_of(target: Path) -> int | None:

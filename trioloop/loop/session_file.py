@@ -18,22 +18,29 @@ Format (version 1), one JSON object with exactly these keys::
      "turn_count": int}                      # turns started so far: new turn ids continue after it
 
 Decoding refuses, with `SessionFileError` (a `ValueError`) and never anything else: more than
-``max_bytes``, bytes that are not UTF-8, text that is not JSON (NaN and Infinity included), a
-duplicate key anywhere, nesting deeper than `MAX_JSON_DEPTH`, a missing, unknown or mistyped key,
-another format or version, messages that do not deserialize or whose tool calls and results do not
-pair, more than `MAX_UNDO_ENTRIES` undo entries or duplicate turn ids among them, and any document
-text ``load_document`` refuses. Memory is bounded by ``max_bytes`` (the JSON parser's own copy of
-the text is a constant factor of it) and by what ``load_document`` allows per document.
+``max_bytes``, bytes that are not UTF-8, text that is not JSON (NaN and Infinity included, and a
+number too large for a float), a duplicate key anywhere, nesting deeper than `MAX_JSON_DEPTH`, a
+file whose JSON values would take more than 8 times its size plus 1 MiB of memory (a million
+``{}`` in 2.9 MiB, say), a missing, unknown or mistyped key, another format or version, messages
+that do not deserialize or whose tool calls and results do not pair, more than `MAX_UNDO_ENTRIES`
+undo entries or duplicate turn ids among them, and any document text ``load_document`` refuses.
+
+Memory: the JSON is read by `trioloop.loop._bounded_json.parse_bounded_json`, which prices what
+the parse would build before building it, so reading the JSON never holds more than 8 times the
+file's size plus 1 MiB (a file `encode_session` wrote holds about 5.5 times its size while it is
+read; see that module for the prices and measurements). Then ``load_document`` runs once per
+document, and its memory is what it allows per document.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Final, Generic, TypeVar, final
+from typing import Final, Generic, TypeVar, final
 
 import attrs
 
+from trioloop.loop._bounded_json import parse_bounded_json
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
 
@@ -124,13 +131,9 @@ def decode_session(
     """Read a session file's bytes; raises `SessionFileError` for anything but a valid session."""
     if not isinstance(data, bytes | bytearray):
         raise SessionFileError(f"a session file is bytes, got {type(data).__name__}")
-    if len(data) > max_bytes:
-        raise SessionFileError(f"the session file is larger than {max_bytes} bytes")
-    try:
-        text = bytes(data).decode("utf-8")
-    except UnicodeDecodeError:
-        raise SessionFileError("the session file is not UTF-8 text") from None
-    value = _parse(text)
+    value = parse_bounded_json(
+        data, max_bytes=max_bytes, max_depth=MAX_JSON_DEPTH, error=SessionFileError, subject="the session file"
+    )
     if not isinstance(value, dict):
         raise SessionFileError("the session file is not a JSON object")
     if value.get("format") != SESSION_FORMAT:
@@ -168,42 +171,6 @@ def decode_session(
         turn_count=turn_count,
         model=model,
     )
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, item in pairs:
-        if key in result:
-            raise SessionFileError("the session file repeats a key in one object")
-        result[key] = item
-    return result
-
-
-def _no_constant(name: str) -> Any:
-    raise SessionFileError(f"the session file holds {name}, which JSON does not have")
-
-
-def _parse(text: str) -> Any:
-    try:
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except SessionFileError:
-        raise
-    except (ValueError, RecursionError):  # the C parser's own recursion guard stops very deep nesting
-        raise SessionFileError("the session file is not valid JSON") from None
-    _check_depth(value)
-    return value
-
-
-def _check_depth(value: Any) -> None:
-    """Refuse nesting deeper than MAX_JSON_DEPTH: iterative, so it never recurses itself."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth > MAX_JSON_DEPTH:
-                raise SessionFileError(f"the session file nests deeper than {MAX_JSON_DEPTH} levels")
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
 
 
 def _optional_text(value: object, name: str) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tracemalloc
 from typing import Any
 
 import attrs
@@ -388,3 +389,16 @@ def test_recovery_inputs_settle_running_calls_revoke_changed_ones_and_ask_again(
     assert isinstance(settled, CallSettled) and settled.call_id == "c1" and not settled.outcome.ok
     assert isinstance(revoked, Revoke) and revoked.call_id == "c2"
     assert recovery_inputs(state, {"c2": c2.input_digest}, now_ms=9)[1:] == []  # same digest: nothing to refuse
+
+
+def test_a_hostile_entry_is_refused_in_bounded_memory() -> None:
+    prefix = b'{"seq":1,"kind":"stream","prev":"' + b"0" * 64 + b'","at":0,"data":{"events":['
+    raw = prefix + b",".join([b"{}"] * 1_000_000) + b"]}}"
+    tracemalloc.start()
+    try:
+        with pytest.raises(JournalError):
+            decode_entry(raw)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= 8 * len(raw) + 1024 * 1024, (peak, len(raw))

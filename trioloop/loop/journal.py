@@ -42,6 +42,7 @@ from typing import Any, Final, Generic, TypeVar, final
 
 import attrs
 
+from trioloop.loop._bounded_json import parse_bounded_json
 from trioloop.loop._machine_inputs import (
     Advance,
     ApproveBatch,
@@ -114,6 +115,8 @@ JOURNAL_KINDS: Final = frozenset(
     }
 )
 _ENTRY_KEYS: Final = ("seq", "kind", "prev", "at", "data")
+#: Deepest nesting an entry may have: a session file's own limit plus the entry's envelope.
+MAX_ENTRY_DEPTH: Final = 160
 #: Documents a writer keeps in text form (the live one, the undo history's, a few more).
 _DUMP_CACHE: Final = 64
 
@@ -155,29 +158,16 @@ def encode_entry(seq: int, kind: str, prev: str, at_ms: int, data: Mapping[str, 
     return json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, item in pairs:
-        if key in result:
-            raise JournalError("a journal entry repeats a key in one object")
-        result[key] = item
-    return result
-
-
-def _no_constant(name: str) -> Any:
-    raise JournalError(f"a journal entry holds {name}, which JSON does not have")
-
-
 def decode_entry(raw: bytes) -> JournalEntry:
-    """Decode one stored entry; `JournalError` for anything that is not a well-formed entry."""
-    if len(raw) > MAX_ENTRY_BYTES:
-        raise JournalError(f"a journal entry is larger than {MAX_ENTRY_BYTES} bytes")
-    try:
-        value = json.loads(raw.decode("ascii"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except JournalError:
-        raise
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise JournalError("a journal entry is not ASCII JSON") from None
+    """Decode one stored entry; `JournalError` for anything that is not a well-formed entry.
+
+    Read in bounded memory (`parse_bounded_json`: at most about 8 times the entry's size), strict (no
+    NaN, no repeated key, nesting at most `MAX_ENTRY_DEPTH`), ASCII only, as `encode_entry` writes."""
+    if not isinstance(raw, bytes | bytearray) or not bytes(raw).isascii():
+        raise JournalError("a journal entry is not ASCII JSON")
+    value = parse_bounded_json(
+        bytes(raw), max_bytes=MAX_ENTRY_BYTES, max_depth=MAX_ENTRY_DEPTH, error=JournalError, subject="a journal entry"
+    )
     if type(value) is not dict or tuple(value) != _ENTRY_KEYS:
         raise JournalError("a journal entry does not have the keys seq, kind, prev, at, data in that order")
     seq, kind, prev, at, data = (value[k] for k in _ENTRY_KEYS)

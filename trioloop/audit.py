@@ -83,9 +83,13 @@ def _describe(entry: JournalEntry) -> list[str]:
     by = f" by {_show(data.get('by'))}" if data.get("by") else ""
     if kind == "snapshot":
         session = data.get("session")
-        size = len(session) if isinstance(session, str) else 0
-        sha = hashlib.sha256(session.encode("ascii", "replace")).hexdigest()[:16] if isinstance(session, str) else ""
-        return [f"session snapshot ({size} bytes, sha256 {sha}…)"]
+        if not isinstance(session, Mapping):
+            return ["session snapshot (not readable)"]
+        document = session.get("document")
+        sha = hashlib.sha256(document.encode("utf-8", "replace")).hexdigest()[:16] if isinstance(document, str) else ""
+        messages = session.get("messages")
+        count = len(messages) if isinstance(messages, list) else 0
+        return [f"session snapshot: {count} messages, {_show(session.get('turn_count'))} turns, document sha256 {sha}…"]
     if kind == "submit":
         tools = ", ".join(_show(t) for t in data.get("tools") or ())
         return [f"turn {_show(data.get('turn_id'))} starts: {_show(data.get('text'))}", f"  tools offered: {tools}"]

@@ -61,7 +61,7 @@ from trioloop.loop._machine_state import CallRecord, CallStatus, Phase, TurnStat
 from trioloop.loop.journal_store import StoredEntry
 from trioloop.loop.limits import TurnLimits
 from trioloop.loop.machine import reduce_turn
-from trioloop.loop.session_file import SessionFileError, SessionSnapshot, decode_session, encode_session
+from trioloop.loop.session_file import SessionFileError, SessionSnapshot, session_from_json, session_to_json
 from trioloop.loop.tool_runtime import ToolOutcome, ToolRegistry
 from trioloop.loop.transaction import UndoEntry, UndoHistory, undo_turn
 from trioloop.protocol.events import StreamError, StreamEvent, TextDelta, is_terminal
@@ -426,7 +426,7 @@ class JournalWriter:
 
     def snapshot(self, snapshot: SessionSnapshot[Any]) -> None:
         """The whole session: written first, then after every settled turn and every undo."""
-        self.add("snapshot", {"session": encode_session(snapshot, dump_document=self.dump).decode("ascii")})
+        self.add("snapshot", {"session": session_to_json(snapshot, dump_document=self.dump)})
 
 
 _COMMANDS: Final[frozenset[type]] = frozenset(
@@ -623,12 +623,9 @@ class _Folder(Generic[D]):
         # "resume" is for the audit trail only.
 
     def restore(self, entry: JournalEntry) -> None:
-        text = entry.data.get("session")
-        if type(text) is not str:
-            raise JournalError(f"journal entry {entry.seq} is a snapshot without a session", seq=entry.seq)
         try:
-            snapshot = decode_session(text.encode("ascii"), load_document=self.load, max_bytes=MAX_ENTRY_BYTES)
-        except (SessionFileError, UnicodeEncodeError) as exc:
+            snapshot = session_from_json(entry.data.get("session"), load_document=self.load)
+        except SessionFileError as exc:
             detail = f"journal entry {entry.seq} holds a session that is not valid: {exc}"
             raise JournalError(detail, seq=entry.seq) from None
         self.snapshot = snapshot

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Final, Generic, TypeVar, final
+from typing import Any, Final, Generic, TypeVar, final
 
 import attrs
 
@@ -55,6 +55,8 @@ __all__ = [
     "UndoRecord",
     "decode_session",
     "encode_session",
+    "session_from_json",
+    "session_to_json",
 ]
 
 SESSION_FORMAT: Final = "trioloop-session"
@@ -108,10 +110,16 @@ class SessionSnapshot(Generic[D]):
 
 def encode_session(snapshot: SessionSnapshot[D], *, dump_document: Callable[[D], str]) -> bytes:
     """The session file's bytes (ASCII JSON: every non-ASCII character escaped, so any text survives)."""
+    value = session_to_json(snapshot, dump_document=dump_document)
+    return (json.dumps(value, ensure_ascii=True, allow_nan=False, indent=1) + "\n").encode("ascii")
+
+
+def session_to_json(snapshot: SessionSnapshot[D], *, dump_document: Callable[[D], str]) -> dict[str, Any]:
+    """The session file's JSON object (a journal's snapshot entry holds it as it is)."""
     problems = assert_tool_pairing(snapshot.messages)
     if problems:
         raise SessionFileError(f"the conversation is not pairable: {problems[0].kind.value}")
-    value = {
+    return {
         "format": SESSION_FORMAT,
         "version": SESSION_VERSION,
         "model": snapshot.model,
@@ -122,7 +130,6 @@ def encode_session(snapshot: SessionSnapshot[D], *, dump_document: Callable[[D],
         "last_turn_id": snapshot.last_turn_id,
         "turn_count": snapshot.turn_count,
     }
-    return (json.dumps(value, ensure_ascii=True, allow_nan=False, indent=1) + "\n").encode("ascii")
 
 
 def decode_session(
@@ -134,6 +141,11 @@ def decode_session(
     value = parse_bounded_json(
         data, max_bytes=max_bytes, max_depth=MAX_JSON_DEPTH, error=SessionFileError, subject="the session file"
     )
+    return session_from_json(value, load_document=load_document)
+
+
+def session_from_json(value: Any, *, load_document: Callable[[str], D]) -> SessionSnapshot[D]:
+    """A session from its parsed JSON object (every check of `decode_session` but the parse)."""
     if not isinstance(value, dict):
         raise SessionFileError("the session file is not a JSON object")
     if value.get("format") != SESSION_FORMAT:

@@ -118,6 +118,23 @@ async def test_a_failed_save_is_reported_and_leaves_the_file(
     assert "could not save" in capsys.readouterr().err
 
 
+async def test_a_failed_folder_sync_says_the_new_content_is_in_place(
+    thf: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trioloop.files
+
+    def failing(folder: Path) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(trioloop.files, "_fsync_folder", failing)
+    async with ScriptedProvider([add_threat("c1", "First"), ScriptStep(text="ok")]) as provider:
+        assert await chat_session(thf, provider, "scripted-1", "safe", answers("add"), journal=None) == 0
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert "was written, but" in err and "the new content is in place" in err and "left as it was" not in err
+    assert load_thf(thf).threats[-1].title == "First"
+
+
 def test_trio_delivers_ctrl_c_to_the_loop(thf: Path) -> None:
     # The same path through trio.run, as `trioloop chat` runs it.
     async def main() -> int:

@@ -125,7 +125,11 @@ class _Saver:
         try:
             self.file = save_thf(self.target, document, self.file)
         except OSError as exc:
-            _error(f"error: could not save {self.target}: {exc.strerror or exc}; the file was left as it was")
+            reason = exc.strerror or str(exc)
+            if "the new content is in place" in reason:  # the rename happened; only its durability is unknown
+                _error(f"warning: {self.target} was written, but {reason}")
+            else:
+                _error(f"error: could not save {self.target}: {reason}; the file was left as it was")
             return
         self.console.print(Text(f"Saved {self.target}"))
 

@@ -387,3 +387,42 @@ async def test_the_review_timeout_goes_on_from_where_it_stood(autojump_clock: tr
     assert final.outcome is Outcome.BOUNDED and any("review" in n.lower() for n in final.notices)
     assert 3.9 <= waited <= 4.1  # the 4 s the review had left, not a fresh 10 s
     assert RUNS == []
+
+
+async def test_the_turn_deadline_goes_on_from_where_it_stood(autojump_clock: trio.testing.MockClock) -> None:
+    @function_tool(effect="read")
+    async def slow_read(ctx: ToolExecutionContext[str]) -> ToolOutcome[str]:
+        """Read slowly (3 s)."""
+        await trio.sleep(3)
+        return ToolOutcome.success(ctx.document)
+
+    @function_tool
+    async def slow_write(ctx: ToolExecutionContext[str], line: str) -> ToolOutcome[str]:
+        """Write slowly (3 s)."""
+        await trio.sleep(3)
+        RUNS.append(line)
+        return ToolOutcome.success("written", document=ctx.document + line)
+
+    tools = [slow_read, slow_write]
+    limits = TurnLimits(turn_deadline_ms=5_000)
+    steps = [
+        ScriptStep(tool_calls=(ScriptedCall(id="r", name="slow_read"),)),
+        ScriptStep(tool_calls=(ScriptedCall(id="w", name="slow_write", input={"line": "x"}),)),
+    ]
+    store = MemoryJournalStore()
+    async with ScriptedProvider(steps) as provider:
+        async with await open_note(store, provider, tools=tools, limits=limits) as session:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(session.send, "go")
+                await wait_for_review(session)  # 3 s of the 5 s spent reading; the review does not count
+                await trio.sleep(60)
+                await session.suspend()
+        reopened = await open_note(store, provider, tools=tools, limits=limits)
+        async with reopened:
+            reopened.approve("w")
+            started = trio.current_time()
+            final = await reopened.continue_turn()
+            took = trio.current_time() - started
+    # The write needs 3 s; about 2 s of the turn were left: it ends at the deadline, the write not committed.
+    assert final.outcome is Outcome.BOUNDED and 1.9 <= took <= 2.2, took
+    assert RUNS == [] and reopened.document == ""

@@ -368,6 +368,9 @@ class _Turn(Generic[D]):
         self.deadline = self.started_at + request.limits.turn_deadline_ms / 1000
         self.review_paused_s = 0.0  # time spent waiting for the reviewer: the turn deadline does not run then
         self.review_since: float | None = None
+        # A review taken up from a journal had already waited this long in an earlier process: it counts
+        # against the review timeout, never against the turn deadline (it was never machine time).
+        self.review_credit_s = 0.0
         self.requests: trio.Nursery | None = None  # the request tasks' nursery, outside the turn's scope
         self.sharpener = DeadlineSharpener(self.deadline)  # wakes the loop on time for the scope's deadline
         self.approach: trio.CancelScope | None = None  # fires SHARPEN_LEAD_S before the deadline: start the sharpener
@@ -417,6 +420,7 @@ class _Turn(Generic[D]):
             timeout_ms = self.state.limits.review_timeout_ms
             self.set_deadline(math.inf if timeout_ms is None else now + timeout_ms / 1000)
             return
+        self.review_credit_s = 0.0  # the next review (if any) starts from nothing
         if self.review_since is not None:
             waited = now - self.review_since
             self.review_since = None
@@ -444,7 +448,9 @@ class _Turn(Generic[D]):
 
     def timing_bound(self) -> Bound | None:
         """Whether the deadline or the review timeout has run out (checked in `budget_exhaustion`'s order)."""
-        waited = None if self.review_since is None else _ms(trio.current_time() - self.review_since)
+        waited = (
+            None if self.review_since is None else _ms(trio.current_time() - self.review_since + self.review_credit_s)
+        )
         return timing_exhaustion(self.state.budget, self.state.limits, self.machine_now_ms(), review_waited_ms=waited)
 
     # -- the one consumer ------------------------------------------------------------------------
@@ -499,7 +505,7 @@ class _Turn(Generic[D]):
             return False
         self.suspended = True
         self.controls._closed = True
-        waited = 0.0 if self.review_since is None else trio.current_time() - self.review_since
+        waited = 0.0 if self.review_since is None else trio.current_time() - self.review_since + self.review_credit_s
         machine = max(self.machine_now_ms() - self.state.budget.started_at_ms, 0)
         self.controls.suspended_at = (machine, _ms(waited))
         if self.journal is not None:
@@ -869,10 +875,10 @@ def _take_up(turn: _Turn[Any], resume: ResumePoint, now_ms: int) -> None:
     if state.phase is Phase.AWAITING_APPROVAL:
         turn.pause_deadline_for_review(True)
         assert turn.review_since is not None
-        turn.review_since -= resume.review_waited_ms / 1000
+        turn.review_credit_s = resume.review_waited_ms / 1000
         timeout_ms = state.limits.review_timeout_ms
         if timeout_ms is not None:
-            turn.set_deadline(turn.review_since + timeout_ms / 1000)
+            turn.set_deadline(turn.review_since - turn.review_credit_s + timeout_ms / 1000)
     if turn.on_state is not None:
         turn.on_state(state)
     for item in recovery_inputs(state, resume.card_digests, now_ms=now_ms):

@@ -411,12 +411,12 @@ async def test_the_turn_deadline_goes_on_from_where_it_stood(autojump_clock: tri
     ]
     store = MemoryJournalStore()
     async with ScriptedProvider(steps) as provider:
-        async with await open_note(store, provider, tools=tools, limits=limits) as session:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(session.send, "go")
-                await wait_for_review(session)  # 3 s of the 5 s spent reading; the review does not count
-                await trio.sleep(60)
-                await session.suspend()
+        session = await open_note(store, provider, tools=tools, limits=limits)
+        async with session, trio.open_nursery() as nursery:
+            nursery.start_soon(session.send, "go")
+            await wait_for_review(session)  # 3 s of the 5 s spent reading; the review does not count
+            await trio.sleep(60)
+            await session.suspend()
         reopened = await open_note(store, provider, tools=tools, limits=limits)
         async with reopened:
             reopened.approve("w")

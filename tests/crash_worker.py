@@ -29,7 +29,6 @@ from typing import Any, Final
 import trio
 
 from trioloop import (
-    CallRecord,
     CallStatus,
     Phase,
     ScriptedProvider,
@@ -40,7 +39,7 @@ from trioloop import (
     define_document_kind,
     function_tool,
 )
-from trioloop.loop.journal import decode_entries
+from trioloop.loop.journal import call_card, decode_entries
 from trioloop.loop.journal_store import JournalLease, StoredEntry
 from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.messages import assert_tool_pairing
@@ -241,24 +240,10 @@ class KillingStore:
 # The scenario.
 
 
-def card(call: CallRecord) -> dict[str, Any]:
-    """What a call's review card shows (the fields the journal records for it)."""
-    details = call.prepared.details if call.prepared is not None else ()
-    return {
-        "call_id": call.id,
-        "tool": call.tool_name,
-        "digest": call.input_digest,
-        "summary": call.summary,
-        "effect": call.effect,
-        "destructive": call.destructive,
-        "details": [[path, value] for path, value in details],
-    }
-
-
 def pending_cards(state: TurnState | None) -> list[dict[str, Any]]:
     if state is None or state.is_settled:
         return []
-    return [card(c) for c in state.current_calls if c.status is CallStatus.PENDING]
+    return [call_card(c) for c in state.current_calls if c.status is CallStatus.PENDING]
 
 
 class LoggedProvider:

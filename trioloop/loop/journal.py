@@ -75,6 +75,7 @@ __all__ = [
     "JournalError",
     "JournalWriter",
     "Replayed",
+    "call_card",
     "decode_entry",
     "encode_entry",
     "entry_hash",
@@ -209,7 +210,8 @@ def _limits_json(limits: TurnLimits) -> dict[str, Any]:
     return attrs.asdict(limits)
 
 
-def _call_card(call: CallRecord) -> dict[str, Any]:
+def call_card(call: CallRecord) -> dict[str, Any]:
+    """What a call's review card shows, as the journal records it (and `trioloop audit` prints it)."""
     details = call.prepared.details if call.prepared is not None else ()
     return {
         "call_id": call.id,
@@ -328,7 +330,7 @@ class JournalWriter:
             # The cards a person reviews, whole; a call approved by the read-only policy is never shown, so
             # only its digest is kept (a resumed turn still refuses it if its tool changed).
             data["cards"] = [
-                _call_card(c) if c.status is CallStatus.PENDING else {"call_id": c.id, "digest": c.input_digest}
+                call_card(c) if c.status is CallStatus.PENDING else {"call_id": c.id, "digest": c.input_digest}
                 for c in state.current_calls
                 if not c.is_terminal
             ]
@@ -379,16 +381,16 @@ class JournalWriter:
                     "call_id": item.call_id,
                     "edited_input": item.edited_input,
                     "by": by,
-                    "card": None if call is None else _call_card(call),
+                    "card": None if call is None else call_card(call),
                     "edits": [] if call is None else [list(e) for e in call.edits],
                 },
             )
         elif isinstance(item, ApproveBatch):
-            cards = [_call_card(c) for c in map(new.call, item.call_ids) if c is not None]
+            cards = [call_card(c) for c in map(new.call, item.call_ids) if c is not None]
             self.add("approve_batch", {"call_ids": list(item.call_ids), "by": by, "cards": cards})
         elif isinstance(item, DenyCall):
             call = old.call(item.call_id)
-            card = None if call is None else _call_card(call)
+            card = None if call is None else call_card(call)
             self.add("deny", {"call_id": item.call_id, "reason": item.reason, "by": by, "card": card})
         elif isinstance(item, StartCall):
             self.add("start", {"call_id": item.call_id, "now_ms": item.now_ms})

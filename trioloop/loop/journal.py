@@ -633,10 +633,9 @@ class _Folder(Generic[D]):
         self.snapshot = snapshot
         self.messages = snapshot.messages
         self.document = snapshot.document
-        entries = tuple(UndoEntry(turn_id=r.turn_id, document=r.document) for r in snapshot.undo)
-        self.undo = UndoHistory(entries=entries, max_entries=snapshot.undo_max_entries)
+        self.undo = snapshot.undo_history()
         self.last_turn_id = snapshot.last_turn_id
-        self.turn_count = snapshot.turn_count
+        self.turn_count = snapshot.turns_started()
         self.model = snapshot.model
         self.turn = None  # a snapshot is written only between turns (``state`` keeps the last turn's)
         self.cards = {}

@@ -17,7 +17,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import re
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -41,7 +40,7 @@ from trioloop.loop.session_file import (
     encode_session,
 )
 from trioloop.loop.tool_runtime import RegisteredTool, ToolRegistry, create_tool_registry
-from trioloop.loop.transaction import UndoAvailability, UndoEntry, UndoHistory, turn_undo_availability, undo_turn
+from trioloop.loop.transaction import UndoAvailability, UndoHistory, turn_undo_availability, undo_turn
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.provider import ChatProvider, HoldsConnections
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
@@ -58,7 +57,6 @@ __all__ = [
 
 D = TypeVar("D")
 _TRANSCRIPT_VERSION = 1
-_TURN_ID = re.compile(r"turn-([0-9]{1,18})")
 
 
 def default_system_prompt(document_name: str) -> str:
@@ -502,25 +500,38 @@ class Session(Generic[D]):
         chosen = model if model is not None else snapshot.model
         if chosen is None:
             raise SessionFileError("the session file names no model: pass model=")
-        session = cls(
+        return cls._restored(
             document=snapshot.document,
+            history=snapshot.messages,
+            undo=snapshot.undo_history(),
+            turns_started=snapshot.turns_started(),
+            last_turn_id=snapshot.last_turn_id,
             kind=kind,
             provider=provider,
             model=chosen,
             tools=tools,
             limits=limits,
             system_prompt=system_prompt,
-            history=snapshot.messages,
             max_output_tokens=max_output_tokens,
             nursery=nursery,
         )
-        entries = tuple(UndoEntry(turn_id=r.turn_id, document=r.document) for r in snapshot.undo)
-        session._workspace.undo = UndoHistory(entries=entries, max_entries=snapshot.undo_max_entries)
-        # New turn ids continue after every id the file uses, so no new turn can pass for an old one.
-        used = [r.turn_id for r in snapshot.undo] + [snapshot.last_turn_id or ""]
-        numbered = [int(m.group(1)) for m in map(_TURN_ID.fullmatch, used) if m is not None]
-        session._turns_started = max([snapshot.turn_count, *numbered])
-        session._last_turn_id = snapshot.last_turn_id
+
+    @classmethod
+    def _restored(
+        cls,
+        *,
+        document: D,
+        history: tuple[Message, ...],
+        undo: UndoHistory[D],
+        turns_started: int,
+        last_turn_id: str | None,
+        **options: Any,
+    ) -> Session[D]:
+        """A session continuing a saved one: its conversation, document, undo history and turn numbering."""
+        session = cls(document=document, history=history, **options)
+        session._workspace.undo = undo
+        session._turns_started = turns_started
+        session._last_turn_id = last_turn_id
         return session
 
     # -- journals --------------------------------------------------------------------------------
@@ -579,21 +590,21 @@ class Session(Generic[D]):
             chosen = model if model is not None else replayed.model
             if chosen is None:
                 raise ValueError("the journal names no model: pass model=")
-            session = cls(
+            session = cls._restored(
                 document=replayed.document,
+                history=replayed.messages,
+                undo=replayed.undo,
+                turns_started=replayed.turn_count,
+                last_turn_id=replayed.last_turn_id,
                 kind=kind,
                 provider=provider,
                 model=chosen,
                 tools=registry,
                 limits=limits,
                 system_prompt=system_prompt,
-                history=replayed.messages,
                 max_output_tokens=max_output_tokens,
                 nursery=nursery,
             )
-            session._workspace.undo = replayed.undo
-            session._turns_started = replayed.turn_count
-            session._last_turn_id = replayed.last_turn_id
             session._state = replayed.state
             live = replayed.live
             if live is not None:

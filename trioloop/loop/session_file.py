@@ -35,12 +35,14 @@ document, and its memory is what it allows per document.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, Final, Generic, TypeVar, final
 
 import attrs
 
 from trioloop.loop._bounded_json import parse_bounded_json
+from trioloop.loop.transaction import UndoEntry, UndoHistory
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
 
@@ -73,6 +75,7 @@ _KEYS: Final = frozenset(
 )
 
 D = TypeVar("D")
+_TURN_ID: Final = re.compile(r"turn-([0-9]{1,18})")
 
 
 class SessionFileError(ValueError):
@@ -106,6 +109,18 @@ class SessionSnapshot(Generic[D]):
     last_turn_id: str | None = None
     turn_count: int = 0
     model: str | None = None
+
+    def undo_history(self) -> UndoHistory[D]:
+        """The undo history these records make (oldest first, capped as saved)."""
+        entries = tuple(UndoEntry(turn_id=r.turn_id, document=r.document) for r in self.undo)
+        return UndoHistory(entries=entries, max_entries=self.undo_max_entries)
+
+    def turns_started(self) -> int:
+        """How many turns to count as started: new turn ids continue after every id the snapshot uses (its
+        count, its undo records, its last turn), so no new turn can pass for an old one."""
+        used = [r.turn_id for r in self.undo] + [self.last_turn_id or ""]
+        numbered = [int(m.group(1)) for m in map(_TURN_ID.fullmatch, used) if m is not None]
+        return max([self.turn_count, *numbered])
 
 
 def encode_session(snapshot: SessionSnapshot[D], *, dump_document: Callable[[D], str]) -> bytes:

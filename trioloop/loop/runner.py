@@ -121,8 +121,10 @@ _InboxItem: TypeAlias = TurnInput | _StreamItem | _StreamBatch | _RequestEnded
 class TurnJournal:
     """Where a journaled turn writes: the entries `JournalWriter` makes, appended through ``append``.
 
-    The runner appends what is ready before any effect of it is visible outside the process: before a
-    call starts, before a request opens, before a state is published. An append that fails stops the turn
+    The runner appends what is ready before its effect is visible outside the process: every start (and
+    the decisions before it) before any tool of that pass runs, a commit before its state is published or
+    another call starts, the cards before the review is shown, a turn before its first request; the rest
+    rides along with the next of these, or the end of the turn. An append that fails stops the turn
     (nothing runs that could not be recorded); ``error`` keeps the failure, and later entries are dropped.
     """
 

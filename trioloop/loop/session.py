@@ -294,6 +294,9 @@ class Session(Generic[D]):
         resume = self._resume
         if resume is None:
             raise SessionBusy("No suspended turn: there is nothing to continue.")
+        if self._nursery is None:  # checked before the suspended turn is taken, so a refusal loses nothing
+            raise SessionClosed("Open the session first: `async with session:` (or pass nursery=...).")
+        self._check_journal()
         controls, self._pending_controls = self._pending_controls, None
         self._resume = None
         if self._journal is not None:

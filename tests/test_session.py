@@ -10,6 +10,7 @@ import pytest
 import trio
 import trio.testing
 
+from trioloop.loop.document import define_document_kind
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.session import Session, SessionBusy, TranscriptError
 from trioloop.loop.transaction import UndoAvailability
@@ -230,3 +231,33 @@ async def test_a_session_holds_its_providers_connection_for_every_turn(
             assert client is not None and not client.is_closed
         assert provider._http.held_client is None and client.is_closed
         assert (len(server.requests), server.connections) == (3, 1)
+
+
+NOTE_KIND = define_document_kind("note")
+
+
+async def test_observers_see_every_published_state_and_a_faulty_one_is_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[TurnState] = []
+
+    class Recorder:
+        def on_state(self, state: TurnState) -> None:
+            seen.append(state)
+
+    class Broken:
+        calls = 0
+
+        def on_state(self, state: TurnState) -> None:
+            Broken.calls += 1
+            raise RuntimeError("observer bug")
+
+    async with ScriptedProvider([ScriptStep(text="Hello.")]) as provider:
+        session = Session(document="", kind=NOTE_KIND, provider=provider, model="m", observers=[Broken()])
+        session.observe(Recorder())
+        async with session:
+            final = await session.send("hi")
+    assert final.outcome is Outcome.COMPLETED
+    assert seen[-1] is final and seen[0].phase is Phase.REQUESTING
+    assert len({id(s) for s in seen}) == len(seen)  # each state once, in order
+    assert Broken.calls == 1 and "observer" in caplog.text

@@ -30,6 +30,8 @@ from trioloop.loop.journal import GENESIS, JournalWriter, decode_entries, replay
 from trioloop.loop.journal_store import JournalLease, JournalStore
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.loop.machine import Phase, TurnState, UndoTurn, reduce_turn
+from trioloop.loop.observer import TurnObserver
+from trioloop.loop.observer import log as observer_log
 from trioloop.loop.runner import ResumePoint, TurnControls, TurnJournal, TurnRequest, Workspace, run_turn
 from trioloop.loop.session_file import (
     MAX_SESSION_BYTES,
@@ -119,6 +121,7 @@ class Session(Generic[D]):
         history: Iterable[Message] = (),
         max_output_tokens: int = 4096,
         nursery: trio.Nursery | None = None,
+        observers: Iterable[TurnObserver] = (),
     ) -> None:
         self._workspace: Workspace[D] = Workspace(document=document, kind=kind, undo=UndoHistory())
         self.kind = kind
@@ -140,6 +143,7 @@ class Session(Generic[D]):
         self._last_turn_id: str | None = None  # the turn `undo_last_turn` undoes
         self._turns_started = 0
         self._changed = trio.lowlevel.ParkingLot()  # `states()` readers park here until the next state
+        self._observers: tuple[TurnObserver, ...] = tuple(observers)
         self._lease: JournalLease | None = None  # the journal this session writes, when opened from a store
         self._journal: TurnJournal | None = None
         self._compact = False
@@ -268,10 +272,22 @@ class Session(Generic[D]):
                 continue
             await self._changed.park()
 
+    def observe(self, observer: TurnObserver) -> None:
+        """Tell ``observer`` of every state published from now on (see `trioloop.loop.observer`)."""
+        self._observers = (*self._observers, observer)
+
     def _publish(self, state: TurnState) -> None:
+        if state is self._state:
+            return  # already published (a settled turn's last state is handed over twice)
         self._state = state
         if self._changed:  # no reader parked: nothing to wake (a turn publishes about seven states per iteration)
             self._changed.unpark_all()
+        for observer in self._observers:
+            try:
+                observer.on_state(state)
+            except Exception:  # an observer's fault is its own: it is dropped, the turn goes on
+                observer_log.exception("observer %r failed and was removed", observer)
+                self._observers = tuple(o for o in self._observers if o is not observer)
 
     # -- turns -----------------------------------------------------------------------------------
 

@@ -101,6 +101,14 @@ def _sqlite(folder: Path, durable: bool, url: str | None = None) -> Callable[[Th
     return lambda document, turns: trio.run(run, document, turns)
 
 
+def _memory_http(store: JournalStore, url: str) -> Callable[[ThreatModel, int], list[Sample]]:
+    async def run(document: ThreatModel, turns: int) -> list[Sample]:
+        async with httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(30.0, read=None)) as client:
+            return await journaled(document, turns, store, _http_provider(client, url), MODEL)
+
+    return lambda document, turns: trio.run(run, document, turns)
+
+
 def _plain_http(url: str) -> Callable[[ThreatModel, int], list[Sample]]:
     async def run(document: ThreatModel, turns: int) -> list[Sample]:
         async with httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(30.0, read=None)) as client:
@@ -126,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("sqlite_no_fsync", _sqlite(Path(folder), durable=False)),
             ("sqlite_durable", _sqlite(Path(folder), durable=True)),
             ("http_no_store", _plain_http(url)),
+            ("http_memory_store", _memory_http(memory, url)),
             ("http_sqlite_durable", _sqlite(http_folder, durable=True, url=url)),
         ]
         for _, run in contenders:

@@ -426,3 +426,37 @@ async def test_the_turn_deadline_goes_on_from_where_it_stood(autojump_clock: tri
     # The write needs 3 s; about 2 s of the turn were left: it ends at the deadline, the write not committed.
     assert final.outcome is Outcome.BOUNDED and 1.9 <= took <= 2.2, took
     assert RUNS == [] and reopened.document == ""
+
+
+async def test_undo_steps_back_several_turns_and_redo_takes_them_back_through_the_journal() -> None:
+    store = MemoryJournalStore()
+    steps = [calls(("a", "one")), ScriptStep(text="1"), calls(("b", "two")), ScriptStep(text="2")]
+    steps += [calls(("c", "three")), ScriptStep(text="3")]
+    async with ScriptedProvider(steps) as provider, await open_note(store, provider) as session:
+
+        async def review() -> None:
+            async for state in session.states():
+                if session.busy and state.phase is Phase.AWAITING_APPROVAL:
+                    for call in state.current_calls:
+                        if call.status is CallStatus.PENDING:
+                            session.approve(call.id)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(review)
+            for text in ("first", "second", "third"):
+                await session.send(text)
+            nursery.cancel_scope.cancel()
+        assert session.document == "one\ntwo\nthree\n"
+        assert session.undo_step() == "turn-3" and session.undo_step() == "turn-2"
+        assert session.document == "one\n"
+        assert session.redo_last_undo() == "turn-2" and session.document == "one\ntwo\n"
+        assert session.undo_step() == "turn-2" and session.undo_step() == "turn-1" and session.document == ""
+        assert session.undo_step() is None
+        assert session.redo_last_undo() == "turn-1" and session.document == "one\n"
+        live = (session.document, session.undo_history.entries, session.undo_history.redo)
+    reopened = await open_note(store, provider)
+    assert (reopened.document, reopened.undo_history.entries, reopened.undo_history.redo) == live
+    # Redo goes on after reopening, as far as it reached.
+    assert reopened.redo_last_undo() == "turn-2" and reopened.redo_last_undo() == "turn-3"
+    assert reopened.document == "one\ntwo\nthree\n" and reopened.redo_last_undo() is None
+    await reopened.aclose()

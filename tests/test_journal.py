@@ -49,7 +49,7 @@ from trioloop.loop.journal import (
 )
 from trioloop.loop.journal_store import StoredEntry
 from trioloop.loop.session_file import SessionSnapshot, UndoRecord
-from trioloop.loop.transaction import UndoEntry, UndoHistory, undo_turn
+from trioloop.loop.transaction import UndoEntry, UndoHistory, redo_step, undo_step, undo_turn
 from trioloop.protocol import (
     Aborted,
     MessageStart,
@@ -150,6 +150,18 @@ class LiveSession:
             )
         )
 
+    def step(self, redo: bool) -> None:
+        """An undo step (the newest turn on the stack) or a redo, as `Session.undo_step` / `redo_last_undo`."""
+        if self.turn is not None:
+            return
+        stepped = (redo_step if redo else undo_step)(self.undo, self.document)
+        if stepped is None:
+            return
+        self.document, self.undo, turn_id = stepped
+        self.writer.add("redo" if redo else "undo", {"turn_id": turn_id, "by": ""})
+        if not redo and self.state is not None and turn_id == self.last_turn_id:
+            self.state = reduce_turn(self.state, UndoTurn())
+
     def undo_last(self) -> None:
         if self.turn is not None or self.last_turn_id is None:
             return
@@ -172,6 +184,7 @@ def check_replay(live: LiveSession) -> None:
     replayed = replay_journal(entries, load_document=lambda text: text, registry=REGISTRY)
     assert replayed.document == live.document
     assert replayed.undo.entries == live.undo.entries
+    assert replayed.undo.redo == live.undo.redo
     assert replayed.messages == live.messages
     assert replayed.last_turn_id == live.last_turn_id
     assert replayed.turn_count == live.turns
@@ -184,9 +197,11 @@ def _step(data: st.DataObject, live: LiveSession, clock: list[int]) -> None:
     clock[0] += 7
     now = clock[0]
     if turn is None:
-        choice = data.draw(st.sampled_from(["submit", "submit", "submit", "undo"]))
+        choice = data.draw(st.sampled_from(["submit", "submit", "submit", "undo", "undo_step", "redo"]))
         if choice == "undo":
             live.undo_last()
+        elif choice in ("undo_step", "redo"):
+            live.step(redo=choice == "redo")
         else:
             limits = data.draw(
                 st.sampled_from(

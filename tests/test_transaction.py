@@ -257,3 +257,48 @@ def test_availability_agrees_with_a_list_model(ops: list[tuple[str, int]], cap: 
         # ``retired`` keeps only the newest cap records; older fates may be forgotten.
         assert got is expected or (got is UndoAvailability.NOTHING_TO_UNDO and name in fate)
         assert (undo_turn(history, BASE, name) is not None) == got.undoable
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["commit", "undo", "redo"]), max_size=40), st.integers(1, 6))
+def test_undo_and_redo_steps_agree_with_a_model_of_two_stacks(ops: list[str], cap: int) -> None:
+    """For any run of commits, undo steps and redo steps: the document is what a plain model of the two
+    stacks says, undo reaches back as far as the cap, and a commit clears what could be redone."""
+    from trioloop.loop.transaction import redo_step, undo_step
+
+    history: UndoHistory[str] = UndoHistory(max_entries=cap)
+    document = "d0"
+    model_undo: list[tuple[str, str]] = []  # (turn id, pre-turn document)
+    model_redo: list[tuple[str, str]] = []  # (turn id, document the turn had left)
+    for index, op in enumerate(ops):
+        if op == "commit":
+            turn_id = f"turn-{index}"
+            history = history.push(UndoEntry(turn_id=turn_id, document=document))
+            model_undo = [*model_undo, (turn_id, document)][-cap:]
+            model_redo = []
+            document = f"d{index + 1}"
+        elif op == "undo":
+            stepped = undo_step(history, document)
+            if not model_undo:
+                assert stepped is None
+                continue
+            assert stepped is not None
+            turn_id, before = model_undo.pop()
+            model_redo = [*model_redo, (turn_id, document)][-cap:]
+            assert stepped[0] == before and stepped[2] == turn_id
+            document, history = stepped[0], stepped[1]
+        else:
+            stepped = redo_step(history, document)
+            if not model_redo:
+                assert stepped is None
+                continue
+            assert stepped is not None
+            turn_id, after = model_redo.pop()
+            model_undo = [*model_undo, (turn_id, document)][-cap:]
+            assert stepped[0] == after and stepped[2] == turn_id
+            document, history = stepped[0], stepped[1]
+        assert [(e.turn_id, e.document) for e in history.entries] == model_undo
+        assert [(e.turn_id, e.document) for e in history.redo] == model_redo
+        top = history.top
+        if top is not None:
+            assert turn_undo_availability(history, top.turn_id).undoable

@@ -149,6 +149,8 @@ def _describe(entry: JournalEntry) -> list[str]:
         return [f"call {_show(data.get('call_id'))} refused: its tool changed ({_show(data.get('detail'))})"]
     if kind == "undo":
         return [f"turn {_show(data.get('turn_id'))} undone{by}"]
+    if kind == "redo":
+        return [f"turn {_show(data.get('turn_id'))} redone{by}"]
     if kind == "suspend":
         return [
             f"suspended in review (machine time {data.get('machine_ms')} ms, review waited "

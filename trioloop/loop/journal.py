@@ -63,7 +63,7 @@ from trioloop.loop.limits import TurnLimits
 from trioloop.loop.machine import reduce_turn
 from trioloop.loop.session_file import SessionFileError, SessionSnapshot, session_from_json, session_to_json
 from trioloop.loop.tool_runtime import ToolOutcome, ToolRegistry
-from trioloop.loop.transaction import UndoEntry, UndoHistory, undo_turn
+from trioloop.loop.transaction import UndoEntry, UndoHistory, redo_step, undo_step
 from trioloop.protocol.events import StreamError, StreamEvent, TextDelta, is_terminal
 from trioloop.protocol.serialization import SerializationError, event_from_json, event_to_json
 
@@ -111,6 +111,7 @@ JOURNAL_KINDS: Final = frozenset(
         "cancel",
         "revoke",
         "undo",
+        "redo",
         "suspend",
         "resume",
     }
@@ -568,7 +569,11 @@ class _Folder(Generic[D]):
         if kind != "suspend":
             self.machine_ms = self.review_ms = None  # a suspension is over once anything else happened
         if kind == "snapshot":
-            self.restore(entry)
+            if self.snapshot is None:
+                self.restore(entry)  # where replay starts
+            else:
+                # A later snapshot records what the fold already holds (and keeps no redo): nothing to take.
+                self.turn, self.cards = None, {}
         elif kind == "submit":
             self.submit(data, seq)
         elif kind == "stream":
@@ -619,6 +624,8 @@ class _Folder(Generic[D]):
             self.feed(Revoke(call_id=_need(data, "call_id", str, seq), detail=_need(data, "detail", str, seq)), seq)
         elif kind == "undo":
             self.undo_turn(_need(data, "turn_id", str, seq), seq)
+        elif kind == "redo":
+            self.redo_turn(_need(data, "turn_id", str, seq), seq)
         elif kind == "suspend":
             self.machine_ms = _need(data, "machine_ms", int, seq)
             self.review_ms = _need(data, "review_waited_ms", int, seq)
@@ -691,12 +698,19 @@ class _Folder(Generic[D]):
 
     def undo_turn(self, turn_id: str, seq: int) -> None:
         assert self.document is not None
-        undone = undo_turn(self.undo, self.document, turn_id)
-        if undone is None:
+        undone = undo_step(self.undo, self.document)
+        if undone is None or undone[2] != turn_id:
             raise JournalError(f"journal entry {seq} undoes a turn that cannot be undone", seq=seq)
-        self.document, self.undo = undone
-        if self.state is not None:
+        self.document, self.undo, _ = undone
+        if self.state is not None and turn_id == self.last_turn_id:
             self.state = reduce_turn(self.state, UndoTurn())
+
+    def redo_turn(self, turn_id: str, seq: int) -> None:
+        assert self.document is not None
+        redone = redo_step(self.undo, self.document)
+        if redone is None or redone[2] != turn_id:
+            raise JournalError(f"journal entry {seq} redoes a turn that was not undone", seq=seq)
+        self.document, self.undo, _ = redone
 
     def result(self, last_seq: int, last_hash: str, replayed: int) -> Replayed[D]:
         assert self.document is not None

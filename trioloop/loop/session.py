@@ -42,7 +42,14 @@ from trioloop.loop.session_file import (
     encode_session,
 )
 from trioloop.loop.tool_runtime import RegisteredTool, ToolRegistry, create_tool_registry
-from trioloop.loop.transaction import UndoAvailability, UndoHistory, turn_undo_availability, undo_turn
+from trioloop.loop.transaction import (
+    UndoAvailability,
+    UndoHistory,
+    redo_step,
+    turn_undo_availability,
+    undo_step,
+    undo_turn,
+)
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.provider import ChatProvider, HoldsConnections
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
@@ -457,6 +464,35 @@ class Session(Generic[D]):
         undone = self.undo_last_turn()
         await self._flush()
         return undone
+
+    def undo_step(self) -> str | None:
+        """Undo the newest turn the undo history still holds, whichever it is, one turn a call, as far as the
+        history reaches (20 turns by default): the turn id undone, or None (nothing left, or a turn running).
+        `redo_last_undo` takes it back while nothing newer was committed."""
+        if self._controls is not None:
+            return None
+        stepped = undo_step(self._workspace.undo, self._workspace.document)
+        if stepped is None:
+            return None
+        self._workspace.document, self._workspace.undo, turn_id = stepped
+        if self._journal is not None:
+            self._journal.writer.add("undo", {"turn_id": turn_id, "by": self.actor})
+        if self._state is not None and turn_id == self._last_turn_id:
+            self._publish(reduce_turn(self._state, UndoTurn()))
+        return turn_id
+
+    def redo_last_undo(self) -> str | None:
+        """Re-apply the turn undone last (by `undo_step` or `undo_last_turn`), if nothing newer was committed
+        since: the turn id redone, or None."""
+        if self._controls is not None:
+            return None
+        stepped = redo_step(self._workspace.undo, self._workspace.document)
+        if stepped is None:
+            return None
+        self._workspace.document, self._workspace.undo, turn_id = stepped
+        if self._journal is not None:
+            self._journal.writer.add("redo", {"turn_id": turn_id, "by": self.actor})
+        return turn_id
 
     # -- session files ---------------------------------------------------------------------------
 

@@ -27,7 +27,9 @@ __all__ = [
     "UndoEntry",
     "UndoHistory",
     "commit_tool_outcome",
+    "redo_step",
     "turn_undo_availability",
+    "undo_step",
     "undo_turn",
 ]
 
@@ -64,12 +66,15 @@ class UndoHistory(Generic[D]):
     """An immutable, capped undo stack (newest last); the oldest entry is dropped beyond the cap.
 
     ``retired`` remembers (up to the cap) which turns left the stack and whether by undo or by
-    trimming, so availability can say "already undone" rather than "nothing to undo".
+    trimming, so availability can say "already undone" rather than "nothing to undo". ``redo`` holds
+    what undo took back (the document each undone turn had left, newest last): `redo_step` re-applies
+    it while nothing newer was committed (a `push`, every commit, clears it).
     """
 
     entries: tuple[UndoEntry[D], ...] = ()
     max_entries: int = attrs.field(default=DEFAULT_UNDO_ENTRIES, validator=_positive)
     retired: tuple[_Retired, ...] = ()
+    redo: tuple[UndoEntry[D], ...] = ()
 
     @property
     def top(self) -> UndoEntry[D] | None:
@@ -79,7 +84,7 @@ class UndoHistory(Generic[D]):
         entries = (*self.entries, entry)
         cut = len(entries) - self.max_entries
         trimmed = tuple(_Retired(turn_id=e.turn_id, undone=False) for e in entries[:cut]) if cut > 0 else ()
-        return attrs.evolve(self, entries=entries[max(cut, 0) :], retired=self._remember(trimmed))
+        return attrs.evolve(self, entries=entries[max(cut, 0) :], retired=self._remember(trimmed), redo=())
 
     def pop(self) -> UndoHistory[D]:
         """The history without its top entry (unchanged when empty)."""
@@ -240,4 +245,39 @@ def undo_turn(
     top = history.top
     if top is None:  # undoable implies a top entry; kept total all the same
         return None
-    return top.document, history.pop()
+    return top.document, _undone(history, live_document)
+
+
+def undo_step(history: UndoHistory[D], live_document: D) -> tuple[D, UndoHistory[D], str] | None:
+    """Undo the newest turn still on the stack, whichever it is: its pre-turn document, the history without
+    it (what it left kept for `redo_step`), and its turn id; None when there is nothing left to undo.
+
+    Steps back one turn a call, as far as the history reaches (its cap, 20 by default)."""
+    top = history.top
+    if top is None:
+        return None
+    return top.document, _undone(history, live_document), top.turn_id
+
+
+def redo_step(history: UndoHistory[D], live_document: D) -> tuple[D, UndoHistory[D], str] | None:
+    """Re-apply the turn undone last: the document it had left, the history with it undoable again, and its
+    turn id; None when nothing was undone since the last commit."""
+    if not history.redo:
+        return None
+    entry = history.redo[-1]
+    entries = (*history.entries, UndoEntry(turn_id=entry.turn_id, document=live_document))[-history.max_entries :]
+    retired = tuple(r for r in history.retired if r.turn_id != entry.turn_id)
+    return (
+        entry.document,
+        attrs.evolve(history, entries=entries, retired=retired, redo=history.redo[:-1]),
+        entry.turn_id,
+    )
+
+
+def _undone(history: UndoHistory[D], live_document: D) -> UndoHistory[D]:
+    """``history`` without its top entry, which `redo_step` can re-apply (to ``live_document``, as it was)."""
+    top = history.top
+    assert top is not None
+    popped = history.pop()
+    redo = (*history.redo, UndoEntry(turn_id=top.turn_id, document=live_document))[-history.max_entries :]
+    return attrs.evolve(popped, redo=redo)

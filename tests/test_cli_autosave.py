@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from trioloop._commands import chat_session
+from trioloop.cli.chat import chat_session
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.threatmodel import load_thf
 

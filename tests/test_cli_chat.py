@@ -13,8 +13,8 @@ import pytest
 import trio
 import trio.testing
 
-from trioloop._commands import _chat
-from trioloop.cli import EXIT_TURN_FAILED, EXIT_USAGE, _build_parser, main
+from trioloop.cli.chat import _chat
+from trioloop.cli.parser import EXIT_TURN_FAILED, EXIT_USAGE, _build_parser, main
 from trioloop.providers._loopback import LoopbackResponse, open_loopback_server, replay
 from trioloop.providers._network import describe_network_failure
 

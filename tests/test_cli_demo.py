@@ -76,7 +76,7 @@ def test_demo_approve_none_changes_nothing(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_demo_interactive_answers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from trioloop._commands import run_demo
+    from trioloop.cli.demo import run_demo
 
     # approve toolu_03, deny 04 (no reason) and 05 (with one), approve 07, no undo
     answers = iter(["a", "d", "", "deny", "It is still in use.", "approve", "n"])
@@ -102,7 +102,7 @@ def test_chat_without_key_is_a_one_line_error() -> None:
 
 _CTRL_C_SCRIPT = """
 import os, signal, sys, time
-from trioloop._commands import run_demo
+from trioloop.cli.demo import run_demo
 
 answers = iter(sys.argv[2].split(",") if sys.argv[2] else [])
 presses = int(sys.argv[3])
@@ -152,7 +152,7 @@ def test_a_second_ctrl_c_quits_without_a_traceback(tmp_path: Path) -> None:
 
 
 def test_answers_are_matched_whole_and_stop_never_approves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from trioloop._commands import run_demo
+    from trioloop.cli.demo import run_demo
 
     # "stop" used to approve all safe calls (only its first letter was read); "x", "yes" and "" used to deny.
     answers = iter(["x", "yes", "", "stop"])
@@ -166,7 +166,7 @@ def test_answers_are_matched_whole_and_stop_never_approves(tmp_path: Path, capsy
 def test_approve_all_safe_names_the_destructive_cards_and_asks_about_each(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from trioloop._commands import run_demo
+    from trioloop.cli.demo import run_demo
 
     # At toolu_03: approve all safe (03, 04), then decide the destructive toolu_05 (deny, with a reason);
     # approve toolu_07; no undo.
@@ -187,7 +187,7 @@ def test_a_card_shows_the_whole_input_and_the_preview(capsys: pytest.CaptureFixt
 
 
 def test_edit_on_approve_at_the_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from trioloop._commands import run_demo
+    from trioloop.cli.demo import run_demo
 
     edited = '{"id": "admin-console", "updates": {"description": "Back-office tool; SSO, MFA and IP allow-list."}}'
     # toolu_03: a; toolu_04: edit (a bad JSON first, then an input the tool refuses, then a good one); deny 05.

@@ -19,10 +19,9 @@ FORBIDDEN = {
         "trioloop.threatmodel",
         "trioloop.ui",
         "trioloop.cli",
-        "trioloop._commands",
-        "trioloop._demo_view",
         "trioloop.tools",
         "trioloop.mcp",
+        "trioloop.otel",
         "trioloop.lowlevel",
         "trioloop.stores",
     ),
@@ -30,10 +29,9 @@ FORBIDDEN = {
         "trioloop.threatmodel",
         "trioloop.ui",
         "trioloop.cli",
-        "trioloop._commands",
-        "trioloop._demo_view",
         "trioloop.tools",
         "trioloop.mcp",
+        "trioloop.otel",
         "trioloop.loop",
         "trioloop.providers",
         "trioloop.lowlevel",
@@ -43,18 +41,18 @@ FORBIDDEN = {
         "trioloop.threatmodel",
         "trioloop.ui",
         "trioloop.cli",
-        "trioloop._commands",
         "trioloop.loop",
         "trioloop.tools",
         "trioloop.mcp",
+        "trioloop.otel",
         "trioloop.stores",
     ),
     "tools": (
         "trioloop.threatmodel",
         "trioloop.ui",
         "trioloop.cli",
-        "trioloop._commands",
         "trioloop.mcp",
+        "trioloop.otel",
         "trioloop.stores",
     ),
     # The journal stores implement the core's protocol and know nothing above it.
@@ -62,8 +60,6 @@ FORBIDDEN = {
         "trioloop.threatmodel",
         "trioloop.ui",
         "trioloop.cli",
-        "trioloop._commands",
-        "trioloop._demo_view",
         "trioloop.tools",
         "trioloop.mcp",
         "trioloop.providers",
@@ -111,6 +107,18 @@ def arrows(package: str) -> list[str]:
 def test_no_arrow_points_up_or_into_a_domain(package: str) -> None:
     assert modules(package), package
     assert arrows(package) == []
+
+
+@pytest.mark.parametrize("package", ["loop", "protocol", "providers"])
+def test_the_core_and_providers_import_no_opentelemetry(package: str) -> None:
+    # Telemetry is an observer outside the core (trioloop.otel, an optional extra), never a dependency of it.
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+        for path in modules(package)
+        for line, name in imported(path)
+        if name == "opentelemetry" or name.startswith("opentelemetry.")
+    ]
+    assert found == []
 
 
 @pytest.mark.parametrize("package", ["loop", "protocol"])

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trioloop._commands import run_chat
 from trioloop.cli import main
+from trioloop.cli.chat import run_chat
 from trioloop.mcp import HttpServer, McpConfigError, StdioServer, load_mcp_config, stdio_server_from_command
 
 SERVER_SCRIPT = Path(__file__).resolve().parent / "fixtures" / "mcp_server.py"

@@ -22,8 +22,8 @@ from torture_support import check_stream
 
 from trioloop import OpenAIResponsesProvider as TopLevelProvider
 from trioloop import define_document_kind, function_tool
-from trioloop._commands import _chat
-from trioloop.cli import _build_parser
+from trioloop.cli.chat import _chat
+from trioloop.cli.parser import _build_parser
 from trioloop.loop.machine import Outcome
 from trioloop.loop.session import Session
 from trioloop.loop.tool_runtime import ToolExecutionContext

@@ -637,9 +637,7 @@ class Session(Generic[D]):
                     max_output_tokens=max_output_tokens,
                     nursery=nursery,
                 )
-                session._attach(lease, JournalWriter(last_seq=0, last_hash=GENESIS, dump_document=kind.dump), compact)
-                session._journal.writer.snapshot(session.snapshot())  # type: ignore[union-attr]
-                await session._flush()
+                await session._start_journal(lease, compact)
                 return session
             replayed = replay_journal(decode_entries(stored), load_document=kind.load, registry=registry)
             chosen = model if model is not None else replayed.model
@@ -678,6 +676,36 @@ class Session(Generic[D]):
             with trio.CancelScope(shield=True):
                 await lease.release()
             raise
+
+    async def journal_into(
+        self, store: JournalStore, session_id: str, *, wait_s: float = 0.0, compact: bool = False
+    ) -> None:
+        """Journal this session from now on in ``store`` under the new id ``session_id`` (taking its lease):
+        the first entry is a snapshot of the session as it stands (its conversation, document and undo
+        history), so a session resumed from a file, say, goes on durably. `SessionLocked` if another lease
+        holds the id; ValueError if it already has a journal (open that with `Session.open`)."""
+        if self._lease is not None:
+            raise RuntimeError("this session is already journaled")
+        if not isinstance(self.kind, TextDocumentKind):
+            raise TypeError(f"the {self.kind.name} kind has no text form (dump/load), so it cannot be journaled")
+        lease = await store.acquire(session_id, wait_s=wait_s)
+        try:
+            if await lease.last_seq() != 0:
+                raise ValueError(f"session {session_id!r} already has a journal: open it with Session.open")
+            await self._start_journal(lease, compact)
+        except BaseException:
+            self._lease = self._journal = None
+            with trio.CancelScope(shield=True):
+                await lease.release()
+            raise
+
+    async def _start_journal(self, lease: JournalLease, compact: bool) -> None:
+        kind = self.kind
+        assert isinstance(kind, TextDocumentKind)
+        self._attach(lease, JournalWriter(last_seq=0, last_hash=GENESIS, dump_document=kind.dump), compact)
+        assert self._journal is not None
+        self._journal.writer.snapshot(self.snapshot())
+        await self._flush()
 
     def _attach(self, lease: JournalLease, writer: JournalWriter, compact: bool) -> None:
         self._lease = lease

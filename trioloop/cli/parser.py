@@ -48,15 +48,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     """Play the scripted review session against a document (default: examples/payment.thf)."""
-    from trioloop._commands import run_demo
+    from trioloop.cli.demo import run_demo
 
     return run_demo(args.file, args.approve, args.out, args.undo)
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
     """The same loop against a real provider API, key from the environment."""
-    from trioloop._commands import run_chat
+    from trioloop.cli.chat import run_chat
 
+    journal, session_file = _journal_path(args)
     return run_chat(
         args.file,
         args.provider,
@@ -67,24 +68,37 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         out=args.out,
         base_url=args.base_url,
         thinking_budget=args.thinking_budget,
-        journal=_journal_path(args),
-        resume=args.resume is not None,
+        journal=journal,
+        resume=args.resume is not None and session_file is None,
+        session_file=session_file,
+        timeout=args.timeout,
+        one_shot=args.prompt,
     )
 
 
-def _journal_path(args: argparse.Namespace) -> str | None:
-    """The chat's journal: --resume's, else --session's, else FILE.journal beside the document (none with
-    --no-session)."""
-    if args.resume is not None:
-        return str(args.resume)
-    if args.no_session:
-        return None
-    return str(args.session) if args.session else f"{args.file}.journal"
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _journal_path(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The chat's journal and the session file it continues, if any. ``--resume`` names either a journal (a
+    SQLite file: its latest chat goes on in it) or a session file `/save` wrote (it goes on in --session's
+    journal, default FILE.journal); no journal with --no-session."""
+    resumed = args.resume
+    if resumed is not None:
+        try:
+            with open(resumed, "rb") as file:
+                magic = file.read(len(_SQLITE_MAGIC))
+        except OSError:
+            magic = _SQLITE_MAGIC  # let the journal path report it
+        if magic == _SQLITE_MAGIC:
+            return str(resumed), None
+    journal = None if args.no_session else (str(args.session) if args.session else f"{args.file}.journal")
+    return journal, resumed
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
     """Print a journaled session's audit trail and verify its hash chain."""
-    from trioloop._commands import run_audit
+    from trioloop.cli.audit import run_audit
 
     return run_audit(args.target, args.session, as_json=args.json)
 
@@ -94,6 +108,16 @@ def _version() -> str:
         return importlib.metadata.version("trioloop")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -186,10 +210,22 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     chat.add_argument(
         "--resume",
-        metavar="JOURNAL",
-        help="continue the latest chat journaled in JOURNAL: its conversation, document and any review left open",
+        metavar="JOURNAL|FILE",
+        help="continue the latest chat journaled in JOURNAL (its conversation, document and any review left open), "
+        "or a session file /save wrote",
     )
     chat.add_argument("--no-session", action="store_true", help="keep no journal (nothing to resume after a crash)")
+    chat.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_positive_float,
+        help="the turn deadline (default 300): a turn still running then stops, keeping what it committed",
+    )
+    chat.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        help="one-shot: run this one request and exit (status 3 if the turn failed or ended at a limit)",
+    )
     chat.set_defaults(run=_cmd_chat)
 
     audit = commands.add_parser(

@@ -8,14 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Any, Final, Literal, TypeAlias, cast
+from typing import Any, Literal, TypeAlias, cast
 
-import trio
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
+from trioloop.cli.review import HELP, LinePrompt, parse_answer
 from trioloop.loop.card import changed_fields, one_line
 from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.preview import preview_call
@@ -24,7 +24,7 @@ from trioloop.loop.tool_runtime import PrepareFailure
 from trioloop.loop.untrusted_text import START_MARKER
 from trioloop.threatmodel import ThreatModel
 
-__all__ = ["ANSWERS", "ApproveMode", "LinePrompt", "TurnView", "outcome_line", "parse_answer"]
+__all__ = ["ApproveMode", "TurnView", "outcome_line"]
 
 ApproveMode: TypeAlias = Literal["ask", "safe", "none"]
 Prompt: TypeAlias = Callable[[str], str]
@@ -35,74 +35,6 @@ _STATUS_MARK = {
     CallStatus.DENIED: "not run",
     CallStatus.UNDONE: "undone",
 }
-
-
-#: Every answer the card prompt accepts, matched whole (case-insensitive); anything else asks again.
-ANSWERS: Final[Mapping[str, str]] = {
-    "a": "approve",
-    "approve": "approve",
-    "d": "deny",
-    "deny": "deny",
-    "s": "safe",
-    "safe": "safe",
-    "t": "stop",
-    "stop": "stop",
-    "e": "edit",
-    "edit": "edit",
-    "?": "help",
-    "help": "help",
-}
-
-_HELP: Final = (
-    "  a / approve  run this call as shown\n"
-    "  d / deny     do not run it (you may give the model a reason)\n"
-    "  s / safe     approve every non-destructive card of this step, then decide each destructive one\n"
-    "  t / stop     stop the turn now (nothing more runs; applied changes stay and can be undone)\n"
-    "  e / edit     approve it with an edited input (a JSON object), checked by the tool first\n"
-    "  ? / help     this help, the call's whole input and its preview"
-)
-
-
-def parse_answer(answer: str) -> str | None:
-    """The action a typed answer names, or None (ask again): answers match whole, never by first letter."""
-    return ANSWERS.get(answer.strip().lower())
-
-
-class LinePrompt:
-    """Reads answers on a worker thread, at most one at a time.
-
-    A read that a Stop (Ctrl-C) abandons keeps its thread blocked in ``input()``; the next question
-    then waits for that same read instead of starting a second one, so no typed line is lost.
-    """
-
-    def __init__(self, prompt: Prompt) -> None:
-        self._prompt = prompt
-        self._reading: trio.Event | None = None
-        self._result: str | BaseException = ""
-
-    async def ask(self, text: str) -> str:
-        if self._reading is not None:
-            print(text, end="", flush=True)
-            await self._reading.wait()
-        else:
-            done = trio.Event()
-            self._reading = done
-            token = trio.lowlevel.current_trio_token()
-
-            def read() -> None:
-                try:
-                    self._result = self._prompt(text)
-                except BaseException as exc:  # EOFError and friends are re-raised in the Trio task
-                    self._result = exc
-                with contextlib.suppress(trio.RunFinishedError):  # the program ended while this read waited
-                    trio.from_thread.run_sync(done.set, trio_token=token)
-
-            await trio.to_thread.run_sync(read, abandon_on_cancel=True)
-        self._reading = None
-        result, self._result = self._result, ""
-        if isinstance(result, BaseException):
-            raise result
-        return result
 
 
 def outcome_line(state: TurnState) -> str:
@@ -258,7 +190,7 @@ class TurnView:
         return ("Preview:", *(f"  {line}" for line in preview.lines()))
 
     def _help(self, call: CallRecord) -> None:
-        body = Text(_HELP)
+        body = Text(HELP)
         details = call.prepared.details if call.prepared is not None else ()
         body.append(f"\nThe whole input of {call.id}:", style="bold")
         for path, value in details:

@@ -1,0 +1,10 @@
+"""The terminal face: ``trioloop demo | chat | validate | audit``, one module per job.
+
+`parser` builds the command line and dispatches; `chat` and `demo` drive a `Session` from the terminal;
+`audit` prints a journal's trail; `view` shows a turn (streamed text, cards, status lines, the outcome);
+`review` reads the person's answers; `common` holds what chat and demo share.
+"""
+
+from trioloop.cli.parser import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK, EXIT_TURN_FAILED, EXIT_USAGE, main
+
+__all__ = ["EXIT_INTERRUPTED", "EXIT_INVALID", "EXIT_OK", "EXIT_TURN_FAILED", "EXIT_USAGE", "main"]

@@ -1,0 +1,114 @@
+"""What `trioloop demo` and `trioloop chat` share: the console, errors, loading and saving the document, one
+turn with its live view and Ctrl-C as Stop, the report after it."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+from rich.console import Console
+from rich.text import Text
+
+from trioloop.cli.view import TurnView, outcome_line
+from trioloop.loop.machine import TurnState
+from trioloop.loop.session import Session
+from trioloop.threatmodel import ThfError, ThfFile, ThreatModel, load_thf_file, save_thf
+
+
+def make_console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def error(text: str) -> None:
+    # Never hard-wrapped: an error line stays one line to copy (the terminal wraps it for the eye).
+    Console(stderr=True, highlight=False, soft_wrap=True).print(Text(text), style="red")
+
+
+def load_document(path: Path) -> ThfFile | None:
+    try:
+        return load_thf_file(path)
+    except ThfError as exc:
+        error(f"error: {type(exc).__name__}: {exc.message}")
+        return None
+    except OSError as exc:
+        error(f"error: cannot read {path.name}: {exc.strerror}")
+        return None
+
+
+async def one_turn(session: Session[ThreatModel], view: TurnView, text: str | None) -> TurnState:
+    """A turn for ``text`` (None: the turn the journal left open) with its live view and Ctrl-C as Stop."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ctrl_c_stops, session, view.console)
+        nursery.start_soon(view.watch)
+        state = await (session.continue_turn() if text is None else session.send(text))
+        await view.render(state)
+        nursery.cancel_scope.cancel()
+    return state
+
+
+async def ctrl_c_stops(
+    session: Session[ThreatModel], console: Console, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """During a turn, Ctrl-C is Stop (approved changes are kept); a second Ctrl-C quits the program."""
+    with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+        task_status.started()
+        async for _ in interrupts:
+            if not session.stop():
+                raise KeyboardInterrupt
+            console.print(Text("\nStopping the turn (Ctrl-C again quits)…", style="bold"))
+            async for _ in interrupts:
+                raise KeyboardInterrupt
+
+
+def interruptible(run: Callable[..., Any], *args: Any) -> int:
+    """``trio.run(run, *args)``; a Ctrl-C that quits ends with one line and status 130, never a traceback."""
+    code = 130
+    try:
+        code = trio.run(run, *args)
+    except* KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+    return code
+
+
+def report(console: Console, session: Session[ThreatModel], state: TurnState, before: ThreatModel) -> None:
+    console.print()
+    console.print(Text(outcome_line(state), style="bold"))
+    diff = session.kind.diff(before, session.document)
+    if diff:
+        console.print(Text("Document changes:", style="bold"))
+        for line in diff.splitlines():
+            style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
+            console.print(Text(line, style=style))
+    else:
+        console.print(Text("The document is unchanged."))
+
+
+class Saver:
+    """Writes the document when it changed since the last save (atomically, keeping the file's layout)."""
+
+    def __init__(self, console: Console, loaded: ThfFile, target: Path) -> None:
+        self.console = console
+        self.file = loaded
+        self.target = target
+
+    def save(self, document: ThreatModel) -> None:
+        if document is self.file.model or document == self.file.model:
+            return
+        try:
+            self.file = save_thf(self.target, document, self.file)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if "the new content is in place" in reason:  # the rename happened; only its durability is unknown
+                error(f"warning: {self.target} was written, but {reason}")
+            else:
+                error(f"error: could not save {self.target}: {reason}; the file was left as it was")
+            return
+        self.console.print(Text(f"Saved {self.target}"))
+
+
+def warn(text: str) -> None:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(Text(text), style="yellow")

@@ -1,0 +1,67 @@
+"""`trioloop demo`: the scripted review session on the embedded provider (no network, no key)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+from rich.text import Text
+
+from trioloop.cli.common import interruptible, load_document, make_console, one_turn, report
+from trioloop.cli.review import LinePrompt
+from trioloop.cli.view import ApproveMode, TurnView
+from trioloop.providers.scripted import ScriptedProvider
+from trioloop.threatmodel import save_thf
+from trioloop.threatmodel.demo import DEMO_EDITS, DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
+from trioloop.threatmodel.session import threat_model_session
+
+__all__ = ["DEFAULT_DEMO_FILE", "run_demo"]
+
+_SOURCE_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "payment.thf"
+
+
+_PACKAGED_EXAMPLE = Path(__file__).resolve().parents[1] / "_data" / "payment.thf"  # in a wheel install
+
+
+DEFAULT_DEMO_FILE = _SOURCE_EXAMPLE if _SOURCE_EXAMPLE.exists() else _PACKAGED_EXAMPLE
+
+
+async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, prompt: Callable[[str], str]) -> int:
+    console = make_console()
+    loaded = load_document(path)
+    if loaded is None:
+        return 1
+    document = loaded.model
+    async with (
+        ScriptedProvider(DEMO_SCRIPT, wire="anthropic") as provider,
+        threat_model_session(document=document, provider=provider, model="scripted-1", limits=DEMO_LIMITS) as session,
+    ):
+        console.print(Text(f"you> {DEMO_PROMPT}", style="bold"))
+        view = TurnView(console, session, mode, LinePrompt(prompt), scripted_edits=DEMO_EDITS)
+        state = await one_turn(session, view, DEMO_PROMPT)
+        report(console, session, state, document)
+        if session.undo_availability().undoable:
+            wants_undo = undo
+            if mode == "ask" and not undo:
+                answer = await view.lines.ask("Undo this turn? [y/N] ")
+                wants_undo = answer.strip().lower().startswith("y")
+            if wants_undo:
+                session.undo_last_turn()
+                same = session.document == document
+                console.print(
+                    Text(f"Undone: the document is {'back to' if same else 'NOT'} its state before the turn.")
+                )
+            else:
+                console.print(Text("Undo is available for this turn (trioloop demo --undo shows it)."))
+        if out is not None:
+            await trio.to_thread.run_sync(save_thf, out, session.document, loaded)
+            console.print(Text(f"Wrote {out}"))
+    return 0
+
+
+def run_demo(
+    file: str | None, mode: ApproveMode, out: str | None, undo: bool, prompt: Callable[[str], str] = input
+) -> int:
+    path = Path(file) if file else DEFAULT_DEMO_FILE
+    return interruptible(_demo, path, mode, Path(out) if out else None, undo, prompt)

@@ -38,7 +38,7 @@ def test_demo_approve_safe_runs_the_whole_script(tmp_path: Path) -> None:
     assert "review toolu_03" in text and "DESTRUCTIVE" in text
     assert "approved all safe: toolu_03" in text
     # One card approved with an edit, and the model told exactly what changed.
-    assert "approved toolu_04 with the demo reviewer's edit:" in text
+    assert "approved toolu_04 with an edit by the demo's scripted reviewer" in text
     assert "updates.description: Back-office tool; SSO with MFA required. -> " in text
     # A card with its whole input and its preview, the cascade named.
     assert "threat.mitigation.status: not_started" in text
@@ -170,10 +170,13 @@ def test_approve_all_safe_names_the_destructive_cards_and_asks_about_each(
 
     # At toolu_03: approve all safe (03, 04), then decide the destructive toolu_05 (deny, with a reason);
     # approve toolu_07; no undo.
-    answers = iter(["safe", "d", "Other services read it.", "a", "n"])
+    # "s" and "safe" are no answers (a person typing "s" for stop must not approve anything): asked again.
+    answers = iter(["s", "safe", "all", "d", "Other services read it.", "a", "n"])
     assert run_demo(str(PAYMENT), "ask", str(tmp_path / "o.thf"), False, prompt=lambda _: next(answers)) == 0
     out = capsys.readouterr().out
     assert "approved all safe: toolu_03, toolu_04" in out
+    assert out.count("s is no answer: q or stop stops the turn, all approves every safe card") == 2
+    assert "keys: a approve · d deny · e edit · all (every safe card) · q stop · ? help" in out
     assert 'Not included, destructive: toolu_05 (Delete data flow "flow-10" with the threats that target it)' in out
     result = load_thf(tmp_path / "o.thf")
     assert any(flow.id == "flow-10" for flow in result.data_flows)
@@ -186,8 +189,13 @@ def test_a_card_shows_the_whole_input_and_the_preview(capsys: pytest.CaptureFixt
     assert "Removes threat threat-7 (Customer email leaked through notifications)" in out  # the cascade, named
 
 
-def test_edit_on_approve_at_the_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_edit_on_approve_at_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from trioloop.cli.demo import run_demo
+
+    monkeypatch.delenv("VISUAL", raising=False)
+    monkeypatch.delenv("EDITOR", raising=False)  # no editor: a line of JSON, prefilled where readline allows
 
     edited = '{"id": "admin-console", "updates": {"description": "Back-office tool; SSO, MFA and IP allow-list."}}'
     # toolu_03: a; toolu_04: edit (a bad JSON first, then an input the tool refuses, then a good one); deny 05.
@@ -198,3 +206,48 @@ def test_edit_on_approve_at_the_terminal(tmp_path: Path, capsys: pytest.CaptureF
     result = load_thf(tmp_path / "o.thf")
     admin = next(e for e in result.elements if e.id == "admin-console")
     assert admin.description == "Back-office tool; SSO, MFA and IP allow-list."
+
+
+def test_edit_opens_the_editor_on_the_input_as_indented_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trioloop.cli.demo import run_demo
+
+    seen = tmp_path / "seen.json"
+    script = tmp_path / "editor.py"
+    script.write_text(
+        "import json, shutil, sys\n"
+        "path = sys.argv[1]\n"
+        f"shutil.copy(path, {str(seen)!r})\n"
+        "value = json.load(open(path))\n"
+        "value['updates']['description'] = 'Edited in the editor.'\n"
+        "json.dump(value, open(path, 'w'))\n",
+        encoding="utf-8",
+    )
+    monkeypatch.delenv("VISUAL", raising=False)
+    monkeypatch.setenv("EDITOR", f"{sys.executable} {script}")
+    answers = iter(["a", "e", "d", "", "d", "", "n"])  # toolu_03 approved, toolu_04 edited, the rest denied
+    assert run_demo(str(PAYMENT), "ask", str(tmp_path / "o.thf"), False, prompt=lambda _: next(answers)) == 0
+    out = capsys.readouterr().out
+    shown = seen.read_text(encoding="utf-8")
+    assert shown.startswith("{\n  ") and shown.isascii()  # indented, every non-ASCII character escaped
+    assert "approved toolu_04 with your edit" in out
+    admin = next(e for e in load_thf(tmp_path / "o.thf").elements if e.id == "admin-console")
+    assert admin.description == "Edited in the editor."
+
+
+def test_ctrl_c_at_the_undo_prompt_still_writes_out(tmp_path: Path) -> None:
+    from trioloop.cli.demo import run_demo
+
+    replies: list[str | BaseException] = ["all", "d", "", "a", KeyboardInterrupt()]
+
+    def prompt(_: str) -> str:
+        reply = replies.pop(0)
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    out = tmp_path / "o.thf"
+    assert run_demo(str(PAYMENT), "ask", str(out), False, prompt=prompt) == 130
+    written = load_thf(out)  # the document as it stood at the Ctrl-C, with the turn's changes
+    assert len(written.threats) > len(load_thf(PAYMENT).threats)

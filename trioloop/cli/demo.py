@@ -6,13 +6,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import trio
+from rich.console import Console
 from rich.text import Text
 
 from trioloop.cli.common import interruptible, load_document, make_console, one_turn, report
 from trioloop.cli.review import LinePrompt
 from trioloop.cli.view import ApproveMode, TurnView
+from trioloop.loop.session import Session
 from trioloop.providers.scripted import ScriptedProvider
-from trioloop.threatmodel import save_thf
+from trioloop.threatmodel import ThreatModel, save_thf
 from trioloop.threatmodel.demo import DEMO_EDITS, DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop.threatmodel.session import threat_model_session
 
@@ -39,25 +41,34 @@ async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, pro
     ):
         console.print(Text(f"you> {DEMO_PROMPT}", style="bold"))
         view = TurnView(console, session, mode, LinePrompt(prompt), scripted_edits=DEMO_EDITS)
-        state = await one_turn(session, view, DEMO_PROMPT)
-        report(console, session, state, document)
-        if session.undo_availability().undoable:
-            wants_undo = undo
-            if mode == "ask" and not undo:
-                answer = await view.lines.ask("Undo this turn? [y/N] ")
-                wants_undo = answer.strip().lower().startswith("y")
-            if wants_undo:
-                session.undo_last_turn()
-                same = session.document == document
-                console.print(
-                    Text(f"Undone: the document is {'back to' if same else 'NOT'} its state before the turn.")
-                )
-            else:
-                console.print(Text("Undo is available for this turn (trioloop demo --undo shows it)."))
-        if out is not None:
-            await trio.to_thread.run_sync(save_thf, out, session.document, loaded)
-            console.print(Text(f"Wrote {out}"))
+        try:
+            state = await one_turn(session, view, DEMO_PROMPT)
+            report(console, session, state, document)
+            if session.undo_availability().undoable:
+                await _offer_undo(console, session, view, mode, undo, document)
+        finally:
+            # --out is written whatever ends the demo (Ctrl-C at the undo prompt included): the document
+            # only ever holds whole, committed tool results.
+            if out is not None:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(save_thf, out, session.document, loaded)
+                console.print(Text(f"Wrote {out}"))
     return 0
+
+
+async def _offer_undo(
+    console: Console, session: Session[ThreatModel], view: TurnView, mode: ApproveMode, undo: bool, before: ThreatModel
+) -> None:
+    wants_undo = undo
+    if mode == "ask" and not undo:
+        answer = await view.lines.ask("Undo this turn? [y/N] ")
+        wants_undo = answer.strip().lower().startswith("y")
+    if wants_undo:
+        session.undo_last_turn()
+        same = session.document == before
+        console.print(Text(f"Undone: the document is {'back to' if same else 'NOT'} its state before the turn."))
+    else:
+        console.print(Text("Undo is available for this turn (trioloop demo --undo shows it)."))
 
 
 def run_demo(

@@ -1,41 +1,50 @@
-"""The review prompt: the answers a card accepts, matched whole, and the line reader that never loses a typed line."""
+"""The review prompt: the answers a card accepts (matched whole), the line reader that never loses a typed
+line, and editing a call's input in the person's own editor."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
-from typing import Final, TypeAlias
+import json
+import os
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final, TypeAlias
 
 import trio
 
-__all__ = ["ANSWERS", "HELP", "LinePrompt", "parse_answer"]
+__all__ = ["ANSWERS", "HELP", "KEYS", "LinePrompt", "edit_in_editor", "editable_json", "parse_answer"]
 
 Prompt: TypeAlias = Callable[[str], str]
 
-#: Every answer the card prompt accepts, matched whole (case-insensitive); anything else asks again.
+#: Every answer the card prompt accepts, matched whole (case-insensitive); anything else asks again. The
+#: single letters cannot be taken for one another or for a word: "s" is no answer at all (it used to approve
+#: every safe card; a person typing it for "stop" must not approve anything), "all" has no letter.
 ANSWERS: Final[Mapping[str, str]] = {
     "a": "approve",
     "approve": "approve",
     "d": "deny",
     "deny": "deny",
-    "s": "safe",
-    "safe": "safe",
-    "t": "stop",
-    "stop": "stop",
     "e": "edit",
     "edit": "edit",
+    "all": "safe",
+    "q": "stop",
+    "stop": "stop",
     "?": "help",
     "help": "help",
 }
 
+#: The keys as a card shows them.
+KEYS: Final = "keys: a approve · d deny · e edit · all (every safe card) · q stop · ? help"
 
 HELP: Final = (
     "  a / approve  run this call as shown\n"
     "  d / deny     do not run it (you may give the model a reason)\n"
-    "  s / safe     approve every non-destructive card of this step, then decide each destructive one\n"
-    "  t / stop     stop the turn now (nothing more runs; applied changes stay and can be undone)\n"
-    "  e / edit     approve it with an edited input (a JSON object), checked by the tool first\n"
-    "  ? / help     this help, the call's whole input and its preview"
+    "  e / edit     approve it with an edited input, checked by the tool first ($EDITOR, or a line of JSON)\n"
+    "  all          approve every non-destructive card of this step, then decide each destructive one\n"
+    "  q / stop     stop the turn now (nothing more runs; applied changes stay and can be undone)\n"
+    "  ? / help     this help, the call's whole input (every value whole) and its preview"
 )
 
 
@@ -56,7 +65,9 @@ class LinePrompt:
         self._reading: trio.Event | None = None
         self._result: str | BaseException = ""
 
-    async def ask(self, text: str) -> str:
+    async def ask(self, text: str, *, prefill: str = "") -> str:
+        """The next line typed after ``text``; ``prefill`` is put on the line to edit, where the terminal's line
+        editor (readline) allows it."""
         if self._reading is not None:
             print(text, end="", flush=True)
             await self._reading.wait()
@@ -67,7 +78,8 @@ class LinePrompt:
 
             def read() -> None:
                 try:
-                    self._result = self._prompt(text)
+                    with _prefilled(prefill):
+                        self._result = self._prompt(text)
                 except BaseException as exc:  # EOFError and friends are re-raised in the Trio task
                     self._result = exc
                 with contextlib.suppress(trio.RunFinishedError):  # the program ended while this read waited
@@ -79,3 +91,45 @@ class LinePrompt:
         if isinstance(result, BaseException):
             raise result
         return result
+
+
+@contextlib.contextmanager
+def _prefilled(text: str) -> Iterator[None]:
+    """While reading one line, start it with ``text`` (readline's startup hook; nothing without readline)."""
+    try:
+        import readline
+    except ImportError:  # no line editor (Windows, some builds): the line starts empty
+        readline = None  # type: ignore[assignment]
+    if not text or readline is None:
+        yield
+        return
+    readline.set_startup_hook(lambda: readline.insert_text(text))
+    try:
+        yield
+    finally:
+        readline.set_startup_hook()
+
+
+def editable_json(value: Any) -> str:
+    """``value`` as indented JSON for a person to edit: every character past ASCII escaped, so no invisible
+    code point (a bidi control, a zero-width space) can hide in what they read and approve."""
+    return json.dumps(value, indent=2, ensure_ascii=True, sort_keys=False) + "\n"
+
+
+def edit_in_editor(text: str, editor: str) -> str:
+    """Open ``editor`` (a command line, as $VISUAL or $EDITOR holds it) on ``text`` and return what was saved.
+
+    Blocking (the editor has the terminal): call it from a worker thread. Raises `OSError` when the editor
+    cannot be started or exits with an error."""
+    handle, name = tempfile.mkstemp(prefix="trioloop-edit-", suffix=".json")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        done = subprocess.run([*shlex.split(editor), name], check=False)
+        if done.returncode != 0:
+            raise OSError(f"the editor exited with status {done.returncode}")
+        with open(name, encoding="utf-8") as file:
+            return file.read()
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(name)

@@ -7,21 +7,24 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, Literal, TypeAlias, cast
 
+import trio
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from trioloop.cli.review import HELP, LinePrompt, parse_answer
+from trioloop.cli.review import HELP, KEYS, LinePrompt, edit_in_editor, editable_json, parse_answer
 from trioloop.loop.card import changed_fields, one_line
 from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.preview import preview_call
 from trioloop.loop.session import Session
 from trioloop.loop.tool_runtime import PrepareFailure
 from trioloop.loop.untrusted_text import START_MARKER
+from trioloop.protocol.messages import ToolCallBlock
 from trioloop.threatmodel import ThreatModel
 
 __all__ = ["ApproveMode", "TurnView", "outcome_line"]
@@ -174,14 +177,22 @@ class TurnView:
                 if value == "null":
                     unset += 1  # a field left out (null) writes nothing; "?" lists every field
                     continue
-                body.append(f"\n  {path}: {one_line(value)}")
+                body.append(f"\n  {path}: {one_line(value, self._value_width(path))}")
             if unset:
                 body.append(f"\n  ({unset} more field(s) left null; ? shows every field, whole)", style="dim")
         for line in self._preview_lines(call):
             body.append(f"\n{line}", style="bold" if not line.startswith(" ") else "")
+        if self.mode == "ask":
+            body.append(f"\n{KEYS}", style="dim")
         title = f"review {escape(call.id)} · {escape(call.tool_name)}"
         panel = Panel(body, title=title, expand=False, border_style="red" if call.destructive else "cyan")
         self.console.print(panel, soft_wrap=False)
+
+    def _value_width(self, path: str) -> int:
+        """How much of a value a card line shows: what the terminal's width leaves (about four lines of it),
+        at least 60 characters; ``?`` shows every value whole."""
+        room = max(self.console.width - len(path) - 10, 20)
+        return max(60, room * 4)
 
     def _preview_lines(self, call: CallRecord) -> tuple[str, ...]:
         preview = None if call.prepared is None else preview_call(call.prepared, self.session.document)
@@ -209,7 +220,12 @@ class TurnView:
             for call in pending:
                 edited = self.scripted_edits.get(call.id)
                 if edited is not None and not call.destructive:
-                    self.console.print(Text(f"  approved {call.id} with the demo reviewer's edit:"))
+                    self.console.print(
+                        Text(
+                            f"  approved {call.id} with an edit by the demo's scripted reviewer (under --approve "
+                            "safe the demo plays a reviewer who edits this call before approving it):"
+                        )
+                    )
                     self._print_edit(call, edited)
                     self.session.approve(call.id, edited)
             safe = tuple(c.id for c in pending if not c.destructive and c.id not in self.scripted_edits)
@@ -225,14 +241,16 @@ class TurnView:
         batch_done = False
         while queue:
             call = queue[0]
-            choices = "[a]pprove, [d]eny, [e]dit" + ("" if batch_done else ", approve all [s]afe") + ", s[t]op, ?"
+            choices = "a approve, d deny, e edit" + ("" if batch_done else ", all (every safe card)") + ", q stop, ?"
             try:
                 answer = await self.lines.ask(f"{call.id}: {choices} ")
             except EOFError:
                 answer = "stop"  # the input ended: nothing more may run on an answer nobody gave
             action = parse_answer(answer)
             if action is None or (action == "safe" and batch_done):
-                self.console.print(Text(f"  Please answer one of: {choices} (whole words also work)."))
+                hint = " (s is no answer: q or stop stops the turn, all approves every safe card)"
+                shown = hint if answer.strip().lower() in ("s", "safe", "t") else ""
+                self.console.print(Text(f"  Please answer one of: {choices}{shown}."))
                 continue
             if action == "help":
                 self._help(call)
@@ -269,11 +287,27 @@ class TurnView:
             self.console.print(Text(f"    {path}: {old if old is not None else '(absent)'} -> {new}"))
 
     async def _edit(self, call: CallRecord) -> bool:
-        """Ask for an edited input, check it with the call's own tool, and approve it; False to ask again."""
+        """Let the person edit the call's input ($VISUAL or $EDITOR on it as indented JSON, else a line of JSON
+        prefilled with it), check it with the call's own tool, and approve it; False to ask again."""
         tool = self.session.state.tool_set.get(call.tool_name) if self.session.state is not None else None
         if tool is None or call.prepared is None:
             return False
-        text = await self.lines.ask("  Edited input as one JSON object (Enter to go back): ")
+        current = editable_json(self._call_input(call))
+        editor = os.environ.get("VISUAL") or os.environ.get("EDITOR")
+        if editor:
+            try:
+                text = await trio.to_thread.run_sync(edit_in_editor, current, editor)
+            except (OSError, ValueError) as exc:
+                self.console.print(Text(f"  The editor could not be used ({exc}). Nothing was approved."))
+                return False
+            if text.strip() == current.strip():
+                self.console.print(Text("  The input was not changed. Nothing was approved."))
+                return False
+        else:
+            self.console.print(Text("  The input now (edit the line below; Enter on an empty line goes back):"))
+            flat = json.dumps(json.loads(current), ensure_ascii=True)
+            self.console.print(Text(f"  {flat}", style="dim"))
+            text = await self.lines.ask("  Edited input: ", prefill=flat)
         if not text.strip():
             return False
         try:
@@ -292,3 +326,13 @@ class TurnView:
         self._print_edit(call, edited)
         self.session.approve(call.id, edited)
         return True
+
+    def _call_input(self, call: CallRecord) -> Any:
+        """The input the model sent for ``call``, from the turn's messages (``{}`` if it cannot be found)."""
+        state = self.session.state
+        if state is not None:
+            for message in reversed(state.turn_messages):
+                for block in message.content:
+                    if isinstance(block, ToolCallBlock) and block.id == call.id:
+                        return block.input
+        return {}

@@ -44,7 +44,9 @@ async def one_turn(session: Session[ThreatModel], view: TurnView, text: str | No
     async with trio.open_nursery() as nursery:
         await nursery.start(ctrl_c_stops, session, view.console)
         nursery.start_soon(view.watch)
+        nursery.start_soon(view.waiting)
         state = await (session.continue_turn() if text is None else session.send(text))
+        view.clear_waiting()
         await view.render(state)
         nursery.cancel_scope.cancel()
     return state

@@ -78,6 +78,8 @@ class TurnView:
         self._phase: Phase | None = None
         self._mid_line = False
         self._reported: tuple[str, int, int] = ("", 0, 0)  # turn id, notices and violations already printed
+        self._waiting_shown = False  # the live "waiting for the model" line is on screen (a terminal only)
+        self._waiting_since: float | None = None
 
     async def watch(self) -> None:
         """Follow the session's states until cancelled (or interrupted: the generator is closed either way)."""
@@ -86,7 +88,46 @@ class TurnView:
             async for state in states:
                 await self.render(state)
 
+    async def waiting(self, *, interval_s: float = 0.5, first_s: float = 1.0) -> None:
+        """While a request is open and nothing has come back yet, say so with the time waited and how to stop:
+        a line updated in place on a terminal, one line otherwise. Runs until cancelled."""
+        announced = False
+        while True:
+            await trio.sleep(interval_s)
+            state = self.session.state
+            waiting = state is not None and state.phase is Phase.REQUESTING and self.session.busy
+            if not waiting:
+                self._waiting_since = None
+                announced = False
+                self.clear_waiting()
+                continue
+            now = trio.current_time()
+            if self._waiting_since is None:
+                self._waiting_since = now
+            waited = now - self._waiting_since
+            if waited < first_s:
+                continue
+            if self.console.is_terminal:
+                self._end_text_line()
+                line = f"  waiting for the model: {waited:.0f} s (Ctrl-C stops)"
+                self.console.file.write("\r" + line.ljust(60))
+                self.console.file.flush()
+                self._waiting_shown = True
+            elif not announced:
+                self._end_text_line()
+                self.console.print(Text("  waiting for the model (Ctrl-C stops)…", style="dim"))
+                announced = True
+
+    def clear_waiting(self) -> None:
+        if self._waiting_shown:
+            self.console.file.write("\r" + " " * 60 + "\r")
+            self.console.file.flush()
+            self._waiting_shown = False
+
     async def render(self, state: TurnState) -> None:
+        self.clear_waiting()
+        if state.phase is not Phase.REQUESTING:
+            self._waiting_since = None
         self._stream_text(state)
         self._tool_lines(state)
         self._report_lines(state)

@@ -68,14 +68,19 @@ async def test_no_connection_names_host_and_cause_and_exits_3(
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     port = await closed_port()
-    code = await _chat(PAYMENT, "openai", "gpt-4.1", "none", one_request(), f"http://127.0.0.1:{port}/v1")
+    asked: list[str] = []
+
+    def prompt(label: str) -> str:
+        asked.append(label)
+        raise EOFError
+
+    code = await _chat(PAYMENT, "openai", "gpt-4.1", "none", prompt, f"http://127.0.0.1:{port}/v1")
     captured = capsys.readouterr()
     err = captured.err
-    assert code == EXIT_TURN_FAILED
+    # Checked once before the first prompt (the models list): said at once, no request typed, no retries.
+    assert code == EXIT_TURN_FAILED and asked == []
     assert f"127.0.0.1:{port}" in err and "connection refused" in err
-    retries = [line.strip() for line in captured.out.splitlines() if "retry" in line]
-    assert len(retries) == 3 and all(line.startswith("! connection refused") for line in retries)
-    assert retries[0].endswith("retry 1 of 3 in 0.5 s") and retries[2].endswith("retry 3 of 3 in 2 s")
+    assert "retry" not in captured.out
     assert KEY not in err
 
 
@@ -93,7 +98,8 @@ async def test_a_529_storm_shows_progress_then_the_status(
     captured = capsys.readouterr()
     err = captured.err
     # One counter: the first request and three retries, each retry shown once with its cause and wait.
-    assert code == EXIT_TURN_FAILED and len(server.requests) == 4
+    posts = [r for r in server.requests if r.method == "POST"]
+    assert code == EXIT_TURN_FAILED and len(posts) == 4
     retries = [line.strip() for line in captured.out.splitlines() if "retry" in line]
     assert retries == [
         "! HTTP 529, retry 1 of 3 in 0.5 s",
@@ -191,3 +197,26 @@ async def test_usage_with_cache_tokens_is_shown_per_turn_and_for_the_session(
     out = capsys.readouterr().out
     assert "tokens: 12 in (cache: 10 read, 0 written), 9 out; session: 12 in (cache: 10 read, 0 written)" in out
     assert "session: 24 in (cache: 20 read, 0 written), 18 out" in out
+
+
+async def test_a_wrong_key_is_said_before_the_first_prompt(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    refused = LoopbackResponse(
+        status=401,
+        headers=(("content-type", "application/json"),),
+        body=b'{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}',
+    )
+    asked: list[str] = []
+
+    def prompt(label: str) -> str:
+        asked.append(label)
+        raise EOFError
+
+    async with open_loopback_server(lambda request: refused) as server:
+        code = await _chat(PAYMENT, "anthropic", None, "none", prompt, server.url)
+    err = capsys.readouterr().err
+    assert code == EXIT_TURN_FAILED and asked == []
+    assert [(r.method, r.target) for r in server.requests] == [("GET", "/v1/models")]
+    assert "invalid x-api-key" in err and KEY not in err

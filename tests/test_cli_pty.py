@@ -3,9 +3,10 @@ answers (the live waiting line), is stopped with Ctrl-C, undone, saved and resum
 
 from __future__ import annotations
 
+import http.server
 import os
-import socket
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,11 +19,36 @@ TIMEOUT = 30
 
 @pytest.fixture
 def silent_server() -> Iterator[int]:
-    """A port that accepts connections (the kernel's backlog) and never answers: a provider that hangs."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(8)
-        yield sock.getsockname()[1]
+    """A provider that hangs: it lists its models (the check before the first prompt passes) and never answers
+    a request for a turn."""
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"data": []}'
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            release.wait(60)  # never answers while the test runs
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
 
 
 def spawn(*args: str, cwd: Path) -> pexpect.spawn:

@@ -72,10 +72,15 @@ def test_cli_chat_accepts_repeatable_mcp_options() -> None:
     assert main(["chat", str(PAYMENT), "--provider", "anthropic", "--model", "m", "--mcp", "a", "--mcp", "b"]) == 2
 
 
+async def _no_check(provider: object) -> None:
+    """No network in these tests: the provider's URL and key check (tests/test_cli_chat.py) is skipped."""
+
+
 def test_chat_connects_the_servers_and_closes_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-never-used")
+    monkeypatch.setattr("trioloop.cli.chat._check_provider", _no_check)
     config = tmp_path / "mcp.toml"
     config.write_text(
         f'[servers.fx]\ncommand = {sys.executable!r}\nargs = [{str(SERVER_SCRIPT)!r}, "stdio"]\n'
@@ -91,6 +96,7 @@ def test_chat_reports_a_server_that_cannot_start(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-never-used")
+    monkeypatch.setattr("trioloop.cli.chat._check_provider", _no_check)
     command = f"{sys.executable} -c 'raise SystemExit(1)'"
     assert run_chat(str(PAYMENT), "anthropic", "m", "ask", lambda _: "", mcp=[command]) == 1
     assert "Cannot connect to MCP server" in capsys.readouterr().err

@@ -960,7 +960,8 @@ async def test_the_cli_speaks_the_responses_wire(
         code = await _chat(PAYMENT, "openai-responses", None, "none", one_request(), server.url + "/v1")
     captured = capsys.readouterr()
     assert code == 0 and "Grüße" in captured.out and "warning" not in captured.err
-    request = server.requests[0]
+    check, request = server.requests  # the URL and key checked first (the models list), then the turn
+    assert check.method == "GET" and check.target == "/v1/models"
     assert request.target == "/v1/responses" and request.header("authorization") == f"Bearer {KEY}"
     body = request.json()
     assert body["model"] == "gpt-5" and body["store"] is False

@@ -24,7 +24,7 @@ from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.loop.machine import Outcome, TurnState
 from trioloop.loop.session import Session, SessionBusy
 from trioloop.loop.session_file import SessionFileError
-from trioloop.protocol.events import Usage, usage_sum
+from trioloop.protocol.events import StreamError, Usage, usage_sum
 from trioloop.protocol.preflight import lookup_model, unknown_model_warning
 from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.retry import RetryNotice
@@ -147,6 +147,11 @@ async def _chat(
     logging.getLogger("trioloop").addHandler(logging.NullHandler())  # the CLI says it; no stray log line
     host = _host(base_url, provider_name)
     provider = _real_provider(provider_name, key, base_url, thinking_budget)
+    problem_found = await _check_provider(provider)
+    if problem_found is not None:
+        detail = f" ({problem_found.provider_detail})" if problem_found.provider_detail else ""
+        error(f"error: {host}: {problem_found.message}{detail}")
+        return EXIT_TURN_FAILED
     return await chat_session(
         path,
         provider,
@@ -162,6 +167,16 @@ async def _chat(
         limits=limits,
         one_shot=one_shot,
     )
+
+
+async def _check_provider(provider: ChatProvider) -> StreamError | None:
+    """The URL and key checked once, before the first prompt, with the server's models list (when the provider
+    offers the check): a refused port or a wrong key is said at once, not after a request and its retries."""
+    check = getattr(provider, "check", None)
+    if check is None:
+        return None
+    result = await check()
+    return result if isinstance(result, StreamError) else None
 
 
 async def chat_session(

@@ -94,12 +94,21 @@ class LoopbackResponse:
 LoopbackHandler: TypeAlias = Callable[[LoopbackRequest], "LoopbackResponse | Awaitable[LoopbackResponse]"]
 
 
+#: What a replaying server answers to a models list (``GET .../models``), the check a client makes first.
+MODELS_LIST: Final = LoopbackResponse(
+    status=200, headers=(("content-type", "application/json"),), body=b'{"object":"list","data":[]}'
+)
+
+
 def replay(responses: Iterable[LoopbackResponse], *, fallback: LoopbackResponse | None = None) -> LoopbackHandler:
-    """A handler answering requests with ``responses`` in order, then ``fallback`` (default: a 500)."""
+    """A handler answering requests with ``responses`` in order, then ``fallback`` (default: a 500). A models
+    list (``GET`` of a path ending in ``/models``) is answered with an empty list and takes none of them."""
     queue = list(responses)
     last = fallback or LoopbackResponse(status=500, headers=(("content-type", "text/plain"),), body=b"no response left")
 
     def handler(request: LoopbackRequest) -> LoopbackResponse:
+        if request.method == "GET" and request.target.split("?", 1)[0].endswith("/models"):
+            return MODELS_LIST
         return queue.pop(0) if queue else last
 
     return handler

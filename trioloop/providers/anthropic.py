@@ -330,6 +330,7 @@ class AnthropicWire:
     env_var: Final = "ANTHROPIC_API_KEY"
     default_base_url: Final = "https://api.anthropic.com"
     endpoint: Final = "/v1/messages"
+    models_endpoint: Final = "/v1/models"
 
     def __init__(self, options: AnthropicRequestOptions | None = None) -> None:
         self.options = options or AnthropicRequestOptions()

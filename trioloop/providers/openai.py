@@ -316,6 +316,7 @@ class OpenAIWire:
     env_var: Final = "OPENAI_API_KEY"
     default_base_url: Final = "https://api.openai.com/v1"
     endpoint: Final = "/chat/completions"
+    models_endpoint: Final = "/models"
 
     def __init__(self, options: OpenAIRequestOptions | None = None) -> None:
         self.options = options or OpenAIRequestOptions()

@@ -174,6 +174,7 @@ class OpenAIResponsesWire:
     env_var: Final = "OPENAI_API_KEY"
     default_base_url: Final = DEFAULT_BASE_URL
     endpoint: Final = "/responses"
+    models_endpoint: Final = "/models"
 
     def __init__(self, options: OpenAIResponsesOptions | None = None) -> None:
         self.options = options or OpenAIResponsesOptions()

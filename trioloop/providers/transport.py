@@ -171,6 +171,10 @@ def _failure(
     )
 
 
+#: How long `HttpTransport.check` waits for the models list.
+_CHECK_TIMEOUT_S = 10.0
+
+
 @final
 class HttpTransport:
     """One HTTP attempt per call; the ``Transport`` every real provider and the scripted one use."""
@@ -192,6 +196,7 @@ class HttpTransport:
         self._wire = wire
         self._key = None if api_key is None else ApiKey(api_key)
         self._url = _endpoint_url(base_url or wire.default_base_url, wire.endpoint)
+        self._models_url = _endpoint_url(base_url or wire.default_base_url, wire.models_endpoint)
         self._client = client
         self.held_client: httpx.AsyncClient | None = None  # the provider's own, while it is open (async with)
         self._read_timeout = float(read_timeout)
@@ -207,6 +212,63 @@ class HttpTransport:
     def _url_allowed(self) -> bool:
         url = httpx.URL(self._url)
         return url.scheme == "https" or (url.scheme == "http" and is_loopback_host(url.host))
+
+    async def check(self) -> StreamError | None:
+        """Ask the server for its models list once, with the key: None when it answers (any status but 401 and
+        403: a server without a models list, or one that is busy, is not a wrong URL or key), else what failed,
+        as a turn would report it (no connection, TLS, DNS, a refused key). Never raises for the server's sake."""
+        await trio.lowlevel.checkpoint()
+        key = self._resolve_key()
+        if key is None:
+            return StreamError(
+                code=ProtocolErrorCode.NO_API_KEY,
+                message=Messages.NO_API_KEY,
+                provider_detail=f"Set {self._wire.env_var} or pass api_key to the provider.",
+            )
+        try:
+            allowed = self._url_allowed()
+        except httpx.InvalidURL:
+            allowed = False
+        if not allowed:
+            return StreamError(code=ProtocolErrorCode.TRANSPORT, message=Messages.INSECURE_URL)
+        mask_key_in_logs(key)
+        headers = {**self._wire.auth_headers(key), "accept": "application/json", "accept-encoding": "identity"}
+        client = self._client or self.held_client
+        owned = client is None
+        if client is None:
+            client = httpx.AsyncClient(timeout=httpx.Timeout(_CHECK_TIMEOUT_S), follow_redirects=False)
+        try:
+            with trio.move_on_after(_CHECK_TIMEOUT_S) as waiting:
+                response = await client.get(self._models_url, headers=headers, follow_redirects=False)
+                status = response.status_code
+                body = response.content[:ERROR_BODY_LIMIT] if status in (401, 403) else b""
+            if waiting.cancelled_caught:
+                return StreamError(
+                    code=ProtocolErrorCode.TRANSPORT, message=Messages.READ_TIMEOUT, provider_detail="no answer"
+                )
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError) as exc:
+            return StreamError(
+                code=ProtocolErrorCode.TRANSPORT,
+                message=Messages.NETWORK,
+                provider_detail=describe_network_failure(exc),
+            )
+        except (httpx.HTTPError, OSError) as exc:
+            return StreamError(
+                code=ProtocolErrorCode.TRANSPORT, message=Messages.REQUEST_FAILED, provider_detail=type(exc).__name__
+            )
+        finally:
+            if owned:
+                with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
+                    await client.aclose()
+        if status in (401, 403):
+            described = self._wire.describe_error_body(body)
+            detail = f"HTTP {status}: {described.detail}" if described.detail else f"HTTP {status}"
+            return StreamError(
+                code=ProtocolErrorCode.HTTP_STATUS,
+                message=Messages.AUTH_REJECTED,
+                provider_detail=detail.replace(key, REDACTED),
+            )
+        return None
 
     async def attempt(self, request: ChatRequest, send: trio.abc.SendChannel[StreamEvent]) -> AttemptOutcome:
         await trio.lowlevel.checkpoint()
@@ -557,6 +619,11 @@ class HttpChatProvider:
     def hold_connections(self) -> Self:
         """The provider itself, as a re-entrant hold (see ``HoldsConnections``)."""
         return self
+
+    async def check(self) -> StreamError | None:
+        """Check the URL and key once with the server's models list (see `HttpTransport.check`): None when the
+        server answers, else the failure a turn would report. The CLI calls it before its first prompt."""
+        return await self._http.check()
 
     async def stream(
         self,

@@ -279,12 +279,24 @@ class Session(Generic[D]):
                 continue
             await self._changed.park()
 
+    def _tell_suspended(self, state: TurnState) -> None:
+        """Observers that want it (an ``on_suspended(state)`` method) learn that the turn was suspended."""
+        for observer in self._observers:
+            hook = getattr(observer, "on_suspended", None)
+            if hook is None:
+                continue
+            try:
+                hook(state)
+            except Exception:
+                observer_log.exception("observer %r failed and was removed", observer)
+                self._observers = tuple(o for o in self._observers if o is not observer)
+
     def observe(self, observer: TurnObserver) -> None:
         """Tell ``observer`` of every state published from now on (see `trioloop.loop.observer`)."""
         self._observers = (*self._observers, observer)
 
     def _publish(self, state: TurnState) -> None:
-        if state is self._state:
+        if state is self._state and self._controls is None:
             return  # already published (a settled turn's last state is handed over twice)
         self._state = state
         if self._changed:  # no reader parked: nothing to wake (a turn publishes about seven states per iteration)
@@ -371,6 +383,7 @@ class Session(Generic[D]):
                     state=final, machine_ms=machine_ms, review_waited_ms=review_ms, card_digests=digests
                 )
                 self._pending_controls = TurnControls()
+                self._tell_suspended(final)
             self._turn_ended.set()
         self._publish(state)
         if journal is not None:

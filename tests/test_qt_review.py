@@ -30,7 +30,7 @@ from PySide6.QtCore import QEventLoop, Qt, QThread, QTimer
 from PySide6.QtGui import Qt as GuiQt
 from PySide6.QtGui import QTextCursor
 from PySide6.QtTest import QTest
-from PySide6.QtWidgets import QAbstractButton, QApplication, QLabel
+from PySide6.QtWidgets import QAbstractButton, QApplication, QLabel, QWidget
 from strategies_document import json_values
 
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
@@ -52,7 +52,7 @@ from trioloop.ui.qt import CallCard, NoticeKind, ReviewPanel, TrioGuestHost, run
 
 ROOT = Path(__file__).resolve().parent.parent
 PAYMENT = ROOT / "examples" / "payment.thf"
-SCREENSHOT = ROOT / "docs" / "qt-review.png"
+DOCS = ROOT / "docs"
 #: Hang guard, not a timing assertion. Below the slow tool's 30 s so a Stop that waited for it fails.
 CAP_S = 20.0
 MARKUP = "<b>bold</b>"
@@ -196,6 +196,17 @@ def run_until(
             app.processEvents(QEventLoop.ProcessEventsFlag.WaitForMoreEvents)
     finally:
         waker.stop()
+
+
+def save_screenshot(widget: QWidget, name: str, tmp_path: Path) -> Path:
+    """``widget`` as painted now, saved as docs/NAME when TRIOLOOP_WRITE_SCREENSHOT=1 (for the README),
+    in the test's temp dir otherwise."""
+    target = DOCS / name if os.environ.get("TRIOLOOP_WRITE_SCREENSHOT") == "1" else tmp_path / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    QApplication.processEvents()
+    assert widget.grab().save(str(target))
+    assert target.stat().st_size > 0
+    return target
 
 
 def click(button: QAbstractButton) -> None:
@@ -343,11 +354,19 @@ def test_a_scripted_turn_reviewed_by_clicking(app: QApplication, document: Threa
         assert not panel.notice_frame.isVisibleTo(panel)
         assert not any(c.approve_button.isVisibleTo(c) for c in panel.cards.values())
 
+        assert not panel.redo_button.isEnabled()
         click(panel.undo_button)
         run.until_status("c1", CallStatus.UNDONE)
         assert panel.session.document == document
         assert rename.status_label.text() == "Undone"
-        assert not panel.undo_button.isEnabled()
+        assert not panel.undo_button.isEnabled()  # the only turn in the undo history is undone
+        assert panel.redo_button.isEnabled()
+
+        click(panel.redo_button)
+        run.until_status("c1", CallStatus.SUCCEEDED)  # the card reads as before Undo
+        assert panel.session.document.metadata.title == "Payments v2"
+        assert rename.status_label.text() == "Applied"
+        assert panel.undo_button.isEnabled() and not panel.redo_button.isEnabled()
 
 
 def test_approve_all_safe_leaves_the_destructive_call_pending(app: QApplication, document: ThreatModel) -> None:
@@ -381,18 +400,29 @@ def test_approve_all_safe_leaves_the_destructive_call_pending(app: QApplication,
         assert (metadata.title, metadata.description) == ("Renamed", "Payments, reviewed.")
 
 
-def test_stop_during_a_slow_tool_settles_and_keeps_the_document(app: QApplication, document: ThreatModel) -> None:
+def test_a_running_call_shows_progress_until_stop_settles_it(
+    app: QApplication, document: ThreatModel, tmp_path: Path
+) -> None:
     steps = [ScriptStep(text="This will take a while.", tool_calls=(call("c1", "slow_rename", title="Never"),))]
     with review_panel(app, steps, document, registry=metadata_tools()) as run:
         panel = run.panel
         run.send("Rename it")
         run.until_phase(Phase.AWAITING_APPROVAL)
-        click(panel.cards["c1"].approve_button)
+        card = panel.cards["c1"]
+        assert not card.progress_bar.isVisibleTo(card)
+        click(card.approve_button)
         run.until_status("c1", CallStatus.RUNNING)
-        assert panel.cards["c1"].status_label.text() == "Running…"
+        assert card.status_label.text() == "Running…"
+        assert card.progress_bar.isVisibleTo(card) and card.is_running
+        assert (card.progress_bar.minimum(), card.progress_bar.maximum()) == (0, 0)  # indeterminate: busy
+        run.until(lambda: card.status_label.text() == "Running… 1 s", "the running call to count a second")
+        panel.resize(760, 420)
+        save_screenshot(panel, "qt-running.png", tmp_path)
 
         click(panel.stop_button)  # the hang guard (20 s) is shorter than the tool's 30 s sleep
         run.until_settled()
+        assert not card.progress_bar.isVisibleTo(card)  # the indicator stops with the call
+        assert card.status_label.text() == "Not run: the turn ended first"
 
         state = panel.state
         assert state is not None and state.outcome is Outcome.CANCELLED
@@ -493,7 +523,7 @@ def test_only_a_failed_turn_gets_a_warning_notice(outcome: Outcome, undoable: bo
     assert kind is expected
     assert bool(text) is (kind is not NoticeKind.NONE)
     if outcome is Outcome.CANCELLED:
-        assert ("Undo turn" in text) is undoable
+        assert ("Undo reverts" in text) is undoable
 
 
 def test_closing_the_window_mid_turn_stops_the_turn(app: QApplication, document: ThreatModel) -> None:
@@ -521,13 +551,8 @@ def test_a_failed_turn_shows_a_warning_notice(app: QApplication, document: Threa
         assert panel.send_button.isEnabled() and not panel.stop_button.isEnabled()
 
 
-def test_demo_turn_mid_review_screenshot_and_bounded_notice(
-    app: QApplication, document: ThreatModel, tmp_path: Path
-) -> None:
-    """The CLI demo's script in the panel; a mid-turn screenshot for the README; the step limit as information.
-
-    Set TRIOLOOP_WRITE_SCREENSHOT=1 to refresh docs/qt-review.png; otherwise the image goes to a temp dir.
-    """
+def test_demo_turn_bounded_notice(app: QApplication, document: ThreatModel) -> None:
+    """The CLI demo's script in the panel, to its step limit, shown as information."""
     with review_panel(app, DEMO_SCRIPT, document, limits=DEMO_LIMITS) as run:
         panel = run.panel
         run.send(DEMO_PROMPT)
@@ -536,14 +561,6 @@ def test_demo_turn_mid_review_screenshot_and_bounded_notice(
         click(panel.cards["toolu_03"].approve_button)
         run.until_status("toolu_03", CallStatus.APPROVED)
         assert panel.state is not None and panel.state.is_live
-        click(panel.cards["toolu_05"].details_button)  # the destructive card, expanded to its preview
-        app.processEvents()
-        panel.card_area.ensureWidgetVisible(panel.cards["toolu_05"])
-
-        target = SCREENSHOT if os.environ.get("TRIOLOOP_WRITE_SCREENSHOT") == "1" else tmp_path / "qt-review.png"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        assert panel.grab().save(str(target))
-        assert target.stat().st_size > 0
 
         # The reader puts the view's cursor at the top; later text must still land at the end, in order.
         panel.answer_view.moveCursor(QTextCursor.MoveOperation.Start)
@@ -626,13 +643,13 @@ def _review_iteration_two(run: Running) -> ReviewPanel:
     return panel
 
 
-def test_a_card_expands_to_its_whole_input_and_its_preview(app: QApplication, document: ThreatModel) -> None:
+def test_a_mutation_card_opens_with_its_whole_input_and_its_preview(app: QApplication, document: ThreatModel) -> None:
     with review_panel(app, DEMO_SCRIPT, document, limits=DEMO_LIMITS) as run:
         panel = _review_iteration_two(run)
         threat, delete = panel.cards["toolu_03"], panel.cards["toolu_05"]
-        assert not delete.details_label.isVisibleTo(delete)
-        click(delete.details_button)
-        assert delete.details_label.isVisibleTo(delete)
+        for card in (threat, panel.cards["toolu_04"], delete):  # every mutation, destructive or not
+            assert card.expanded and card.details_label.isVisibleTo(card), card.call_id
+            assert not card.compact
         assert delete.details_label.textFormat() is Qt.TextFormat.PlainText
         assert delete.details_text.splitlines() == [
             "Input:",
@@ -644,8 +661,34 @@ def test_a_card_expands_to_its_whole_input_and_its_preview(app: QApplication, do
         details = threat.details_text
         assert "  threat.mitigation.status: not_started" in details  # a field the summary leaves out
         assert "  Adds threat threat-" in details
+        click(delete.details_button)  # a person may still fold one away
+        assert not delete.details_label.isVisibleTo(delete) and not delete.expanded
         click(delete.details_button)
-        assert not delete.details_label.isVisibleTo(delete)
+        assert delete.details_label.isVisibleTo(delete)
+        click(panel.stop_button)
+        run.until_settled()
+
+
+def test_a_read_card_is_one_line_until_opened(app: QApplication, document: ThreatModel) -> None:
+    with review_panel(app, DEMO_SCRIPT, document, limits=DEMO_LIMITS) as run:
+        panel = _review_iteration_two(run)
+        app.processEvents()
+        search, mutation = panel.cards["toolu_02"], panel.cards["toolu_03"]
+        assert search.compact and not search.expanded
+        assert search.summary_label.text() == 'Search the "elements" entities filtered by text.'
+        assert not search.details_label.isVisibleTo(search) and not search.action_row.isVisibleTo(search)
+        # One line: the summary, the Details toggle and the status sit in the tool name's row.
+        row = search.tool_label.geometry()
+        for widget in (search.summary_label, search.details_button, search.status_label):
+            assert widget.isVisibleTo(search) and widget.geometry().intersects(row.adjusted(-999, 0, 999, 0))
+        assert search.height() < mutation.height() / 3
+        before = search.height()
+        click(search.details_button)
+        app.processEvents()
+        assert search.expanded and search.details_label.isVisibleTo(search)
+        lines = search.details_text.splitlines()
+        assert lines[0] == "Input:" and {"  kind: elements", "  text: vault"} <= set(lines)
+        run.until(lambda: search.height() > before, "the read card to open")
         click(panel.stop_button)
         run.until_settled()
 
@@ -727,10 +770,16 @@ def test_a_reason_typed_on_the_card_reaches_the_model_with_the_denial(app: QAppl
         run.until_phase(Phase.AWAITING_APPROVAL)
         rename, clear = panel.cards["c1"], panel.cards["c2"]
         assert rename.reason_edit.isEnabled() and rename.reason_edit.text() == ""
+        assert not rename.reason_label.isVisibleTo(rename)
         QTest.keyClicks(rename.reason_edit, reason)
         QTest.keyClick(rename.reason_edit, Qt.Key.Key_Return)  # Enter in the reason denies the card
         run.until_status("c1", CallStatus.DENIED)
         assert not rename.reason_edit.isEnabled()
+        # The declined card keeps saying why, in the person's words, literally.
+        assert rename.status_label.text() == "Declined"
+        assert rename.reason_label.isVisibleTo(rename)
+        assert rename.reason_label.text() == f"Your reason: {reason}"
+        assert rename.reason_label.textFormat() is Qt.TextFormat.PlainText
         click(clear.deny_button)  # no reason typed: a plain denial
         run.until_settled()
         denied, plain = rename.call.result or "", clear.call.result or ""
@@ -739,6 +788,8 @@ def test_a_reason_typed_on_the_card_reaches_the_model_with_the_denial(app: QAppl
         assert "reason" not in plain
         assert panel.session.document == document
         assert not rename.reason_edit.isVisibleTo(rename)
+        assert clear.declined_reason == "" and not clear.reason_label.isVisibleTo(clear)
+        assert rename.reason_label.isVisibleTo(rename)  # still there once the turn settled
 
 
 def test_an_input_edited_on_the_card_is_what_runs_and_the_model_is_told(
@@ -806,3 +857,448 @@ def test_the_input_editor_hides_nothing_and_reads_back_exactly(value: Any) -> No
     assert json.loads(shown) == {"v": value}
     assert not any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") and ch != "\n" for ch in shown)
     assert "Zahlungsdienst für Karten" in _input_text({"name": "Zahlungsdienst für Karten"})
+
+
+# -- undo and redo, several turns deep ------------------------------------------------------------
+
+
+def test_undo_steps_back_turn_by_turn_and_redo_applies_again(app: QApplication, document: ThreatModel) -> None:
+    from trioloop.ui.qt import EARLIER_REDONE_NOTICE, EARLIER_UNDONE_NOTICE, REDONE_NOTICE, UNDONE_NOTICE
+
+    steps = [
+        ScriptStep(tool_calls=(call("c1", "rename_model", title="Payments v2"),)),
+        ScriptStep(text="Renamed."),
+        ScriptStep(tool_calls=(call("c2", "set_description", text="Reviewed."),)),
+        ScriptStep(text="Described."),
+        ScriptStep(tool_calls=(call("c3", "rename_model", title="Payments v3"),)),
+    ]
+    with review_panel(app, steps, document, registry=metadata_tools()) as run:
+        panel = run.panel
+        for prompt, call_id in (("Rename it", "c1"), ("Describe it", "c2")):
+            run.send(prompt)
+            run.until_phase(Phase.AWAITING_APPROVAL)
+            assert not panel.undo_button.isEnabled() and not panel.redo_button.isEnabled()  # a turn runs
+            click(panel.cards[call_id].approve_button)
+            run.until_settled()
+        renamed_and_described = panel.session.document
+        assert (renamed_and_described.metadata.title, renamed_and_described.metadata.description) == (
+            "Payments v2",
+            "Reviewed.",
+        )
+        assert panel.undo_button.isEnabled() and not panel.redo_button.isEnabled()
+        assert "2 turns can be undone" in panel.undo_button.toolTip()
+
+        click(panel.undo_button)  # this turn
+        run.until_status("c2", CallStatus.UNDONE)
+        assert panel.notice_label.text() == UNDONE_NOTICE
+        assert panel.session.document.metadata.description == document.metadata.description
+        assert panel.session.document.metadata.title == "Payments v2"
+        click(panel.undo_button)  # and the one before it
+        run.until(lambda: panel.session.document == document, "the first turn to be undone too")
+        assert panel.notice_label.text() == EARLIER_UNDONE_NOTICE.format(turn="turn-1")
+        assert not panel.undo_button.isEnabled() and panel.redo_button.isEnabled()
+
+        click(panel.redo_button)  # the turn undone last: the earlier one
+        run.until(lambda: panel.session.document.metadata.title == "Payments v2", "the first turn redone")
+        assert panel.notice_label.text() == EARLIER_REDONE_NOTICE.format(turn="turn-1")
+        assert panel.cards["c2"].status_label.text() == "Undone"  # this turn is still undone
+        click(panel.redo_button)
+        run.until_status("c2", CallStatus.SUCCEEDED)
+        assert panel.session.document == renamed_and_described
+        assert panel.notice_label.text() == REDONE_NOTICE
+        assert panel.cards["c2"].status_label.text() == "Applied"
+        assert not panel.redo_button.isEnabled()
+
+        click(panel.undo_button)  # undo again after a redo: the cards follow
+        run.until_status("c2", CallStatus.UNDONE)
+        assert panel.redo_button.isEnabled()
+        run.send("Rename it again")  # a new turn: what Undo took back can no longer be redone
+        run.until_phase(Phase.AWAITING_APPROVAL)
+        assert not panel.notice_frame.isVisibleTo(panel)
+        click(panel.cards["c3"].approve_button)
+        run.until_settled()
+        assert panel.undo_button.isEnabled() and not panel.redo_button.isEnabled()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_a_declined_reason_is_shown_without_control_or_bidi_code_points(reason: str) -> None:
+    from trioloop.loop.machine import DENY_REASON_MAX
+    from trioloop.loop.untrusted_text import is_stripped_code_point
+    from trioloop.ui.qt import shown_reason
+
+    shown = shown_reason(reason)
+    assert not any(is_stripped_code_point(char) for char in shown)
+    assert len(shown) <= DENY_REASON_MAX and shown == shown.strip()
+    assert shown_reason("Keep \u202eit\u200b\nas is\x00") == "Keep it as is"
+
+
+# -- when Qt cannot start: the missing library and its Debian package ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "library", "package"),
+    [
+        ("libEGL.so.1: cannot open shared object file: No such file or directory", "libEGL.so.1", "libegl1"),
+        ("libGL.so.1: cannot open shared object file: No such file or directory", "libGL.so.1", "libgl1"),
+        ("libxkbcommon.so.0: cannot open shared object file", "libxkbcommon.so.0", "libxkbcommon0"),
+        ("libfontconfig.so.1: cannot open shared object file", "libfontconfig.so.1", "libfontconfig1"),
+        ("libdbus-1.so.3: cannot open shared object file: No such file or directory", "libdbus-1.so.3", "libdbus-1-3"),
+        (
+            "qt.qpa.plugin: From 6.5.0, xcb-cursor0 or libxcb-cursor0 is needed to load the Qt xcb platform plugin.\n"
+            'qt.qpa.plugin: Could not load the Qt platform plugin "xcb" in "" even though it was found.',
+            "libxcb-cursor.so.0",
+            "libxcb-cursor0",
+        ),
+        (
+            "Cannot load library /venv/PySide6/Qt/plugins/platforms/libqxcb.so: (libxcb-icccm.so.4: cannot open "
+            "shared object file: No such file or directory)",  # QT_DEBUG_PLUGINS=1: the plugin is not the culprit
+            "libxcb-icccm.so.4",
+            "libxcb-icccm4",
+        ),
+        ("/usr/lib/libQt6Gui.so.6: libxkbcommon-x11.so.0 => not found", "libxkbcommon-x11.so.0", "libxkbcommon-x11-0"),
+    ],
+)
+def test_a_qt_start_error_names_the_library_and_its_debian_package(error: str, library: str, package: str) -> None:
+    from trioloop.ui.qt_libraries import INSTALL_COMMAND, missing_library, qt_start_advice
+
+    missing = missing_library(error)
+    assert missing is not None and (missing.library, missing.package, missing.known) == (library, package, True)
+    advice = qt_start_advice(error)
+    assert advice is not None
+    assert f"the system library {library} is missing" in advice
+    assert f"apt-get install -y {package}" in advice
+    assert INSTALL_COMMAND in advice and "libxcb-cursor0 for X11" in advice
+
+
+def test_the_advice_covers_an_unknown_library_a_bare_plugin_failure_and_a_missing_extra() -> None:
+    from trioloop.ui.qt_libraries import (
+        INSTALL_COMMAND,
+        XCB_INSTALL_COMMAND,
+        debian_package,
+        qt_import_failure,
+        qt_start_advice,
+    )
+
+    assert INSTALL_COMMAND == "apt-get install -y libegl1 libgl1 libxkbcommon0 libfontconfig1 libdbus-1-3"
+    guessed = debian_package("libfoo2.so.5")  # Debian's rule: a name ending in a digit takes a hyphen
+    assert (guessed.package, guessed.known) == ("libfoo2-5", False)
+    assert debian_package("libbar.so.3").package == "libbar3"
+    advice = qt_start_advice("libfoo2.so.5: cannot open shared object file")
+    assert advice is not None and "apt-file search libfoo2.so.5" in advice
+
+    bare = qt_start_advice(
+        "This application failed to start because no Qt platform plugin could be initialized. "
+        "Reinstalling the application may fix this problem."
+    )
+    assert bare is not None and XCB_INSTALL_COMMAND in bare and "QT_DEBUG_PLUGINS=1" in bare
+    assert qt_start_advice("ZeroDivisionError: division by zero") is None
+
+    halted = ImportError("import of PySide6 halted; None in sys.modules", name="PySide6")
+    assert 'pip install "trioloop[qt]"' in qt_import_failure(halted)
+    egl = ImportError("libEGL.so.1: cannot open shared object file: No such file or directory")
+    assert "apt-get install -y libegl1" in qt_import_failure(egl)
+
+
+def test_the_preflight_checks_the_xcb_plugin_libraries_only_for_x11() -> None:
+    from trioloop.ui.qt_libraries import QtUnavailable, missing_qt_libraries, require_qt_libraries
+
+    absent = {"libxcb-cursor.so.0", "libdbus-1.so.3"}
+
+    def loads(library: str) -> bool:
+        return library not in absent
+
+    assert [m.package for m in missing_qt_libraries("xcb", loads=loads)] == ["libdbus-1-3", "libxcb-cursor0"]
+    assert [m.package for m in missing_qt_libraries("offscreen", loads=loads)] == ["libdbus-1-3"]
+    assert missing_qt_libraries("xcb", loads=lambda _: True) == ()
+    with pytest.raises(QtUnavailable) as raised:
+        require_qt_libraries("xcb", loads=loads)
+    message = str(raised.value)
+    assert "libxcb-cursor.so.0 (package libxcb-cursor0)" in message
+    assert "apt-get install -y libdbus-1-3 libxcb-cursor0" in message
+    assert missing_qt_libraries("offscreen") == ()  # this test run: Qt loads, so nothing is missing
+
+
+def test_qt_application_names_what_is_missing_before_qt_would_abort(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trioloop.ui.qt as qt_module
+    from trioloop.ui import qt_libraries
+    from trioloop.ui.qt import QtUnavailable, qt_application
+
+    assert qt_application() is QApplication.instance()  # an application already running is the one
+
+    created: list[list[str]] = []
+
+    class NoApplicationYet:
+        def __init__(self, argv: list[str]) -> None:
+            created.append(argv)
+
+        @staticmethod
+        def instance() -> None:
+            return None
+
+    monkeypatch.setattr(qt_module, "QApplication", NoApplicationYet)
+    monkeypatch.setenv("QT_QPA_PLATFORM", "xcb")
+    monkeypatch.setattr(qt_libraries, "_loads", lambda library: library != "libxcb-cursor.so.0")
+    with pytest.raises(QtUnavailable, match=r"apt-get install -y libxcb-cursor0"):
+        qt_application(["app"])
+    assert created == []  # Qt was never asked to start
+    monkeypatch.setattr(qt_libraries, "_loads", lambda library: True)
+    qt_application(["app"])
+    assert created == [["app"]]
+
+
+_MISSING_EGL = """
+import importlib.abc, sys
+class MissingEgl(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "PySide6.QtGui":
+            raise ImportError("libEGL.so.1: cannot open shared object file: No such file or directory", name=name)
+        return None
+sys.meta_path.insert(0, MissingEgl())
+"""
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["import trioloop.ui.qt", f"import runpy; runpy.run_path({str(ROOT / 'examples' / 'qt_review.py')!r})"],
+    ids=["panel", "example"],
+)
+def test_a_missing_system_library_is_named_at_import(entry: str) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _MISSING_EGL + entry], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 1
+    assert "the system library libEGL.so.1 is missing" in done.stderr
+    assert "apt-get install -y libegl1" in done.stderr
+
+
+# -- the example: Open, Save, Undo and Redo through its widgets ----------------------------------------
+
+
+def load_example() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("qt_review_example", ROOT / "examples" / "qt_review.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def example_window(app: QApplication, path: Path | None) -> Iterator[tuple[Any, TrioGuestHost[None]]]:
+    """examples/qt_review.py's window on ``path`` (None: the bundled file), its sessions run by a guest run."""
+    from trioloop.threatmodel import load_thf_file
+
+    example = load_example()
+    window = example.ReviewWindow(load_thf_file(path if path is not None else example.DOCUMENT), path)
+    window.resize(780, 980)
+    window.show()
+    host: TrioGuestHost[None] = TrioGuestHost(app)
+    host.start(example.review, window)
+    try:
+        run_until(app, lambda: window.panel is not None and window.panel.is_serving, "the first session", host=host)
+        yield window, host
+    finally:
+        window.close()
+        try:
+            run_until(app, lambda: host.is_done, "the example's run to finish after closing the window")
+        finally:
+            host.cancel()
+            host.process_events_until_done()
+            window.deleteLater()
+    host.result()
+
+
+def following(window: Any, host: TrioGuestHost[None]) -> Running:
+    """The helpers of `review_panel`, on the example window's current panel."""
+    app = host.app
+    assert isinstance(app, QApplication)
+    return Running(app=app, host=host, original=window.file.model, panel=window.panel)
+
+
+def _review_the_demo_turn(run: Running, window: Any) -> None:
+    """The demo turn, reviewed: safe edits approved, the destructive one declined, the correction approved."""
+    panel = run.panel
+    click(panel.send_button)  # the example fills in the demo's prompt
+    run.until(lambda: panel.state is not None and panel.state.iteration == 2, "the second iteration")
+    run.until_phase(Phase.AWAITING_APPROVAL)
+    assert not window.open_button.isEnabled() and not window.save_button.isEnabled()  # a turn runs
+    click(panel.approve_safe_button)
+    run.until_status("toolu_04", CallStatus.APPROVED)
+    click(panel.cards["toolu_05"].deny_button)
+    run.until(lambda: panel.card("toolu_07") is not None, "the corrected call")
+    run.until_phase(Phase.AWAITING_APPROVAL)
+    click(panel.cards["toolu_07"].approve_button)
+    run.until_settled()
+
+
+def test_the_example_saves_into_its_file_and_undoes_and_redoes(
+    app: QApplication, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trioloop.threatmodel import load_thf_file
+
+    path = tmp_path / "payment.thf"
+    note = "# Reviewed every quarter: keep this note.\n"
+    path.write_text(note + PAYMENT.read_text(encoding="utf-8"), encoding="utf-8")
+    with example_window(app, path) as (window, host):
+        run = following(window, host)
+        panel = run.panel
+        assert not window.save_button.isEnabled() and window.open_button.isEnabled()  # nothing to save yet
+        assert not panel.undo_button.isEnabled() and not panel.redo_button.isEnabled()
+        _review_the_demo_turn(run, window)
+        edited = panel.session.document
+        assert edited != window.file.model
+        assert window.unsaved and window.save_button.isEnabled() and "unsaved" in window.file_label.text()
+        assert window.windowTitle().startswith("payment.thf *")
+
+        click(window.save_button)
+        saved = path.read_text(encoding="utf-8")
+        assert saved.startswith(note)  # the file's own layout and comments stay
+        assert load_thf_file(path).model == edited
+        assert not window.unsaved and not window.save_button.isEnabled()
+        assert window.message_label.text() == "Saved payment.thf"
+
+        click(panel.undo_button)
+        run.until(lambda: panel.session.document == load_thf_file(PAYMENT).model, "the turn undone")
+        assert window.unsaved and window.save_button.isEnabled() and panel.redo_button.isEnabled()
+        click(panel.redo_button)
+        run.until(lambda: panel.session.document == edited, "the turn redone")
+        assert not window.unsaved and not window.save_button.isEnabled()
+        assert path.read_text(encoding="utf-8") == saved
+
+
+def test_the_example_opens_another_file_in_a_new_session(
+    app: QApplication, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PySide6.QtWidgets import QFileDialog, QMessageBox
+
+    first = tmp_path / "payment.thf"
+    first.write_text(PAYMENT.read_text(encoding="utf-8"), encoding="utf-8")
+    other = tmp_path / "other.thf"
+    other.write_text(first.read_text(encoding="utf-8").replace("title: Payment platform", "title: Ledger", 1))
+    broken = tmp_path / "broken.thf"
+    broken.write_text("version: [unclosed\n", encoding="utf-8")
+    chosen: list[str] = []
+    answers: list[QMessageBox.StandardButton] = []
+
+    def get_open_file_name(*args: Any) -> tuple[str, str]:
+        return (chosen.pop(0), "Threat models (*.thf)")
+
+    def question(*args: Any) -> QMessageBox.StandardButton:
+        return answers.pop(0)
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(get_open_file_name))
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(question))
+    with example_window(app, first) as (window, host):
+        run = following(window, host)
+        panel = run.panel
+        assert panel.title_label.text() == "Payment platform"
+
+        chosen.append("")  # the dialog cancelled: nothing changes
+        click(window.open_button)
+        chosen.append(str(broken))  # a file that does not load: said so, the session goes on
+        click(window.open_button)
+        assert window.message_label.text().startswith("Not opened:")
+        assert window.panel is panel and panel.is_serving and window.path == first
+
+        _review_the_demo_turn(run, window)
+        assert window.unsaved
+        answers.append(QMessageBox.StandardButton.No)  # keep the unsaved changes: nothing is opened
+        click(window.open_button)
+        assert window.panel is panel and chosen == []
+
+        answers.append(QMessageBox.StandardButton.Yes)
+        chosen.append(str(other))
+        click(window.open_button)
+        run_until(app, lambda: window.panel is not panel and window.panel.is_serving, "the new session", host=host)
+        fresh = window.panel
+        assert fresh.title_label.text() == "Ledger" and fresh.session is not panel.session
+        assert fresh.state is None and fresh.cards == {}
+        assert window.path == other and window.file_label.text() == str(other)
+        assert not window.unsaved and not window.save_button.isEnabled()
+        assert not fresh.undo_button.isEnabled()  # a new session: its own undo history
+        assert panel.session.state is not None and panel.session.state.is_settled
+
+
+def test_the_example_never_overwrites_its_bundled_file(
+    app: QApplication, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PySide6.QtWidgets import QFileDialog
+
+    from trioloop.threatmodel import load_thf
+
+    before = PAYMENT.read_bytes()
+    target = tmp_path / "mine.thf"
+    asked: list[str] = []
+
+    def get_save_file_name(*args: Any) -> tuple[str, str]:
+        asked.append(args[1])
+        return (str(target), "")
+
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(get_save_file_name))
+    with example_window(app, None) as (window, _host):
+        assert window.path is None and window.save_button.isEnabled()  # Save asks where
+        click(window.save_button)
+        assert asked == ["Save the threat model"] and window.path == target
+        assert load_thf(target) == window.panel.session.document
+    assert PAYMENT.read_bytes() == before
+
+
+def test_the_example_reports_what_keeps_qt_from_starting(
+    app: QApplication, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trioloop.ui.qt_libraries import QtUnavailable
+
+    example = load_example()
+
+    def unavailable() -> None:
+        raise QtUnavailable("Qt cannot start: ... apt-get install -y libxcb-cursor0")
+
+    monkeypatch.setattr(example, "qt_application", unavailable)
+    assert example.main([]) == 1
+    assert "apt-get install -y libxcb-cursor0" in capsys.readouterr().err
+
+
+def test_the_example_mid_review_screenshot(app: QApplication, tmp_path: Path) -> None:
+    """The README's picture: reads on one line, mutations open, a declined card with its reason.
+
+    Set TRIOLOOP_WRITE_SCREENSHOT=1 to refresh docs/qt-review.png; otherwise the image goes to a temp dir.
+    """
+    with example_window(app, None) as (window, host):
+        run = following(window, host)
+        panel = run.panel
+        click(panel.send_button)
+        run.until(lambda: panel.state is not None and panel.state.iteration == 2, "the second iteration")
+        run.until_phase(Phase.AWAITING_APPROVAL)
+        click(panel.cards["toolu_03"].approve_button)
+        run.until_status("toolu_03", CallStatus.APPROVED)
+        delete = panel.cards["toolu_05"]
+        QTest.keyClicks(delete.reason_edit, "flow-10 feeds the fraud queue; keep it")
+        click(delete.deny_button)
+        run.until_status("toolu_05", CallStatus.DENIED)
+        assert delete.reason_label.text() == "Your reason: flow-10 feeds the fraud queue; keep it"
+        assert panel.current_card is panel.cards["toolu_04"]
+        window.resize(860, 1240)
+        panel.answer_view.setMaximumHeight(110)
+        app.processEvents()
+        panel.card_area.verticalScrollBar().setValue(0)
+        save_screenshot(window, "qt-review.png", tmp_path)
+        click(panel.stop_button)
+        run.until_settled()
+
+
+def test_the_readme_lists_the_packages_and_shows_pictures_that_exist() -> None:
+    import re
+
+    from trioloop.ui.qt_libraries import INSTALL_COMMAND, XCB_INSTALL_COMMAND
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Desktop apps (Qt)\n", 1)[1].split("\n## ", 1)[0]
+    assert INSTALL_COMMAND in section and XCB_INSTALL_COMMAND in section
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", section)
+    assert images == ["docs/qt-review.png", "docs/qt-running.png"]
+    assert all((ROOT / image).stat().st_size > 0 for image in images)

@@ -1,9 +1,11 @@
 """One review card per tool call, and the plain-text label every piece of untrusted text goes through.
 
 A card shows what the model asked for (tool name, the tool's own plain-text summary, a destructive
-badge), expands to the call's whole input and its dry-run preview, and shows what became of it. It
-decides nothing: its buttons only report clicks (with a reason to deny, or an edited input to approve),
-and the panel turns them into session commands.
+badge), the call's whole input and its dry-run preview, and what became of it: a progress bar while it
+runs, the reason given when it was declined. A mutation's card opens with everything visible, since
+that is what a person approves; a read's card is one line that expands on a click. A card decides
+nothing: its buttons only report clicks (with a reason to deny, or an edited input to approve), and the
+panel turns them into session commands.
 Every string that came from the model, a tool or the document is shown with ``Qt.PlainText``, so
 markup in it is displayed, never interpreted.
 """
@@ -13,13 +15,15 @@ from __future__ import annotations
 import json
 from typing import Any, Final, final
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QElapsedTimer, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QPainter, QPaintEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QPlainTextEdit,
+    QProgressBar,
     QPushButton,
     QSizePolicy,
     QToolButton,
@@ -30,7 +34,7 @@ from PySide6.QtWidgets import (
 from trioloop.loop.machine import DENY_REASON_MAX, CallRecord, CallStatus, DenialReason
 from trioloop.loop.untrusted_text import is_stripped_code_point
 
-__all__ = ["CallCard", "call_status_text", "plain_label"]
+__all__ = ["CallCard", "call_status_text", "plain_label", "shown_reason"]
 
 #: Longest piece of a call's result shown on its card; the whole text went to the model.
 RESULT_PREVIEW_CHARS: Final = 300
@@ -46,6 +50,42 @@ def plain_label(text: str = "", *, object_name: str = "", wrap: bool = False) ->
     if object_name:
         label.setObjectName(object_name)
     return label
+
+
+@final
+class _OneLineLabel(QLabel):
+    """A plain-text label that keeps to one line, ending in "…" where the text does not fit.
+
+    ``text()`` stays the whole text; only the painting is cut, so the card never grows wider than its
+    panel. (No tooltip: Qt would render a tooltip that looks like markup as rich text.)"""
+
+    def __init__(self, text: str, *, object_name: str) -> None:
+        super().__init__()
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setObjectName(object_name)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.setText(text)
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(0, super().minimumSizeHint().height())
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        area = self.contentsRect()
+        line = " ".join(self.text().split())
+        painter = QPainter(self)
+        painter.drawText(
+            area,
+            int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter),
+            self.fontMetrics().elidedText(line, Qt.TextElideMode.ElideRight, area.width()),
+        )
+        painter.end()
+
+
+def shown_reason(reason: str) -> str:
+    """A reason typed to decline a call, as its card shows it: control and bidi code points stripped
+    (they could reorder or hide what is shown), whitespace runs as one space, capped."""
+    kept = "".join(char for char in reason if char in "\t\n" or not is_stripped_code_point(char))
+    return " ".join(kept.split())[:DENY_REASON_MAX]
 
 
 def call_status_text(call: CallRecord) -> str:
@@ -101,9 +141,13 @@ def _json_escape(char: str) -> str:
 class CallCard(QFrame):
     """The review card of one tool call.
 
+    A mutation's card opens expanded (its whole input and preview shown); a read's card is one line
+    (``compact``) until its Details toggle is opened. While the call runs, ``progress_bar`` (an
+    indeterminate bar) shows and the status counts the seconds; once it settles both stop.
+
     ``approve_clicked`` carries the call id and, when the user changed the input in the card's editor,
     the edited input (a dict; None otherwise). ``deny_clicked`` carries the call id and the reason typed
-    on the card ("" for none), which the model receives as the user's words.
+    on the card ("" for none), which the model receives as the user's words and the card keeps showing.
     """
 
     approve_clicked = Signal(str, object)
@@ -117,15 +161,34 @@ class CallCard(QFrame):
         self.call_id = call.id
         self._call = call
         self._enabled_for_review: bool | None = None
+        self._was_pending = False
+        self._typed_reason: str | None = None  # what the user typed when denying on this card
+        self.compact = call.effect == "read"
 
         self.tool_label = plain_label(call.tool_name, object_name="toolName")
         self.destructive_badge = plain_label("DESTRUCTIVE", object_name="destructiveBadge")
         self.read_badge = plain_label("read-only", object_name="readBadge")
         self.status_label = plain_label(object_name="callStatus")
         self.status_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        self.summary_label = plain_label(call.summary, object_name="callSummary", wrap=True)
-        self.summary_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.summary_label: QLabel
+        if self.compact:
+            self.summary_label = _OneLineLabel(call.summary, object_name="callSummary")
+        else:
+            self.summary_label = plain_label(call.summary, object_name="callSummary", wrap=True)
+            self.summary_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.result_label = plain_label(object_name="callResult", wrap=True)
+        self.reason_label = plain_label(object_name="declinedReason", wrap=True)
+        self.reason_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.progress_bar = QProgressBar()
+        self.progress_bar.setObjectName("callProgress")
+        self.progress_bar.setRange(0, 0)  # indeterminate: a tool reports no fraction done
+        self.progress_bar.setTextVisible(False)
+        self.progress_bar.setFixedSize(90, 8)
+        self.progress_bar.setVisible(False)
+        self._elapsed = QElapsedTimer()
+        self._ticker = QTimer(self)
+        self._ticker.setInterval(1000)
+        self._ticker.timeout.connect(self._show_elapsed)
         self.approve_button = QPushButton("Approve")
         self.approve_button.setObjectName("approveButton")
         self.deny_button = QPushButton("Deny")
@@ -159,21 +222,32 @@ class CallCard(QFrame):
         self.details_button.setObjectName("detailsButton")
         self.details_button.setText("Details")
         self.details_button.setCheckable(True)
+        self.details_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         self.details_button.setToolTip("The call's whole input and a preview of what it would change")
         self.details_label = plain_label(object_name="callDetails", wrap=True)
         self.details_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.details_label.setVisible(False)
-        self.details_button.toggled.connect(self.details_label.setVisible)
+        self.details_button.setChecked(not self.compact)  # what a mutation would do shows without a click
+        self.details_button.toggled.connect(self._show_expanded)
         self._preview_lines: tuple[str, ...] = ()
 
         header = QHBoxLayout()
         header.addWidget(self.tool_label)
         header.addWidget(self.destructive_badge)
         header.addWidget(self.read_badge)
-        header.addStretch(1)
+        if self.compact:
+            header.addWidget(self.summary_label, 1)
+            header.addWidget(self.details_button)
+        else:
+            header.addStretch(1)
+        header.addWidget(self.progress_bar, 0, Qt.AlignmentFlag.AlignVCenter)
         header.addWidget(self.status_label)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.details_button)
+        self.action_row = QWidget()
+        self.action_row.setObjectName("cardActions")
+        buttons = QHBoxLayout(self.action_row)
+        buttons.setContentsMargins(0, 0, 0, 0)
+        if not self.compact:
+            buttons.addWidget(self.details_button)
         buttons.addWidget(self.edit_button)
         buttons.addStretch(1)
         buttons.addWidget(self.reason_edit, 2)
@@ -183,12 +257,14 @@ class CallCard(QFrame):
         body.setContentsMargins(10, 8, 10, 8)
         body.setSpacing(4)
         body.addLayout(header)
-        body.addWidget(self.summary_label)
+        if not self.compact:
+            body.addWidget(self.summary_label)
         body.addWidget(self.result_label)
+        body.addWidget(self.reason_label)
         body.addWidget(self.details_label)
         body.addWidget(self.input_editor)
         body.addWidget(self.edit_error)
-        body.addLayout(buttons)
+        body.addWidget(self.action_row)
 
         self.destructive_badge.setVisible(call.destructive)
         self.read_badge.setVisible(call.effect == "read")
@@ -200,6 +276,21 @@ class CallCard(QFrame):
     def call(self) -> CallRecord:
         return self._call
 
+    @property
+    def expanded(self) -> bool:
+        """Whether the call's details (whole input, preview) are open."""
+        return self.details_button.isChecked()
+
+    @property
+    def declined_reason(self) -> str | None:
+        """The reason shown on a card the user declined here, sanitized ("" for none); None otherwise."""
+        declined = self._call.status is CallStatus.DENIED and self._call.denial_reason is DenialReason.USER_DECLINED
+        return shown_reason(self._typed_reason) if declined and self._typed_reason is not None else None
+
+    @property
+    def is_running(self) -> bool:
+        return self._call.status is CallStatus.RUNNING
+
     def show_call(self, call: CallRecord, *, reviewable: bool) -> None:
         """Show the call's latest record; the buttons are enabled only when ``reviewable``."""
         if call is self._call and reviewable is self._enabled_for_review:
@@ -208,16 +299,24 @@ class CallCard(QFrame):
         self._enabled_for_review = reviewable
         self.summary_label.setText(call.summary)
         self._show_details()
-        self.status_label.setText(call_status_text(call))
         self.status_label.setProperty("status", call.status.value)
         self.setProperty("status", call.status.value)
+        self._show_progress()
+        self.status_label.setText(self._status_text())
         preview = _result_preview(call)
         self.result_label.setText(preview)
         self.result_label.setVisible(bool(preview) and preview != call.summary)
+        reason = self.declined_reason
+        self.reason_label.setText(f"Your reason: {reason}" if reason else "")
+        self.reason_label.setVisible(bool(reason))
         pending = call.status is CallStatus.PENDING
+        self._was_pending = self._was_pending or pending
         for control in self._review_controls:
             control.setVisible(pending)
             control.setEnabled(reviewable and pending)
+        # A card that waited for review keeps its buttons' room, so nothing moves under the pointer; a read
+        # that never waited is one line, and a card with neither buttons nor details has no button row.
+        self.action_row.setVisible(self._was_pending or (not self.compact and not self.details_button.isHidden()))
         if not pending:
             self.edit_button.setChecked(False)
             self.edit_error.setVisible(False)
@@ -242,6 +341,26 @@ class CallCard(QFrame):
             self.style().unpolish(self)
             self.style().polish(self)
 
+    def _status_text(self) -> str:
+        text = call_status_text(self._call)
+        if self.is_running and self._elapsed.isValid():
+            seconds = self._elapsed.elapsed() // 1000
+            return f"{text} {seconds} s" if seconds else text
+        return text
+
+    def _show_progress(self) -> None:
+        running = self.is_running
+        self.progress_bar.setVisible(running)
+        if running and not self._ticker.isActive():
+            self._elapsed.start()
+            self._ticker.start()
+        elif not running and self._ticker.isActive():
+            self._ticker.stop()
+            self._elapsed.invalidate()
+
+    def _show_elapsed(self) -> None:
+        self.status_label.setText(self._status_text())
+
     def _show_details(self) -> None:
         call = self._call
         lines = []
@@ -258,7 +377,13 @@ class CallCard(QFrame):
             lines.append("Preview:")
             lines.extend(f"  {line}" for line in self._preview_lines)
         self.details_label.setText("\n".join(lines))
-        self.details_button.setEnabled(bool(lines))
+        self.details_button.setVisible(bool(lines))
+        self._show_expanded()
+
+    def _show_expanded(self) -> None:
+        expanded = self.details_button.isChecked()
+        self.details_button.setArrowType(Qt.ArrowType.DownArrow if expanded else Qt.ArrowType.RightArrow)
+        self.details_label.setVisible(expanded and bool(self.details_label.text()))
 
     @property
     def _review_controls(self) -> tuple[QWidget, ...]:
@@ -294,4 +419,5 @@ class CallCard(QFrame):
 
     def _on_deny(self) -> None:
         self._decided()
-        self.deny_clicked.emit(self.call_id, self.reason_edit.text())
+        self._typed_reason = self.reason_edit.text()
+        self.deny_clicked.emit(self.call_id, self._typed_reason)

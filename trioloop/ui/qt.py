@@ -2,13 +2,15 @@
 
 The panel shows what the session's turns do (streamed answer, a card per tool call, the outcome) and
 turns clicks into the session's review commands. It decides nothing itself: a click becomes one
-``approve`` / ``approve_batch`` / ``deny`` / ``stop`` / ``undo_last_turn`` call, made from a Trio task
-so the reducer sees it in order with everything else. Every string that came from the user, the model,
-a tool or the document is displayed as plain text.
+``approve`` / ``approve_batch`` / ``deny`` / ``stop`` / ``undo_step`` / ``redo_last_undo`` call, made
+from a Trio task so the reducer sees it in order with everything else. Every string that came from the
+user, the model, a tool or the document is displayed as plain text.
 
-Needs the ``trioloop[qt]`` extra (PySide6). Typical use::
+Needs the ``trioloop[qt]`` extra (PySide6) and, on Linux, the system libraries Qt links to; importing
+this module or `qt_application` names the Debian package of one that is missing
+(`trioloop.ui.qt_libraries`). Typical use::
 
-    app = QApplication([])
+    app = qt_application()
 
     async def main() -> None:
         async with (
@@ -27,42 +29,48 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, final
 
 import trio
 
+from trioloop.ui.qt_libraries import QtUnavailable, qt_import_failure, require_qt_libraries
+
 try:
-    import PySide6  # noqa: F401 -- only to turn a missing extra into a message that says what to install
-except ImportError as exc:  # pragma: no cover - exercised in a subprocess by tests/test_layers.py
-    raise ImportError('trioloop.ui.qt needs the Qt extra: pip install "trioloop[qt]"') from exc
-from PySide6.QtCore import QTimer, Signal
-from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut, QTextCursor
-from PySide6.QtWidgets import (
-    QFrame,
-    QHBoxLayout,
-    QLineEdit,
-    QPlainTextEdit,
-    QPushButton,
-    QScrollArea,
-    QVBoxLayout,
-    QWidget,
-)
+    from PySide6.QtCore import QTimer, Signal
+    from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut, QTextCursor
+    from PySide6.QtWidgets import (
+        QApplication,
+        QFrame,
+        QHBoxLayout,
+        QLineEdit,
+        QPlainTextEdit,
+        QPushButton,
+        QScrollArea,
+        QVBoxLayout,
+        QWidget,
+    )
+except ImportError as exc:  # the extra, or a system library Qt links to: say what to install
+    raise ImportError(qt_import_failure(exc)) from exc
 
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.preview import preview_call
 from trioloop.loop.session import Session, SessionBusy
 from trioloop.protocol.messages import JsonValue, ToolCallBlock, flatten_text
-from trioloop.ui._qt_cards import CallCard, call_status_text, plain_label
+from trioloop.ui._qt_cards import CallCard, call_status_text, plain_label, shown_reason
 from trioloop.ui._qt_guest import TrioGuestHost, run_trio_guest
 
 __all__ = [
     "CallCard",
     "NoticeKind",
+    "QtUnavailable",
     "ReviewPanel",
     "TrioGuestHost",
     "call_status_text",
+    "qt_application",
     "run_trio_guest",
+    "shown_reason",
     "turn_notice",
 ]
 
@@ -96,7 +104,23 @@ _OUTCOME_TEXT: Final = {
 #: The panel's keyboard shortcuts: approve / deny the current card, move to the next card, stop the turn.
 SHORTCUTS: Final = {"approve": "Alt+A", "deny": "Alt+D", "next": "Alt+N", "stop": "Esc"}
 
-UNDONE_NOTICE: Final = "Undo turn restored the document as it was before this turn."
+UNDONE_NOTICE: Final = "Undo restored the document as it was before this turn; Redo applies its changes again."
+EARLIER_UNDONE_NOTICE: Final = (
+    "Undo restored the document as it was before an earlier turn ({turn}); Redo applies its changes again."
+)
+REDONE_NOTICE: Final = "Redo applied this turn's changes again."
+EARLIER_REDONE_NOTICE: Final = "Redo applied the changes of an earlier turn ({turn}) again."
+
+
+def qt_application(argv: Sequence[str] | None = None) -> QApplication:
+    """The running QApplication, or a new one once the system libraries Qt's platform plugin needs are
+    known to load: Qt aborts the whole process when its plugin cannot start, so a missing library is
+    named first, with its Debian package, as `QtUnavailable`."""
+    existing = QApplication.instance()
+    if isinstance(existing, QApplication):
+        return existing
+    require_qt_libraries()
+    return QApplication(list(sys.argv if argv is None else argv))
 
 
 def _call_input(state: TurnState, call_id: str) -> JsonValue:
@@ -112,8 +136,8 @@ def _call_input(state: TurnState, call_id: str) -> JsonValue:
 def turn_notice(state: TurnState | None, *, undoable: bool, undone: bool = False) -> tuple[NoticeKind, str]:
     """The notice the panel shows for ``state``: its kind and plain text (NONE and "" when nothing to say).
 
-    ``undoable`` says whether Undo turn would revert this turn's changes now, so a Stop notice can
-    say truthfully whether anything was kept; ``undone`` says the turn's changes were undone.
+    ``undoable`` says whether Undo would revert this turn's changes now, so a Stop notice can say
+    truthfully whether anything was kept; ``undone`` says the turn's changes were undone.
     """
     if state is None:
         return NoticeKind.NONE, ""
@@ -127,7 +151,7 @@ def turn_notice(state: TurnState | None, *, undoable: bool, undone: bool = False
         return NoticeKind.WARNING, "\n".join([*notices, f"The turn failed: {detail}{kept}"])
     if state.outcome is Outcome.CANCELLED:
         kept = (
-            "Changes already applied were kept; Undo turn reverts them."
+            "Changes already applied were kept; Undo reverts them."
             if undoable
             else "No change was applied to the document."
         )
@@ -154,6 +178,7 @@ QLabel#callStatus[status="running"] { color: #0969da; font-weight: bold; }
 QLabel#callStatus[status="succeeded"] { color: #1a7f37; }
 QLabel#callStatus[status="failed"] { color: #bc4c00; }
 QLabel#callResult { color: #7d4e00; }
+QLabel#declinedReason { color: #57606a; font-style: italic; }
 QLabel#documentTitle { font-size: 15px; font-weight: bold; }
 QLabel#documentStats, QLabel#phase { color: #57606a; }
 QFrame#notice[kind="info"] { background: #ddf4ff; border: 1px solid #80ccff; border-radius: 6px; }
@@ -166,14 +191,21 @@ QScrollArea#cardArea { border: none; }
 
 @final
 class ReviewPanel(QWidget):
-    """A chat input, the streamed answer, a review card per tool call, Stop and Undo turn, for one session.
+    """A chat input, the streamed answer, a review card per tool call, Stop, Undo and Redo, for one session.
 
     The widgets are public attributes so an app can rearrange or restyle them. The panel does
     nothing until ``serve()`` runs inside a Trio run on the Qt main thread (Trio guest mode, see
-    ``run_trio_guest``); ``state_changed`` is emitted with each ``TurnState`` the panel has shown.
+    ``run_trio_guest``). ``state_changed`` is emitted with each ``TurnState`` the panel has shown,
+    ``document_changed`` with each new document it shows (a turn's commit, an undo, a redo), and
+    ``busy_changed`` when a turn starts or ends (an app disables what must wait, such as Open or Save).
+
+    Undo steps back one turn a click, as far as the session's undo history reaches (``undo_step``);
+    Redo applies again what Undo took back, while nothing newer was committed (``redo_last_undo``).
     """
 
     state_changed = Signal(object)
+    document_changed = Signal(object)
+    busy_changed = Signal(bool)
 
     def __init__(self, session: Session[Any], parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -195,7 +227,10 @@ class ReviewPanel(QWidget):
         self._notice_kind = NoticeKind.NONE
         self._current: str | None = None  # the card the keyboard shortcuts act on
         self._previewed_document: object = None
-        self._undone_turn: str | None = None
+        self._shown_document: object = None
+        self._history_notice = ""  # what the last Undo or Redo did, until the next turn
+        self._applied_state: TurnState | None = None  # this turn as it stood before Undo, for Redo
+        self._busy_shown = False
 
         self.title_label = plain_label(object_name="documentTitle")
         self.stats_label = plain_label(object_name="documentStats")
@@ -230,8 +265,10 @@ class ReviewPanel(QWidget):
         self.send_button.setObjectName("sendButton")
         self.stop_button = QPushButton("Stop")
         self.stop_button.setObjectName("stopButton")
-        self.undo_button = QPushButton("Undo turn")
+        self.undo_button = QPushButton("Undo")
         self.undo_button.setObjectName("undoButton")
+        self.redo_button = QPushButton("Redo")
+        self.redo_button.setObjectName("redoButton")
 
         header = QHBoxLayout()
         header.addWidget(self.title_label)
@@ -246,6 +283,7 @@ class ReviewPanel(QWidget):
         controls.addWidget(self.send_button)
         controls.addWidget(self.stop_button)
         controls.addWidget(self.undo_button)
+        controls.addWidget(self.redo_button)
         root = QVBoxLayout(self)
         root.addLayout(header)
         root.addWidget(self.stats_label)
@@ -260,6 +298,7 @@ class ReviewPanel(QWidget):
         self.prompt_input.returnPressed.connect(self._on_send)
         self.stop_button.clicked.connect(self._on_stop)
         self.undo_button.clicked.connect(self._on_undo)
+        self.redo_button.clicked.connect(self._on_redo)
         self.approve_safe_button.clicked.connect(self._on_approve_safe)
         self.shortcuts = {
             name: QShortcut(QKeySequence(keys), self) for name, keys in SHORTCUTS.items()
@@ -387,8 +426,31 @@ class ReviewPanel(QWidget):
         self._nursery.start_soon(self._run_turn, text, done)
 
     def _undo(self) -> None:
-        if self._session.undo_last_turn() and self._state is not None:
-            self._undone_turn = self._state.turn_id
+        shown = self._state
+        turn_id = self._session.undo_step()
+        if turn_id is not None:
+            if turn_id == self._turn_id:
+                if shown is not None and any(c.status is CallStatus.SUCCEEDED for c in shown.calls):
+                    self._applied_state = shown
+                self._history_notice = UNDONE_NOTICE
+                undone = self._session.state
+                if undone is not None and undone.turn_id == turn_id:
+                    self._show(undone)
+            else:
+                self._history_notice = EARLIER_UNDONE_NOTICE.format(turn=turn_id)
+        self._show_document()
+        self._refresh_controls()
+
+    def _redo(self) -> None:
+        turn_id = self._session.redo_last_undo()
+        if turn_id is not None:
+            if turn_id == self._turn_id:
+                # The session does not publish a redo; the cards show this turn as it stood before Undo.
+                self._history_notice = REDONE_NOTICE
+                if self._applied_state is not None:
+                    self._show(self._applied_state)
+            else:
+                self._history_notice = EARLIER_REDONE_NOTICE.format(turn=turn_id)
         self._show_document()
         self._refresh_controls()
 
@@ -412,6 +474,10 @@ class ReviewPanel(QWidget):
     def _on_undo(self) -> None:
         self.undo_button.setEnabled(False)
         self._post(self._undo)
+
+    def _on_redo(self) -> None:
+        self.redo_button.setEnabled(False)
+        self._post(self._redo)
 
     def _on_approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> None:
         self._post(lambda: self._session.approve(call_id, edited_input))
@@ -489,6 +555,8 @@ class ReviewPanel(QWidget):
         first = state.turn_messages[0] if state.turn_messages else None
         self._turn_prompt = flatten_text(first) if first is not None and first.role == "user" else ""
         self._turn_texts = {}
+        self._history_notice = ""
+        self._applied_state = None
         for card in self._cards.values():
             self._card_layout.removeWidget(card)
             card.deleteLater()
@@ -556,6 +624,9 @@ class ReviewPanel(QWidget):
 
     def _show_document(self) -> None:
         document = self._session.document
+        if document is not self._shown_document:
+            self._shown_document = document
+            self.document_changed.emit(document)
         title = document.metadata.title or "Untitled threat model"
         self.title_label.setText(title)
         self.setWindowTitle(f"trioloop review: {title}")
@@ -597,13 +668,26 @@ class ReviewPanel(QWidget):
         live = state is not None and state.is_live
         busy = self.turn_running
         undoable = self._session.undo_availability().undoable
+        history = self._session.undo_history
         self.send_button.setEnabled(serving and not busy)
         self.stop_button.setEnabled(serving and live)
-        self.undo_button.setEnabled(serving and not busy and undoable)
+        self.undo_button.setEnabled(serving and not busy and bool(history.entries))
+        self.redo_button.setEnabled(serving and not busy and bool(history.redo))
+        steps = len(history.entries)
+        self.undo_button.setToolTip(
+            f"Undo the newest turn's changes ({steps} {'turn' if steps == 1 else 'turns'} can be undone)"
+            if steps
+            else "Nothing to undo"
+        )
+        self.redo_button.setToolTip("Apply again what Undo took back" if history.redo else "Nothing to redo")
         self.approve_safe_button.setEnabled(serving and any(True for _ in self._pending_safe_cards()))
         for card in self._cards.values():
             card.show_call(card.call, reviewable=serving and live)
         self.phase_label.setText(self._phase_text(state))
-        if state is not None:
-            kind, text = turn_notice(state, undoable=undoable, undone=state.turn_id == self._undone_turn)
-            self._set_notice(kind, text)
+        if self._history_notice:
+            self._set_notice(NoticeKind.INFO, self._history_notice)
+        elif state is not None:
+            self._set_notice(*turn_notice(state, undoable=undoable))
+        if busy is not self._busy_shown:
+            self._busy_shown = busy
+            self.busy_changed.emit(busy)

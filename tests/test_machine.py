@@ -57,6 +57,7 @@ from trioloop.protocol import (
     MessageStop,
     ProviderBlock,
     ProviderBlockComplete,
+    StopReason,
     StreamError,
     TextBlock,
     TextDelta,
@@ -1282,3 +1283,14 @@ def test_a_retry_with_a_forged_wait_is_not_an_input() -> None:
     forged = Retry(now_ms=1)
     object.__setattr__(forged, "wait_ms", -5)
     assert reduce_turn(state, forged) is state
+
+
+def test_the_state_keeps_the_last_stop_reason_and_the_model_the_server_named() -> None:
+    state = run([submit(), MessageStart(model="claude-x-2026"), call("c1"), MessageStop(stop_reason="tool_use")])
+    assert state.stop_reason is StopReason.TOOL_USE and state.response_model == "claude-x-2026"
+    state = run([ApproveCall(call_id="c1"), StartCall(call_id="c1", now_ms=1)], state)
+    state = run([CallSettled(call_id="c1", outcome=ToolOutcome.success("ok"), now_ms=2), Advance(now_ms=3)], state)
+    assert state.stop_reason is None and state.response_model == "claude-x-2026"  # a new request: no reason yet
+    state = run([MessageStart(model=""), TextDelta(text="done"), MessageStop(stop_reason="max_tokens")], state)
+    assert state.is_settled and state.stop_reason is StopReason.MAX_TOKENS
+    assert state.response_model == "claude-x-2026"  # a response naming no model keeps the last one named

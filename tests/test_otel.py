@@ -240,6 +240,8 @@ async def test_a_completed_turn_with_a_read_and_an_approved_mutation(telemetry: 
     assert attrs_of(first)["trioloop.iteration"] == 1 and attrs_of(second)["trioloop.iteration"] == 2
     assert attrs_of(first)["gen_ai.operation.name"] == "chat"
     assert attrs_of(first)["gen_ai.response.finish_reasons"] == ("tool_use",)
+    assert attrs_of(second)["gen_ai.response.finish_reasons"] == ("end_turn",)  # the reducer keeps the stop reason
+    assert attrs_of(first)["gen_ai.response.model"] == "scripted-1"  # as the server named it
     assert attrs_of(first)["gen_ai.usage.input_tokens"] + attrs_of(second)["gen_ai.usage.input_tokens"] == (
         state.usage.input_tokens
     )

@@ -422,9 +422,10 @@ class OtelObserver:
             attributes["trioloop.request.outcome"] = cut or _request_outcome(state, same)
             if chat.first_chunk is not None:
                 attributes["gen_ai.response.time_to_first_chunk"] = (chat.first_chunk - chat.start) / 1e9
-            if same and state.phase in (Phase.AWAITING_APPROVAL, Phase.EXECUTING):
-                reason = "tool_use" if state.current_call_count else "pause_turn"
-                attributes["gen_ai.response.finish_reasons"] = (reason,)
+            if same and state.stop_reason is not None:
+                attributes["gen_ai.response.finish_reasons"] = (state.stop_reason.value,)
+            if state.response_model:
+                attributes["gen_ai.response.model"] = state.response_model
             if error is not None:
                 attributes["error.type"] = error.code.value
             if self._capture:

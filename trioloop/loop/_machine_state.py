@@ -16,7 +16,7 @@ import attrs
 
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnBudget, TurnLimits
 from trioloop.loop.tool_runtime import Effect, PreparedCall, ToolRegistry, create_tool_registry
-from trioloop.protocol.events import StreamError, Usage
+from trioloop.protocol.events import StopReason, StreamError, Usage
 from trioloop.protocol.messages import ContentBlock, Message, TextBlock, ToolCallBlock
 
 if TYPE_CHECKING:
@@ -491,6 +491,10 @@ class TurnState:
     denials: tuple[Denial, ...] = ()
     error: StreamError | None = None
     usage: Usage = _NO_USAGE
+    #: Why the model's last response ended (None before the first one ends), and the model the server named
+    #: in its last response ("" when it named none): what observers report (``gen_ai.response.*``).
+    stop_reason: StopReason | None = None
+    response_model: str = ""
     # Internal bookkeeping; only the reducer builds these.
     closed_messages: tuple[Message, ...] = ()
     draft: Draft | None = None

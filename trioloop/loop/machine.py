@@ -84,6 +84,7 @@ from trioloop.loop.card import changed_fields
 from trioloop.loop.limits import Bound, TurnBudget, bound_notice, budget_exhaustion, tool_call_cap
 from trioloop.loop.tool_runtime import PrepareFailure
 from trioloop.protocol.events import (
+    MessageStart,
     MessageStop,
     ProviderBlockComplete,
     StopReason,
@@ -207,6 +208,7 @@ def _settle(
     *,
     bound: Bound | None = None,
     error: StreamError | None = None,
+    stop_reason: StopReason | None = None,
 ) -> TurnState:
     """End the turn: every call that did not finish is marked not run, every opened call is answered."""
     # Closing the draft (its message joins the turn's messages, never an empty one), answering every
@@ -215,6 +217,8 @@ def _settle(
     reason = DenialReason.LIMIT_EXCEEDED if outcome is Outcome.BOUNDED else DenialReason.TURN_CANCELLED
     calls = tuple(_not_run(c, reason) for c in state.calls)
     changes: dict[str, Any] = {"phase": Phase.SETTLED, "outcome": outcome, "error": error, "calls": calls}
+    if stop_reason is not None:
+        changes["stop_reason"] = stop_reason
     messages = state.closed_messages
     closing = _closing_draft(state)
     if closing is not None:
@@ -262,7 +266,9 @@ def _on_submit(state: TurnState, cmd: Submit) -> TurnState:
     )
 
 
-def _on_message_start(state: TurnState, event: object) -> TurnState:
+def _on_message_start(state: TurnState, event: MessageStart) -> TurnState:
+    if event.model and event.model != state.response_model:
+        return state.evolved(phase=Phase.STREAMING, draft=Draft(), response_model=event.model)
     return state.evolved(phase=Phase.STREAMING, draft=Draft())
 
 
@@ -408,11 +414,11 @@ def _on_message_stop(state: TurnState, event: MessageStop) -> TurnState:
         phase = Phase.EXECUTING
     else:
         # Any other stop, or a tool_use stop with no call: the model is done (a quirk must not loop).
-        return _settle(state, Outcome.COMPLETED)  # _settle closes the draft in its one copy
+        return _settle(state, Outcome.COMPLETED, stop_reason=reason)  # _settle closes the draft in its one copy
     closing = _closing_draft(state)  # closed in the same copy that moves the phase
     if closing is None:
-        return state.evolved(phase=phase)
-    return state.evolved(phase=phase, draft=closing[0], closed_messages=closing[1])
+        return state.evolved(phase=phase, stop_reason=reason)
+    return state.evolved(phase=phase, draft=closing[0], closed_messages=closing[1], stop_reason=reason)
 
 
 def _on_stream_error(state: TurnState, event: StreamError) -> TurnState:
@@ -574,6 +580,7 @@ def _on_advance(state: TurnState, cmd: Advance) -> TurnState:
         closed_messages=messages,
         usage_before_iteration=state.usage,
         iteration_first_call=len(state.calls),
+        stop_reason=None,
         **changes,
     )
 

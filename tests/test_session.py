@@ -13,10 +13,12 @@ import trio.testing
 from trioloop.loop.document import define_document_kind
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.session import Session, SessionBusy, TranscriptError
+from trioloop.loop.tool_runtime import ToolExecutionContext, ToolOutcome
 from trioloop.loop.transaction import UndoAvailability
 from trioloop.protocol import Message, ToolCallBlock, assert_tool_pairing
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
+from trioloop.tools import function_tool
 
 PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
 
@@ -261,3 +263,40 @@ async def test_observers_see_every_published_state_and_a_faulty_one_is_dropped(
     assert seen[-1] is final and seen[0].phase is Phase.REQUESTING
     assert len({id(s) for s in seen}) == len(seen)  # each state once, in order
     assert Broken.calls == 1 and "observer" in caplog.text
+
+
+@function_tool
+async def write_note(ctx: ToolExecutionContext[str], text: str) -> ToolOutcome[str]:
+    """Write the note."""
+    return ToolOutcome.success("written", document=text)
+
+
+async def test_a_long_tool_input_is_followed_while_it_streams(autojump_clock: trio.testing.MockClock) -> None:
+    long = "x" * 6000
+    step = ScriptStep(
+        tool_calls=(ScriptedCall(id="w", name="write_note", input={"text": long}),),
+        chunk_size=256,
+        delay_between_chunks=0.05,
+    )
+    seen: list[tuple[str, int]] = []
+    async with ScriptedProvider([step, ScriptStep(text="ok")]) as provider:
+        session = Session(document="", kind=NOTE_KIND, provider=provider, model="m", tools=[write_note])
+        async with session, trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                while True:
+                    current = session.input_streaming
+                    if current is not None and (not seen or seen[-1] != current):
+                        seen.append(current)
+                    if session.state is not None and session.state.phase is Phase.AWAITING_APPROVAL:
+                        session.approve("w")
+                    await trio.sleep(0.01)
+
+            nursery.start_soon(watch)
+            final = await session.send("write it")
+            nursery.cancel_scope.cancel()
+    assert final.outcome is Outcome.COMPLETED and session.document == long
+    assert len(seen) > 3 and all(name == "write_note" for name, _ in seen)
+    sizes = [size for _, size in seen]
+    assert sizes == sorted(sizes) and sizes[-1] > 5000  # grows as the input streams
+    assert session.input_streaming is None

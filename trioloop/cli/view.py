@@ -40,6 +40,10 @@ _STATUS_MARK = {
 }
 
 
+def _size(characters: int) -> str:
+    return f"{characters} characters" if characters < 10_000 else f"{characters / 1000:.0f}k characters"
+
+
 def outcome_line(state: TurnState) -> str:
     outcome = state.outcome
     if outcome is Outcome.COMPLETED:
@@ -95,6 +99,15 @@ class TurnView:
         while True:
             await trio.sleep(interval_s)
             state = self.session.state
+            streaming = self.session.input_streaming
+            if streaming is not None and self.console.is_terminal:
+                self._end_text_line()
+                name, size = streaming
+                line = f"  writing the input of {name}: {_size(size)} so far (Ctrl-C stops)"
+                self.console.file.write("\r" + line.ljust(60))
+                self.console.file.flush()
+                self._waiting_shown = True
+                continue
             waiting = state is not None and state.phase is Phase.REQUESTING and self.session.busy
             if not waiting:
                 self._waiting_since = None

@@ -55,7 +55,14 @@ from trioloop.loop.machine import (
 )
 from trioloop.loop.tool_runtime import PreparedCall, RegisteredTool, ToolExecutionContext, ToolOutcome, ToolRegistry
 from trioloop.loop.transaction import Committed, Refused, UndoHistory, commit_tool_outcome
-from trioloop.protocol.events import StreamError, StreamEvent, is_terminal
+from trioloop.protocol.events import (
+    StreamError,
+    StreamEvent,
+    ThinkingDelta,
+    ToolCallInputDelta,
+    ToolCallStart,
+    is_terminal,
+)
 from trioloop.protocol.messages import Message
 from trioloop.protocol.provider import ChatProvider
 from trioloop.protocol.tools import ChatRequest
@@ -176,6 +183,9 @@ class TurnControls:
         self._closed = False
         #: Set when the turn ended suspended in review: the machine time it had spent, the review's wait.
         self.suspended_at: tuple[int, int] | None = None
+        #: The tool call whose input is streaming now (its tool's name and the input's length so far), for a
+        #: face to show while the model writes a long input; None between calls. Not part of the state.
+        self.input_streaming: tuple[str, int] | None = None
 
     def _put(self, item: _InboxItem) -> bool:
         if self._closed:
@@ -218,6 +228,18 @@ class TurnControls:
         if self._scope is not None:
             self._scope.cancel()
         return True
+
+    def _note_progress(self, event: StreamEvent) -> None:
+        """Follow a tool call's input as it streams (`input_streaming`); anything else ends it."""
+        cls = type(event)
+        if cls is ToolCallInputDelta:
+            current = self.input_streaming
+            if current is not None:
+                self.input_streaming = (current[0], current[1] + len(event.partial_json))  # type: ignore[union-attr]
+        elif cls is ToolCallStart:
+            self.input_streaming = (event.name, 0)  # type: ignore[union-attr]
+        elif self.input_streaming is not None and cls is not ThinkingDelta:
+            self.input_streaming = None
 
     def _cancel_tools(self) -> None:
         """Cancel the scope of every tool still running (a tool's scope leaves the set as it ends)."""
@@ -544,12 +566,14 @@ class _Turn(Generic[D]):
                     return  # an observer stopped the turn, or it settled, or retried: the rest is cut off
                 if type(event) in NO_STATE_CHANGE:
                     self.saw_first_event = True  # a tool call's start, an input delta: no state to make
+                    self.controls._note_progress(event)
                     continue
                 self.handle_stream_event(event)
             return
         self.apply(item)
 
     def handle_stream_event(self, event: StreamEvent) -> None:
+        self.controls._note_progress(event)
         if not isinstance(event, StreamError) or not event.terminal:
             self.saw_first_event = True
         elif (

@@ -263,6 +263,13 @@ class Session(Generic[D]):
         return self._controls is not None
 
     @property
+    def input_streaming(self) -> tuple[str, int] | None:
+        """While the model writes a tool call's input: the tool's name and the characters so far (a face shows
+        it during a long input); None otherwise."""
+        controls = self._controls
+        return None if controls is None else controls.input_streaming
+
+    @property
     def suspended(self) -> bool:
         """Whether a turn waits to be taken up again with `continue_turn` (suspended in review, or
         reopened from a journal a crash cut short)."""

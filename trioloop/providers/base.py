@@ -187,10 +187,6 @@ class WireFormat(Protocol):
     @property
     def endpoint(self) -> str: ...
 
-    @property
-    def models_endpoint(self) -> str:
-        """The models list (``GET``), the cheap request a client may make to check the URL and key."""
-        ...
 
     def auth_headers(self, api_key: str) -> dict[str, str]: ...
 

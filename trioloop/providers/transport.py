@@ -196,7 +196,9 @@ class HttpTransport:
         self._wire = wire
         self._key = None if api_key is None else ApiKey(api_key)
         self._url = _endpoint_url(base_url or wire.default_base_url, wire.endpoint)
-        self._models_url = _endpoint_url(base_url or wire.default_base_url, wire.models_endpoint)
+        # A wire written before the models list was part of the protocol has none: nothing to check then.
+        models = getattr(wire, "models_endpoint", None)
+        self._models_url = None if models is None else _endpoint_url(base_url or wire.default_base_url, models)
         self._client = client
         self.held_client: httpx.AsyncClient | None = None  # the provider's own, while it is open (async with)
         self._read_timeout = float(read_timeout)
@@ -218,6 +220,9 @@ class HttpTransport:
         403: a server without a models list, or one that is busy, is not a wrong URL or key), else what failed,
         as a turn would report it (no connection, TLS, DNS, a refused key). Never raises for the server's sake."""
         await trio.lowlevel.checkpoint()
+        models_url = self._models_url
+        if models_url is None:
+            return None
         key = self._resolve_key()
         if key is None:
             return StreamError(
@@ -239,7 +244,7 @@ class HttpTransport:
             client = httpx.AsyncClient(timeout=httpx.Timeout(_CHECK_TIMEOUT_S), follow_redirects=False)
         try:
             with trio.move_on_after(_CHECK_TIMEOUT_S) as waiting:
-                response = await client.get(self._models_url, headers=headers, follow_redirects=False)
+                response = await client.get(models_url, headers=headers, follow_redirects=False)
                 status = response.status_code
                 body = response.content[:ERROR_BODY_LIMIT] if status in (401, 403) else b""
             if waiting.cancelled_caught:

@@ -17,11 +17,11 @@ from __future__ import annotations
 import getpass
 import json
 import os
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import trio
 
@@ -489,29 +489,30 @@ class Session(Generic[D]):
         """Undo the newest turn the undo history still holds, whichever it is, one turn a call, as far as the
         history reaches (20 turns by default): the turn id undone, or None (nothing left, or a turn running).
         `redo_last_undo` takes it back while nothing newer was committed."""
-        if self._controls is not None:
-            return None
-        stepped = undo_step(self._workspace.undo, self._workspace.document)
-        if stepped is None:
-            return None
-        self._workspace.document, self._workspace.undo, turn_id = stepped
-        if self._journal is not None:
-            self._journal.writer.add("undo", {"turn_id": turn_id, "by": self.actor})
-        if self._state is not None and turn_id == self._last_turn_id:
+        turn_id = self._step(undo_step, "undo")
+        if turn_id is not None and self._state is not None and turn_id == self._last_turn_id:
             self._publish(reduce_turn(self._state, UndoTurn()))
         return turn_id
 
     def redo_last_undo(self) -> str | None:
         """Re-apply the turn undone last (by `undo_step` or `undo_last_turn`), if nothing newer was committed
         since: the turn id redone, or None."""
+        return self._step(redo_step, "redo")
+
+    def _step(
+        self,
+        step: Callable[[UndoHistory[D], D], tuple[D, UndoHistory[D], str] | None],
+        entry: Literal["undo", "redo"],
+    ) -> str | None:
+        """One undo or redo step on the workspace, journaled; the turn id it took, or None."""
         if self._controls is not None:
             return None
-        stepped = redo_step(self._workspace.undo, self._workspace.document)
+        stepped = step(self._workspace.undo, self._workspace.document)
         if stepped is None:
             return None
         self._workspace.document, self._workspace.undo, turn_id = stepped
         if self._journal is not None:
-            self._journal.writer.add("redo", {"turn_id": turn_id, "by": self.actor})
+            self._journal.writer.add(entry, {"turn_id": turn_id, "by": self.actor})
         return turn_id
 
     # -- session files ---------------------------------------------------------------------------

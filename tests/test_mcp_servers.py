@@ -58,14 +58,51 @@ def test_bad_configs_say_what_to_fix(text: str, complaint: str) -> None:
 
 def test_command_lines_become_named_stdio_servers() -> None:
     first = stdio_server_from_command("python 'my server.py' --flag")
-    assert (first.name, first.command, first.args) == ("python", "python", ("my server.py", "--flag"))
-    second = stdio_server_from_command("/usr/bin/python3.11 other.py", taken=["python", "python3"])
-    assert second.name == "python3-2"
-    assert stdio_server_from_command("python x.py", taken=["python"]).name == "python-2"
+    assert (first.name, first.command, first.args) == ("my_server", "python", ("my server.py", "--flag"))
+    second = stdio_server_from_command("/usr/bin/python3.11 other.py", taken=["other", "python3"])
+    assert second.name == "other-2"
+    assert stdio_server_from_command("python x.py", taken=["x"]).name == "x-2"
     with pytest.raises(McpConfigError):
         stdio_server_from_command("   ")
     with pytest.raises(McpConfigError):
         stdio_server_from_command("python 'unterminated")
+
+
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [
+        ("npx -y @modelcontextprotocol/server-memory", "memory"),
+        ("npx -y @modelcontextprotocol/server-filesystem@2025.1.1 /tmp", "filesystem"),
+        ("uvx mcp-server-time", "time"),
+        ("uvx --from mcp-server-git mcp-server-git --repository .", "git"),
+        ("python -m mcp_server_git --repository .", "git"),
+        ("docker run -i --rm mcp/fetch", "fetch"),
+        ("npx @playwright/mcp@latest", "playwright"),
+        ("node build/index.js", "index"),
+        ("/usr/local/bin/weather-mcp --units metric", "weather"),
+    ],
+)
+def test_a_server_is_named_after_what_the_launcher_starts(command: str, name: str) -> None:
+    assert stdio_server_from_command(command).name == name
+
+
+def test_name_equals_command_names_a_server_and_env_is_its_whole_environment() -> None:
+    named = stdio_server_from_command("notes=npx -y @modelcontextprotocol/server-memory", env={"A": "1"})
+    assert (named.name, named.command, named.env) == ("notes", "npx", {"A": "1"})
+    with pytest.raises(McpConfigError, match="already used"):
+        stdio_server_from_command("notes=python x.py", taken=["notes"])
+    assert stdio_server_from_command("python x.py").env is None  # the SDK's default environment
+
+
+def test_the_cli_gives_servers_the_exported_environment_or_narrows_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trioloop.cli.chat import _server_environment
+
+    monkeypatch.setenv("MY_SERVER_TOKEN", "t0k3n")
+    monkeypatch.setenv("UNRELATED", "x")
+    whole = _server_environment(None)
+    assert whole["MY_SERVER_TOKEN"] == "t0k3n" and whole["UNRELATED"] == "x"
+    narrowed = _server_environment(["MY_SERVER_TOKEN"])
+    assert narrowed["MY_SERVER_TOKEN"] == "t0k3n" and "UNRELATED" not in narrowed and "PATH" in narrowed
 
 
 def test_cli_chat_accepts_repeatable_mcp_options() -> None:

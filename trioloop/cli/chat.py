@@ -71,7 +71,9 @@ def _real_provider(
     return OpenAIProvider(api_key=key, base_url=base_url, on_retry=_show_retry)
 
 
-McpOptions = tuple[Sequence[str], str | None]
+#: The --mcp commands, the --mcp-config file, and the variables --mcp-env narrows the servers' environment to
+#: (None: the whole environment the user exported).
+McpOptions = tuple[Sequence[str], str | None] | tuple[Sequence[str], str | None, Sequence[str] | None]
 
 
 """``--mcp`` command lines and the ``--mcp-config`` file, if any."""
@@ -392,9 +394,22 @@ def _print_diff(console: Console, session: Session[ThreatModel], before: ThreatM
         console.print(Text(line, style=style))
 
 
+def _server_environment(narrowed: Sequence[str] | None) -> dict[str, str]:
+    """What an --mcp server's process gets: the environment the user exported (a server reads its own keys and
+    settings from it), or with --mcp-env only the variables named, beside PATH, HOME and the like."""
+    if narrowed is None:
+        return dict(os.environ)
+    from mcp.client.stdio import get_default_environment
+
+    environment = get_default_environment()
+    environment.update({name: os.environ[name] for name in narrowed if name in os.environ})
+    return environment
+
+
 async def _add_mcp_servers(session: Session[ThreatModel], mcp_servers: McpOptions) -> bool:
     """Connect every MCP server as a toolset of ``session`` (its connection lives in the session's nursery)."""
-    commands, config = mcp_servers
+    commands, config = mcp_servers[0], mcp_servers[1]
+    narrowed = mcp_servers[2] if len(mcp_servers) > 2 else None
     if not commands and config is None:
         return True
     try:
@@ -406,8 +421,10 @@ async def _add_mcp_servers(session: Session[ThreatModel], mcp_servers: McpOption
         servers: list[mcp.McpServer] = []
         if config is not None:
             servers.extend(mcp.load_mcp_config(await trio.Path(config).read_text(encoding="utf-8")))
+        environment = _server_environment(narrowed)
         for command in commands:
-            servers.append(mcp.stdio_server_from_command(command, taken=[server.name for server in servers]))
+            taken = [server.name for server in servers]
+            servers.append(mcp.stdio_server_from_command(command, taken=taken, env=environment))
         console = make_console()
         for server in servers:
             toolset = mcp.McpToolset(server)
@@ -454,6 +471,7 @@ def run_chat(
     session_file: str | None = None,
     timeout: float | None = None,
     one_shot: str | None = None,
+    mcp_env: Sequence[str] | None = None,
 ) -> int:
     limits = DEFAULT_TURN_LIMITS if timeout is None else TurnLimits(turn_deadline_ms=max(1, round(timeout * 1000)))
     return interruptible(
@@ -465,7 +483,7 @@ def run_chat(
         prompt,
         base_url,
         thinking_budget,
-        (tuple(mcp), mcp_config),
+        (tuple(mcp), mcp_config, None if mcp_env is None else tuple(mcp_env)),
         Path(out) if out else None,
         Path(journal) if journal else None,
         resume,

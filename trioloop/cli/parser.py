@@ -73,6 +73,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         session_file=session_file,
         timeout=args.timeout,
         one_shot=args.prompt,
+        mcp_env=args.mcp_env,
     )
 
 
@@ -190,10 +191,18 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     chat.add_argument(
         "--mcp",
-        metavar='"COMMAND ARGS"',
+        metavar='"[NAME=]COMMAND ARGS"',
         action="append",
         default=[],
-        help="also offer the tools of this MCP server (stdio); repeatable. Every such tool needs its own approval",
+        help="also offer the tools of this MCP server (stdio), named after the server (npx -y "
+        "@modelcontextprotocol/server-memory gives memory__*; NAME=COMMAND names it); repeatable. The server gets "
+        "the environment you exported (--mcp-env narrows it). Every such tool needs its own approval",
+    )
+    chat.add_argument(
+        "--mcp-env",
+        metavar="VAR",
+        action="append",
+        help="give --mcp servers only this variable of your environment (repeatable), beside PATH, HOME and the like",
     )
     chat.add_argument(
         "--mcp-config",

@@ -91,8 +91,46 @@ class HttpServer:
 McpServer: TypeAlias = StdioServer | HttpServer
 
 
+#: Programs that launch a server rather than being one: the server is named after what they launch.
+_LAUNCHERS: Final = frozenset(
+    {"npx", "pnpx", "bunx", "uvx", "pipx", "uv", "node", "deno", "bun", "python", "python3", "docker", "podman"}
+)
+#: Launcher words that are not the server either (``uv run``, ``pipx run``, ``docker run``, ``deno run``).
+_LAUNCHER_WORDS: Final = frozenset({"run", "tool", "exec", "x", "dlx", "--", "-m"})
+#: Words a server package's name carries that say nothing about the server.
+_NOISE: Final = re.compile(
+    r"^(?:mcp[-_]server[-_]|server[-_]mcp[-_]|mcp[-_]|server[-_])|(?:[-_]mcp[-_]server|[-_]mcp|[-_]server)$"
+)
+_EXPLICIT_NAME: Final = re.compile(r"^([A-Za-z0-9_-]{1,24})=(\S.*)$", re.DOTALL)
+
+
+def _server_word(argv: list[str]) -> str:
+    """The word that names the server in a command line: what a launcher (npx, uvx, python -m, docker run...)
+    starts, else the program itself; a package's scope, version and the words "mcp" and "server" dropped,
+    a script's extension dropped (its name kept whole)."""
+    words = list(argv)
+    while words and re.sub(r"[0-9.]+$", "", Path(words[0]).name) in _LAUNCHERS:  # python3.11 is python
+        words.pop(0)
+        # Skip the launcher's own words and options (``-y``, ``--from pkg``, ``-m``, ``--rm``...).
+        while words and (words[0] in _LAUNCHER_WORDS or words[0].startswith("-")):
+            option = words.pop(0)
+            if option in ("--from", "--with", "-p", "--package", "-e", "--env", "-v", "--volume") and words:
+                words.pop(0)
+    word = words[0] if words else argv[0]
+    if word.endswith((".py", ".js", ".mjs", ".cjs", ".ts")):
+        return Path(word).stem  # a script: its own name, whole
+    scope = ""
+    if word.startswith("@") and "/" in word:
+        scope, word = word[1:].split("/", 1)
+    word = word.rsplit("/", 1)[-1].split("@", 1)[0]  # a path's last part; a version (pkg@1.2.3) dropped
+    bare = _NOISE.sub("", word)
+    if bare in ("", "mcp", "server") and scope:
+        return scope  # @playwright/mcp is "playwright"
+    return bare or word
+
+
 def _name_from_command(argv: list[str], taken: Iterable[str]) -> str:
-    stem = Path(argv[0]).stem
+    stem = _server_word(argv)
     base = re.sub(r"[^A-Za-z0-9_-]", "_", stem)[:20] or "mcp"
     used = set(taken)
     name, number = base, 1
@@ -103,19 +141,38 @@ def _name_from_command(argv: list[str], taken: Iterable[str]) -> str:
 
 
 def stdio_server_from_command(
-    command_line: str, *, taken: Iterable[str] = (), tools: Mapping[str, ToolClass] | None = None
+    command_line: str,
+    *,
+    taken: Iterable[str] = (),
+    tools: Mapping[str, ToolClass] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> StdioServer:
-    """A ``StdioServer`` from one shell-style ``"COMMAND ARGS"`` string, named after the command.
+    """A ``StdioServer`` from one shell-style ``"COMMAND ARGS"`` string, or ``"NAME=COMMAND ARGS"`` to name it.
 
-    ``taken`` holds names already in use; a repeat gets ``-2``, ``-3`` and so on.
+    Named after the server, not its launcher: ``npx -y @modelcontextprotocol/server-memory`` is ``memory``,
+    ``uvx mcp-server-time`` is ``time``, ``python my_server.py`` is ``my_server``. ``taken`` holds names
+    already in use; a repeat gets ``-2``, ``-3`` and so on (an explicit name must be free). ``env`` is the
+    server's whole environment (None: the SDK's default, a few safe variables such as PATH and HOME).
     """
+    explicit = _EXPLICIT_NAME.match(command_line.strip())
+    name = explicit.group(1) if explicit else None
+    if explicit:
+        command_line = explicit.group(2)
+        if name in set(taken):
+            raise McpConfigError(f"--mcp {name}=...: the name {name!r} is already used by another server.")
     try:
         argv = shlex.split(command_line)
     except ValueError as exc:
         raise McpConfigError(f"--mcp {command_line!r}: {exc}.") from None
     if not argv:
         raise McpConfigError('--mcp needs a command, e.g. --mcp "python my_server.py".')
-    return StdioServer(name=_name_from_command(argv, taken), command=argv[0], args=tuple(argv[1:]), tools=tools)
+    return StdioServer(
+        name=name or _name_from_command(argv, taken),
+        command=argv[0],
+        args=tuple(argv[1:]),
+        tools=tools,
+        env=None if env is None else dict(env),
+    )
 
 
 def _string_list(value: Any, where: str) -> tuple[str, ...]:

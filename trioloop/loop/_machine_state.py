@@ -70,6 +70,8 @@ class _cached(Generic[_Owner, T]):  # lower case: a decorator, like functools.ca
 
 @final
 class Phase(enum.StrEnum):
+    """Where a turn stands: idle, requesting, streaming, awaiting_approval, executing, settled."""
+
     IDLE = "idle"
     REQUESTING = "requesting"
     STREAMING = "streaming"
@@ -80,6 +82,8 @@ class Phase(enum.StrEnum):
 
 @final
 class Outcome(enum.StrEnum):
+    """How a settled turn ended: completed, cancelled (Stop), bounded (a limit) or failed."""
+
     COMPLETED = "completed"
     CANCELLED = "cancelled"
     BOUNDED = "bounded"
@@ -88,6 +92,9 @@ class Outcome(enum.StrEnum):
 
 @final
 class CallStatus(enum.StrEnum):
+    """Where one tool call stands: pending a decision, approved, running, or ended (succeeded, failed, undone,
+    denied)."""
+
     PENDING = "pending"
     APPROVED = "approved"
     RUNNING = "running"
@@ -98,6 +105,7 @@ class CallStatus(enum.StrEnum):
 
     @property
     def is_terminal(self) -> bool:
+        """Whether a call in this status has ended (nothing moves it again but an undo of a success)."""
         return self in _TERMINAL
 
 
@@ -106,6 +114,8 @@ _TERMINAL = frozenset({CallStatus.SUCCEEDED, CallStatus.FAILED, CallStatus.UNDON
 
 @final
 class DenialReason(enum.StrEnum):
+    """Why a call was not run: the person declined it, the turn was cancelled, or a limit was reached."""
+
     USER_DECLINED = "user_declined"
     TURN_CANCELLED = "turn_cancelled"
     LIMIT_EXCEEDED = "limit_exceeded"
@@ -141,6 +151,7 @@ class CallRecord:
 
     @property
     def is_terminal(self) -> bool:
+        """Whether the call has ended (succeeded, failed, undone or denied)."""
         return self.status.is_terminal
 
     def moved_to(
@@ -513,17 +524,21 @@ class TurnState:
 
     @property
     def is_settled(self) -> bool:
+        """Whether the turn has ended (it then takes no input but undo)."""
         return self.phase is Phase.SETTLED
 
     @property
     def is_live(self) -> bool:
+        """Whether the turn has started and not settled."""
         return self.phase is not Phase.IDLE and self.phase is not Phase.SETTLED
 
     @property
     def undo_snapshot_key(self) -> str:
+        """The key of this turn's pre-turn document in the undo history (its turn id)."""
         return self.turn_id
 
     def call(self, call_id: str) -> CallRecord | None:
+        """The call with id ``call_id``, or None."""
         return self.calls.get(call_id)
 
     @property
@@ -539,10 +554,12 @@ class TurnState:
 
     @property
     def violations(self) -> tuple[ViolationRecord, ...]:
+        """Every refused input of the turn, in order (which rule, which call, and why)."""
         return self.violation_log.items
 
     @property
     def notices(self) -> tuple[str, ...]:
+        """Every notice of the turn, in order: retries, skipped frames, limits reached."""
         return self.notice_log.items
 
     @property

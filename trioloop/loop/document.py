@@ -99,26 +99,33 @@ class SimpleDocumentKind(Generic[D]):
 
     @property
     def immutable(self) -> bool:
+        """Whether documents of this kind are never changed in place (tools then share one, no copies)."""
         return self.copier is None
 
     def validate(self, document: D) -> str | None:
+        """None for a valid document, else the problem, in words the model can act on."""
         return self.validator(document)
 
     def private_copy(self, document: D) -> D:
+        """A copy a tool may change freely without reaching the live document."""
         return document if self.copier is None else self.copier(document)
 
     def same(self, a: D, b: D) -> bool:
+        """Whether two documents are equal (what undo compares)."""
         return a is b or self.comparer(a, b)
 
     def diff(self, before: D, after: D) -> str:
+        """A unified diff of ``before`` and ``after`` in the kind's text form (empty when equal)."""
         return text_diff(self.render(before), self.render(after))
 
     def dump(self, document: D) -> str:
+        """The document's text form (what session files and journals store)."""
         if self.dumper is None:
             raise TypeError(f"the {self.name} kind has no text form: give define_document_kind dump= and load=")
         return self.dumper(document)
 
     def load(self, text: str) -> D:
+        """A document from its text form; raises on text that is not a valid document."""
         if self.loader is None:
             raise TypeError(f"the {self.name} kind has no text form: give define_document_kind dump= and load=")
         return self.loader(text)

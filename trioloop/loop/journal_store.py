@@ -202,6 +202,8 @@ class MemoryJournalStore:
         self.fail_appends = False
 
     async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> JournalLease:
+        """A lease on ``session_id`` (created empty if new); `SessionLocked` if another lease holds it past
+        ``wait_s``."""
         await trio.lowlevel.checkpoint()
         with trio.move_on_after(wait_s):
             while session_id in self._leased:
@@ -213,9 +215,11 @@ class MemoryJournalStore:
         return _MemoryLease(self, session_id)
 
     async def session_ids(self) -> Sequence[str]:
+        """The ids of every session with a journal, sorted."""
         await trio.lowlevel.checkpoint()
         return sorted(k for k, v in self._journals.items() if v)
 
     async def read(self, session_id: str) -> Sequence[StoredEntry]:
+        """Every stored entry of ``session_id``, in order, without a lease."""
         await trio.lowlevel.checkpoint()
         return tuple(self._journals.get(session_id, ()))

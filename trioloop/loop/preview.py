@@ -45,6 +45,7 @@ class EntityChange:
 
     @property
     def label(self) -> str:
+        """How the change reads on a card, e.g. ``Adds threat threat-8 (Forged PSP webhook)``."""
         shown = plain_value(self.name)
         return f"{self.kind} {plain_value(self.id)}" + (f" ({shown})" if shown and shown != self.id else "")
 
@@ -62,6 +63,7 @@ class Preview:
 
     @property
     def is_empty(self) -> bool:
+        """Whether the preview shows no change at all."""
         return not (self.added or self.changed or self.removed)
 
     def lines(self) -> tuple[str, ...]:

@@ -202,6 +202,8 @@ class TurnControls:
         return self._put(ApproveCall(call_id=call_id, edited_input=edited_input))
 
     def approve_batch(self, call_ids: tuple[str, ...]) -> bool:
+        """Approve the listed calls together (an explicit tuple captured at the click; destructive calls never
+        included)."""
         return self._put(ApproveBatch(call_ids=tuple(call_ids)))
 
     def deny(self, call_id: str, reason: str = "") -> bool:
@@ -249,10 +251,12 @@ class TurnControls:
 
     @property
     def turn_cancelled(self) -> bool:
+        """Whether the turn is being cancelled (Stop, or its deadline passed)."""
         return self._stop_requested or (self._scope is not None and self._scope.cancel_called)
 
     @property
     def stop_requested(self) -> bool:
+        """Whether Stop was asked for."""
         return self._stop_requested
 
 

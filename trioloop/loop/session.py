@@ -109,7 +109,11 @@ class Toolset(Protocol[D]):
     cancelled, closing it cleanly. `Session.add_toolset` starts it with ``nursery.start``.
     """
 
-    async def run(self, *, task_status: trio.TaskStatus[Sequence[RegisteredTool[D]]] = ...) -> None: ...
+    """Connect, hand the tools to ``task_status.started``, then hold the connection until cancelled."""
+
+    async def run(self, *, task_status: trio.TaskStatus[Sequence[RegisteredTool[D]]] = ...) -> None:
+        """Connect, hand the tools to ``task_status.started``, then hold the connection until cancelled."""
+        ...
 
 
 class Session(Generic[D]):
@@ -242,10 +246,12 @@ class Session(Generic[D]):
 
     @property
     def document(self) -> D:
+        """The live document: what the last committed call left (or the start document)."""
         return self._workspace.document
 
     @property
     def undo_history(self) -> UndoHistory[D]:
+        """The undo history: each undoable turn's pre-turn document, newest last, and what can be redone."""
         return self._workspace.undo
 
     @property
@@ -260,6 +266,7 @@ class Session(Generic[D]):
 
     @property
     def busy(self) -> bool:
+        """Whether a turn is running now."""
         return self._controls is not None
 
     @property
@@ -458,6 +465,7 @@ class Session(Generic[D]):
         return controls is not None and controls.stop()
 
     def undo_availability(self) -> UndoAvailability:
+        """Whether the last turn can be undone now, and if not, why (nothing to undo, already undone, superseded)."""
         turn_id = self._last_turn_id
         if turn_id is None:
             return UndoAvailability.NOTHING_TO_UNDO
@@ -744,6 +752,7 @@ class Session(Generic[D]):
     # -- transcripts -----------------------------------------------------------------------------
 
     def transcript(self) -> dict[str, Any]:
+        """The conversation as a versioned JSON-ready dict (`save_transcript` writes it)."""
         return {"version": _TRANSCRIPT_VERSION, "model": self.model, "messages": messages_to_json(self._history)}
 
     def save_transcript(self, path: str | os.PathLike[str]) -> None:

@@ -53,10 +53,12 @@ class ToolOutcome(Generic[D]):
 
     @classmethod
     def success(cls, result: str, document: D | None = None) -> ToolOutcome[D]:
+        """A successful run: ``result`` for the model and, for a mutation, the whole next ``document``."""
         return cls(ok=True, result=result, document=document)
 
     @classmethod
     def failure(cls, result: str) -> ToolOutcome[D]:
+        """A failed run: ``result`` is the error text the model receives; nothing is committed."""
         return cls(ok=False, result=result, document=None)
 
     @property
@@ -95,6 +97,7 @@ class ToolExecutionContext(Generic[D]):
 
     @property
     def document(self) -> D:
+        """The tool's private copy of the document, made on first read (changing it changes nothing live)."""
         make = self._make_document
         if make is not None:
             self._document = make()
@@ -103,10 +106,12 @@ class ToolExecutionContext(Generic[D]):
 
     @property
     def cancel_scope(self) -> trio.CancelScope:
+        """The call's own cancel scope: cancelled on Stop, at the deadline and when the call is no longer wanted."""
         return self._cancel_scope
 
     @property
     def cancelled(self) -> bool:
+        """Whether the call has been cancelled (a long tool checks it between steps)."""
         return self._cancel_scope.cancel_called
 
     def __repr__(self) -> str:
@@ -180,6 +185,7 @@ class PrepareFailure:
 
     @property
     def message(self) -> str:
+        """Every problem with the input, in one text the model and the card can read."""
         return "; ".join(self.issues)
 
 
@@ -188,6 +194,9 @@ PrepareFn: TypeAlias = Callable[[Any], "PreparedCall[D] | PrepareFailure"]
 
 @attrs.frozen(kw_only=True)
 class RegisteredTool(Generic[D]):
+    """A tool the loop may offer: its name, description, effect, whether it is destructive, and how to prepare a call
+    (validate the input, make the card and the digest)."""
+
     name: str
     description: str
     effect: Effect
@@ -210,6 +219,7 @@ class RegisteredTool(Generic[D]):
 
     @property
     def definition(self) -> ToolDefinition:
+        """The tool as a provider sends it to the model: name, description, JSON schema."""
         return ToolDefinition(name=self.name, description=self.description, json_schema=self.json_schema)
 
 
@@ -659,6 +669,7 @@ class ToolRegistry(Generic[D]):
         object.__setattr__(self, "_definitions", tuple(t.definition for t in self.tools))
 
     def get(self, name: str) -> RegisteredTool[D] | None:
+        """The tool named ``name``, or None."""
         if type(name) is not str:
             return None
         return self._by_name.get(name)
@@ -674,9 +685,11 @@ class ToolRegistry(Generic[D]):
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The tools' names, in registration order."""
         return tuple(t.name for t in self.tools)
 
     def definitions(self) -> tuple[ToolDefinition, ...]:
+        """Every tool's definition, in registration order (what a request offers the model)."""
         return self._definitions
 
 

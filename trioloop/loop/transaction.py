@@ -78,9 +78,11 @@ class UndoHistory(Generic[D]):
 
     @property
     def top(self) -> UndoEntry[D] | None:
+        """The newest entry, or None when the history is empty."""
         return self.entries[-1] if self.entries else None
 
     def push(self, entry: UndoEntry[D]) -> UndoHistory[D]:
+        """The history with ``entry`` on top (the oldest dropped past the cap); what could be redone is dropped."""
         entries = (*self.entries, entry)
         cut = len(entries) - self.max_entries
         trimmed = tuple(_Retired(turn_id=e.turn_id, undone=False) for e in entries[:cut]) if cut > 0 else ()
@@ -105,6 +107,9 @@ class UndoHistory(Generic[D]):
 
 @final
 class Refusal(enum.StrEnum):
+    """Why a commit was refused: the tool failed, a read proposed a change, the document changed under the call, or the
+    result is invalid."""
+
     TOOL_ERROR = "tool_error"
     READ_TOOL_MUTATED = "read_tool_mutated"
     DOCUMENT_CHANGED = "document_changed"
@@ -194,6 +199,8 @@ def commit_tool_outcome(
 
 @final
 class UndoAvailability(enum.StrEnum):
+    """Whether a turn can be undone: undoable, nothing to undo, already undone, or superseded by a later one."""
+
     UNDOABLE = "undoable"
     NOTHING_TO_UNDO = "nothing_to_undo"
     ALREADY_UNDONE = "already_undone"
@@ -201,6 +208,7 @@ class UndoAvailability(enum.StrEnum):
 
     @property
     def undoable(self) -> bool:
+        """Whether undo would restore the turn's pre-turn document now."""
         return self is UndoAvailability.UNDOABLE
 
 

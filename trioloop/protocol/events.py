@@ -56,11 +56,15 @@ def _count(inst: object, attribute: attrs.Attribute[int], value: object) -> None
 
 @attrs.frozen(kw_only=True)
 class MessageStart:
+    """A response began; ``model`` is the model the server named (may be empty)."""
+
     model: str = attrs.field(default="", validator=_str)
 
 
 @attrs.frozen(kw_only=True)
 class TextDelta:
+    """A piece of the response's text, in order."""
+
     text: str = attrs.field(validator=_str)
 
 
@@ -159,6 +163,8 @@ def usage_sum(a: Usage, b: Usage) -> Usage:
 
 @attrs.frozen(kw_only=True)
 class MessageStop:
+    """A response ended, with the server's ``stop_reason`` (end_turn, tool_use, max_tokens, ...)."""
+
     stop_reason: StopReason = attrs.field(converter=StopReason)
 
 

@@ -37,6 +37,8 @@ Role: TypeAlias = Literal["user", "assistant"]
 
 @attrs.frozen(kw_only=True)
 class TextBlock:
+    """A block of plain text in a message."""
+
     text: str = attrs.field(validator=attrs.validators.instance_of(str))
 
 
@@ -51,6 +53,8 @@ class ToolCallBlock:
 
 @attrs.frozen(kw_only=True)
 class ToolResultBlock:
+    """The answer to one tool call, sent back to the model: its call id, the text, and whether it is an error."""
+
     call_id: str = attrs.field(validator=attrs.validators.instance_of(str))
     content: str = attrs.field(validator=attrs.validators.instance_of(str))
     is_error: bool = False
@@ -106,15 +110,19 @@ def _to_blocks(value: Iterable[ContentBlock]) -> tuple[ContentBlock, ...]:
 
 @attrs.frozen(kw_only=True)
 class Message:
+    """One message of the conversation: a role (``user`` or ``assistant``) and its content blocks."""
+
     role: Role = attrs.field(validator=attrs.validators.in_(("user", "assistant")))
     content: tuple[ContentBlock, ...] = attrs.field(converter=_to_blocks, factory=tuple)
 
     @classmethod
     def user(cls, text: str) -> Message:
+        """A user message holding ``text`` as one text block."""
         return cls(role="user", content=(TextBlock(text=text),))
 
     @classmethod
     def assistant(cls, text: str) -> Message:
+        """An assistant message holding ``text`` as one text block."""
         return cls(role="assistant", content=(TextBlock(text=text),))
 
 

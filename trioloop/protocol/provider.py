@@ -33,7 +33,10 @@ class ChatProvider(Protocol):
         send: trio.abc.SendChannel[StreamEvent],
         *,
         cancel_scope: trio.CancelScope | None = None,
-    ) -> None: ...
+    ) -> None:
+        """Send ``request`` and write its response to ``send`` as `StreamEvent` values, ending with one terminal
+        event; never raise for the server's faults."""
+        ...
 
 
 @runtime_checkable

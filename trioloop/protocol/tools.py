@@ -18,6 +18,8 @@ def _freeze_schema(value: Mapping[str, Any]) -> Mapping[str, Any]:
 
 @attrs.frozen(kw_only=True)
 class ToolDefinition:
+    """A tool as the model sees it: name, description and the JSON schema of its input."""
+
     name: str
     description: str
     json_schema: Mapping[str, Any] = attrs.field(converter=_freeze_schema, eq=False, hash=False)

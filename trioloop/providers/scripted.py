@@ -142,6 +142,7 @@ class ScriptedProvider:
 
     @property
     def steps_left(self) -> int:
+        """How many scripted answers have not been given yet."""
         return len(self._steps)
 
     def _table(self) -> dict[str, ModelCapabilities]:

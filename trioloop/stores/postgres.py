@@ -126,6 +126,7 @@ class PostgresJournalStore:
             raise
 
     async def session_ids(self) -> Sequence[str]:
+        """The ids of every session with a journal, sorted."""
         rows = await self._on_admin(
             "listing sessions",
             lambda connection: connection.execute("SELECT DISTINCT session_id FROM trioloop_journal").fetchall(),

@@ -145,6 +145,7 @@ class SQLiteJournalStore:
 
     @property
     def path(self) -> str:
+        """The database file this store uses."""
         return self._path
 
     async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> JournalLease:
@@ -164,6 +165,7 @@ class SQLiteJournalStore:
         return await wait_for_lease(session_id, wait_s, try_once)
 
     async def session_ids(self) -> Sequence[str]:
+        """The ids of every session with a journal, sorted."""
         rows = await self._run(
             "listing sessions",
             lambda connection: connection.execute("SELECT DISTINCT session_id FROM trioloop_journal").fetchall(),

@@ -126,18 +126,24 @@ def _coord(description: str, minimum: float = -COORD_MAX) -> Any:
 
 @attrs.frozen(kw_only=True)
 class PositionInput:
+    """Tool input: a position on the diagram (x, y); a field left out (null) is not written."""
+
     x: float = _coord("Horizontal canvas position.")
     y: float = _coord("Vertical canvas position.")
 
 
 @attrs.frozen(kw_only=True)
 class SizeInput:
+    """Tool input: a size on the diagram (width, height); a field left out (null) is not written."""
+
     width: float = _coord("Width on the canvas.", minimum=0)
     height: float = _coord("Height on the canvas.", minimum=0)
 
 
 @attrs.frozen(kw_only=True)
 class MitigationInput:
+    """Tool input: a threat's mitigation (status and description); a field left out (null) is not written."""
+
     status: MitigationStatusName = _field(description="Where the mitigation stands.")  # noqa: RUF009 -- an attrs field, not a default
     description: str = _field(description="What is or will be done.", max_length=TEXT_MAX)
 
@@ -148,6 +154,8 @@ class MitigationInput:
 
 @attrs.frozen(kw_only=True)
 class NewElement:
+    """Tool input: a new element; a field left out (null) is not written."""
+
     type: str = _kind("Kind of component, e.g. process, data_store, external_entity.")
     name: str = _name("Display name.")
     id: str | None = _opt_id("Optional id; omit it to get the next free comp-N id.")
@@ -166,6 +174,8 @@ class NewElement:
 
 @attrs.frozen(kw_only=True)
 class ElementUpdates:
+    """Tool input: the fields of an element to change; a field left out (null) is not written."""
+
     type: str | None = _kind("New kind.", optional=True)
     name: str | None = _name("New display name.", optional=True)
     trust_zone: str | None = _text("New trust zone; empty string clears it.", NAME_MAX)
@@ -183,17 +193,23 @@ class ElementUpdates:
 
 @attrs.frozen(kw_only=True)
 class AddElement:
+    """The input of the tool that adds a element (validated before any card is shown)."""
+
     element: NewElement
 
 
 @attrs.frozen(kw_only=True)
 class UpdateElement:
+    """The input of the tool that updates a element (validated before any card is shown)."""
+
     id: str = _id("Id of the element to change, e.g. comp-3.")
     updates: ElementUpdates
 
 
 @attrs.frozen(kw_only=True)
 class DeleteElement:
+    """The input of the tool that deletes a element (validated before any card is shown)."""
+
     id: str = _id("Id of the element to delete, e.g. comp-3.")
 
 
@@ -203,6 +219,8 @@ class DeleteElement:
 
 @attrs.frozen(kw_only=True)
 class NewDataFlow:
+    """Tool input: a new data flow; a field left out (null) is not written."""
+
     source: str = _id("Id of the element the data leaves (the YAML 'from').")
     target: str = _id("Id of the element the data reaches (the YAML 'to').")
     id: str | None = _opt_id("Optional id; omit it to get the next free flow-N id.")
@@ -216,6 +234,8 @@ class NewDataFlow:
 
 @attrs.frozen(kw_only=True)
 class DataFlowUpdates:
+    """Tool input: the fields of a data flow to change; a field left out (null) is not written."""
+
     source: str | None = _opt_id("New source element id.")
     target: str | None = _opt_id("New target element id.")
     name: str | None = _text("New label; empty string clears it.", NAME_MAX)
@@ -228,17 +248,23 @@ class DataFlowUpdates:
 
 @attrs.frozen(kw_only=True)
 class AddDataFlow:
+    """The input of the tool that adds a data flow (validated before any card is shown)."""
+
     data_flow: NewDataFlow
 
 
 @attrs.frozen(kw_only=True)
 class UpdateDataFlow:
+    """The input of the tool that updates a data flow (validated before any card is shown)."""
+
     id: str = _id("Id of the data flow to change, e.g. flow-2.")
     updates: DataFlowUpdates
 
 
 @attrs.frozen(kw_only=True)
 class DeleteDataFlow:
+    """The input of the tool that deletes a data flow (validated before any card is shown)."""
+
     id: str = _id("Id of the data flow to delete, e.g. flow-2.")
 
 
@@ -248,6 +274,8 @@ class DeleteDataFlow:
 
 @attrs.frozen(kw_only=True)
 class NewTrustBoundary:
+    """Tool input: a new trust boundary; a field left out (null) is not written."""
+
     name: str = _name("Display name, e.g. Corporate network.")
     id: str | None = _opt_id("Optional id; omit it to get the next free boundary-N id.")
     contains: tuple[str, ...] = _list("Ids of the elements inside.", optional=False)
@@ -257,6 +285,8 @@ class NewTrustBoundary:
 
 @attrs.frozen(kw_only=True)
 class TrustBoundaryUpdates:
+    """Tool input: the fields of a trust boundary to change; a field left out (null) is not written."""
+
     name: str | None = _name("New display name.", optional=True)
     contains: tuple[str, ...] | None = _list("Replaces the member element ids.", optional=True)
     position: PositionInput | None = None
@@ -265,17 +295,23 @@ class TrustBoundaryUpdates:
 
 @attrs.frozen(kw_only=True)
 class AddTrustBoundary:
+    """The input of the tool that adds a trust boundary (validated before any card is shown)."""
+
     trust_boundary: NewTrustBoundary
 
 
 @attrs.frozen(kw_only=True)
 class UpdateTrustBoundary:
+    """The input of the tool that updates a trust boundary (validated before any card is shown)."""
+
     id: str = _id("Id of the trust boundary to change, e.g. boundary-1.")
     updates: TrustBoundaryUpdates
 
 
 @attrs.frozen(kw_only=True)
 class DeleteTrustBoundary:
+    """The input of the tool that deletes a trust boundary (validated before any card is shown)."""
+
     id: str = _id("Id of the trust boundary to delete, e.g. boundary-1.")
 
 
@@ -285,6 +321,8 @@ class DeleteTrustBoundary:
 
 @attrs.frozen(kw_only=True)
 class NewThreat:
+    """Tool input: a new threat; a field left out (null) is not written."""
+
     title: str = _name("Short title of the threat.")
     category: StrideCategory = _field(description="STRIDE category.")  # noqa: RUF009 -- an attrs field, not a default
     severity: SeverityName = _field(description="How bad it is.")  # noqa: RUF009 -- an attrs field, not a default
@@ -297,6 +335,8 @@ class NewThreat:
 
 @attrs.frozen(kw_only=True)
 class ThreatUpdates:
+    """Tool input: the fields of a threat to change; a field left out (null) is not written."""
+
     title: str | None = _name("New title.", optional=True)
     category: StrideCategory | None = None
     severity: SeverityName | None = None
@@ -308,17 +348,23 @@ class ThreatUpdates:
 
 @attrs.frozen(kw_only=True)
 class AddThreat:
+    """The input of the tool that adds a threat (validated before any card is shown)."""
+
     threat: NewThreat
 
 
 @attrs.frozen(kw_only=True)
 class UpdateThreat:
+    """The input of the tool that updates a threat (validated before any card is shown)."""
+
     id: str = _id("Id of the threat to change, e.g. threat-4.")
     updates: ThreatUpdates
 
 
 @attrs.frozen(kw_only=True)
 class DeleteThreat:
+    """The input of the tool that deletes a threat (validated before any card is shown)."""
+
     id: str = _id("Id of the threat to delete, e.g. threat-4.")
 
 

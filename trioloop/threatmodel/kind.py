@@ -24,27 +24,34 @@ class ThreatModelKind:
 
     @property
     def immutable(self) -> bool:
+        """True: a ThreatModel is frozen, so tools share it without copies."""
         return True
 
     def validate(self, document: ThreatModel) -> str | None:
+        """None for a valid model, else the first rule it breaks."""
         problem = validate_threat_model(document)
         return None if problem is None else problem.message
 
     def private_copy(self, document: ThreatModel) -> ThreatModel:
+        """The model itself: it is immutable, nothing can change it in place."""
         return detached_copy(document)
 
     def same(self, a: ThreatModel, b: ThreatModel) -> bool:
+        """Whether two models are equal."""
         return a is b or a == b
 
     def diff(self, before: ThreatModel, after: ThreatModel) -> str:
+        """A unified diff of two models' .thf text (empty when equal)."""
         if self.same(before, after):
             return ""
         return text_diff(dump_thf(before), dump_thf(after), before_name="before.thf", after_name="after.thf")
 
     def dump(self, document: ThreatModel) -> str:
+        """The model as .thf text."""
         return dump_thf(document)
 
     def load(self, text: str) -> ThreatModel:
+        """A model from .thf text (bounded, validated; raises `ThfError`)."""
         return load_thf(text)  # the hostile-input bounds of every .thf load apply
 
     def __repr__(self) -> str:

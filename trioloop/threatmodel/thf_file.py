@@ -63,6 +63,7 @@ class ThfFile:
         return ThfFile(model=model, text=text, bom=self.bom, layout=layout)
 
     def encoded(self) -> bytes:
+        """The file's bytes as they were read (what a round-trip save starts from)."""
         return (codecs.BOM_UTF8 if self.bom else b"") + self.text.encode("utf-8")
 
     def _patched(self, model: ThreatModel) -> tuple[str, Layout | None]:

@@ -250,10 +250,61 @@ def test_distinct_inputs_never_look_the_same_on_the_card(first: str, second: str
         assert cards[0].summary != cards[1].summary  # type: ignore[union-attr]
 
 
-def test_a_long_input_says_how_much_the_card_does_not_show() -> None:
-    prepared = build_mcp_tool("srv", mcp_tool(), "destructive", never_called).prepare({"path": "p" * 1000})
+def test_a_long_input_says_how_much_the_summary_does_not_show_and_the_details_show_it_all() -> None:
+    raw = {"path": "p" * 1000}
+    prepared = build_mcp_tool("srv", mcp_tool(), "destructive", never_called).prepare(raw)
     assert isinstance(prepared, PreparedCall)
-    assert "… [412 more characters not shown]" in prepared.summary  # 1011 characters of JSON, 599 shown
+    assert (
+        f"… [412 more characters not shown here; every field is listed whole below; input digest {input_digest(raw)}]"
+        in (prepared.summary)
+    )  # 1011 characters of JSON, 599 shown
+    assert prepared.details == (("path", "p" * 1000),)
+
+
+def test_the_details_list_every_leaf_as_a_native_tools_do() -> None:
+    schema: dict[str, Any] = {"type": "object"}
+    raw = {"b": {"c": [1, {"d": "x\u202ey"}], "e": None}, "a": "null", "": []}
+    prepared = build_mcp_tool("srv", mcp_tool(schema=schema), "destructive", never_called).prepare(raw)
+    assert isinstance(prepared, PreparedCall)
+    assert prepared.details == (
+        ('[""]', "[]"),
+        ("a", '"null"'),
+        ("b.c[0]", "1"),
+        ("b.c[1].d", "x\\u{202E}y"),
+        ("b.e", "null"),
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(tail=st.text(max_size=20), other=st.text(max_size=20))
+def test_inputs_that_differ_past_the_inline_cut_still_read_differently(tail: str, other: str) -> None:
+    tool = build_mcp_tool("srv", mcp_tool(), "destructive", never_called)
+    cards = [tool.prepare({"path": "p" * 700 + text}) for text in (tail, other)]
+    assert all(isinstance(card, PreparedCall) for card in cards)
+    if tail != other:
+        assert cards[0].summary != cards[1].summary  # type: ignore[union-attr]
+        assert cards[0].details != cards[1].details  # type: ignore[union-attr]
+
+
+def test_structured_content_shows_a_placeholder_for_binary_data_the_blocks_carried() -> None:
+    data = base64.b64encode(b"\x00" * 3000).decode()
+    result = mcp_types.CallToolResult(
+        content=[
+            mcp_types.AudioContent(type="audio", data=data, mime_type="audio/wav"),
+            mcp_types.EmbeddedResource(
+                type="resource",
+                resource=mcp_types.BlobResourceContents(uri="file:///a.bin", blob=data[:8], mime_type=None),
+            ),
+        ],
+        structured_content={"audio": data, "url": f"data:audio/wav;base64,{data}", "blob": [data[:8]], "n": 1},
+    )
+    payload = fenced(mcp_result_outcome("t", "s", result))
+    assert json.loads(payload["content"][2]["text"]) == {
+        "audio": "[audio/wav, 3 kB, not shown]",
+        "blob": ["[binary data, 6 bytes, not shown]"],
+        "n": 1,
+        "url": "[audio/wav, 3 kB, not shown]",
+    }
 
 
 # -- the server's patterns, matched in bounded time ---------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import mcp_types
 import pytest
 import trio
 import trio.testing
@@ -163,6 +165,7 @@ async def test_hang_garbage_and_crash_fail_only_that_call_then_reconnect() -> No
         tools = by_name(await nursery.start(toolset.run))
         garbage = await call(tools["fx__garbage"], {})
         assert not garbage.ok and "did not answer within 1 s" in garbage.result
+        assert not toolset.connected  # a call that timed out ends its connection: the server may be hung
         crashed = await call(tools["fx__crash"], {})
         assert not crashed.ok and "closed the connection during the call" in crashed.result
         # The next call reconnects: the server is usable again in the next turn.
@@ -176,7 +179,7 @@ async def test_hang_garbage_and_crash_fail_only_that_call_then_reconnect() -> No
         revived = await call(tools["fx__echo"], {"text": "revived"})
         assert revived.ok, revived.result
         nursery.cancel_scope.cancel()
-    assert toolset.connections_opened == 3
+    assert toolset.connections_opened == 4
 
 
 async def test_a_server_that_cannot_start_is_a_typed_error() -> None:
@@ -305,8 +308,9 @@ async def test_a_connection_failing_while_the_session_closes_never_reaches_the_n
             return self
 
         async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-            assert isinstance(exc, trio.Cancelled)
-            raise BaseExceptionGroup("transport", [ConnectionResetError("peer reset"), exc])
+            assert exc is None  # closed as on a clean exit (shielded), even though the owner was cancelled
+            await trio.lowlevel.checkpoint()
+            raise ExceptionGroup("transport", [ConnectionResetError("peer reset")])
 
     toolset = McpToolset(stdio_server())
     monkeypatch.setattr(toolset, "_client", lambda errlog, on_end: FailsOnClose())
@@ -314,3 +318,176 @@ async def test_a_connection_failing_while_the_session_closes_never_reaches_the_n
         connection = await nursery.start(toolset._hold_connection)
         nursery.cancel_scope.cancel()
     assert connection.lost  # closed, and the ConnectionResetError stayed with its connection
+
+
+# -- the faulty fixture server (tests/fixtures/mcp_faulty_server.py) -----------------------------------------
+
+FAULTY_SCRIPT = str(FIXTURES / "mcp_faulty_server.py")
+from mcp_faulty_server import IMAGE_DATA, STDERR_TEXT  # noqa: E402  # the fixture server's own constants
+
+
+def faulty_server(tools: dict[str, ToolClass] | None = None) -> StdioServer:
+    return StdioServer(name="ff", command=sys.executable, args=(FAULTY_SCRIPT, "stdio"), tools=tools or {})
+
+
+async def test_an_mcp_card_lists_every_field_and_an_edited_approval_tells_the_model_what_changed() -> None:
+    original = {"title": "Plan", "options": {"mode": "draft", "depth": {"level": 2}}, "tags": ["a", "b"]}
+    edited = {"title": "Plan", "options": {"mode": "final", "depth": {"level": 2}}, "tags": ["a"]}
+    steps = [
+        ScriptStep(text="Noting.", tool_calls=(ScriptedCall(id="c1", name="ff__note", input=original),)),
+        ScriptStep(text="Noted."),
+    ]
+    toolset = McpToolset(faulty_server())
+    async with trio.open_nursery() as nursery, ScriptedProvider(steps) as provider:
+        tools = await nursery.start(toolset.run)
+        session = threat_model_session(
+            document=load_thf(PAYMENT),
+            provider=provider,
+            model="scripted-1",
+            tools=create_tool_registry(tools),
+            nursery=nursery,
+        )
+
+        async def reviewer() -> None:
+            async with contextlib.aclosing(session.states()) as states:
+                async for state in states:
+                    if state.phase is not Phase.AWAITING_APPROVAL:
+                        continue
+                    (card,) = state.current_calls
+                    assert card.prepared is not None
+                    # Every leaf of the input the digest covers, as a native tool's card lists them.
+                    assert card.prepared.details == (
+                        ("options.depth.level", "2"),
+                        ("options.mode", "draft"),
+                        ("tags[0]", "a"),
+                        ("tags[1]", "b"),
+                        ("title", "Plan"),
+                    )
+                    assert session.approve(card.id, edited)
+                    return
+
+        nursery.start_soon(reviewer)
+        done = await session.send("note it")
+        assert done.outcome is Outcome.COMPLETED
+        told = json.dumps(provider.requests[-1], ensure_ascii=False).replace("\\", "")
+        assert "The user edited this call's input before approving it" in told
+        assert "options.mode" in told and "final" in told and "tags[1]" in told and "(absent)" in told
+        # The server ran the edited input, not the model's.
+        assert '"mode": "final"' in told and '"tags": ["a"]' in told
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_call_that_times_out_on_a_hung_server_does_not_make_the_next_call_wait() -> None:
+    toolset = McpToolset(faulty_server(), call_timeout=1.0)
+    async with trio.open_nursery() as nursery:
+        tools = by_name(await nursery.start(toolset.run))
+        hung = await call(tools["ff__hang"], {})
+        assert not hung.ok and "did not answer within 1 s" in hung.result and "new connection" in hung.result
+        assert not toolset.connected
+        # The old server is still blocked for a minute: only a new connection answers within the timeout.
+        after = await call(tools["ff__echo"], {"text": "fresh"})
+        assert after.ok, after.result
+        assert fenced_payload(after.result)["content"][0]["text"] == "fresh"
+        nursery.cancel_scope.cancel()
+    assert toolset.connections_opened == 2
+
+
+async def test_invalid_utf8_and_plain_lines_on_stdout_are_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="trioloop.mcp")
+    toolset = McpToolset(faulty_server(), call_timeout=10.0)
+    async with trio.open_nursery() as nursery:
+        tools = by_name(await nursery.start(toolset.run))
+        answered = await call(tools["ff__bad_line"], {})
+        assert answered.ok, answered.result
+        assert fenced_payload(answered.result)["content"][0]["text"] == "answered after the bad lines"
+        again = await call(tools["ff__echo"], {"text": "still hearing"})
+        assert again.ok and toolset.connections_opened == 1
+        skipped = [r for r in caplog.records if r.name == "trioloop.mcp" and "unusable" in r.getMessage()]
+        assert len(skipped) == 2 and all(r.levelno == logging.WARNING for r in skipped)
+        # The SDK's per-line traceback never reaches a handler (with none configured, Python prints it).
+        assert not [r for r in caplog.records if r.exc_info is not None]
+
+        # A reader that ends (the server closed stdout but lives on) ends the connection at once, not on timeout.
+        closed = await call(tools["ff__close_stdout"], {})
+        assert not closed.ok and "closed the connection during the call" in closed.result
+        assert (await call(tools["ff__echo"], {"text": "new"})).ok
+        nursery.cancel_scope.cancel()
+    assert toolset.connections_opened == 2
+
+
+async def test_a_servers_stderr_goes_to_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="trioloop.mcp")
+    toolset = McpToolset(faulty_server())
+    async with trio.open_nursery() as nursery:
+        tools = by_name(await nursery.start(toolset.run))
+        assert (await call(tools["ff__noisy"], {})).ok
+        wanted = [f"MCP server ff (stderr): {line}" for line in STDERR_TEXT.splitlines()]
+        with trio.fail_after(10):
+            while not all(any(r.getMessage() == w for r in caplog.records) for w in wanted):  # noqa: ASYNC110
+                await trio.sleep(0.02)  # another process writes the pipe: nothing to wait on
+        nursery.cancel_scope.cancel()
+
+
+def test_a_tool_that_must_run_as_a_task_is_not_offered() -> None:
+    # The SDK's own server speaks 2026-07-28, where a tool has no ``execution`` (tasks are 2025-11-25 only), so
+    # this is checked on the listing a 2025-11-25 server sends.
+    listed = [
+        mcp_types.Tool(name=name, input_schema={"type": "object"}, execution=mcp_types.ToolExecution(task_support=ts))
+        for name, ts in (("as_task", "required"), ("either", "optional"), ("plain", None))
+    ]
+    toolset = McpToolset(faulty_server())
+    assert [tool.name for tool in toolset._build(listed)] == ["ff__either", "ff__plain"]
+    assert [skipped.name for skipped in toolset.skipped] == ["as_task"]
+    assert 'taskSupport is "required"' in toolset.skipped[0].reason
+
+
+async def test_structured_content_never_repeats_the_image_the_content_blocks_carried() -> None:
+    toolset = McpToolset(faulty_server())
+    async with trio.open_nursery() as nursery:
+        tools = by_name(await nursery.start(toolset.run))
+        outcome = await call(tools["ff__media"], {})
+        assert outcome.ok and IMAGE_DATA[:40] not in outcome.result
+        payload = fenced_payload(outcome.result)
+        assert payload["content"][0] == {"type": "image", "mime_type": "image/png", "bytes": 6004, "inlined": False}
+        structured = json.loads(payload["content"][1]["text"])
+        assert structured == {
+            "content": [{"type": "image", "data": "[image/png, 6 kB, not shown]", "mimeType": "image/png"}],
+            "note": "kept",
+        }
+        nursery.cancel_scope.cancel()
+
+
+async def test_closing_an_http_toolset_still_delivers_a_last_cancellation(tmp_path: Path) -> None:
+    record, marker = tmp_path / "requests", tmp_path / "marker"
+    process = await trio.lowlevel.open_process(
+        [sys.executable, FAULTY_SCRIPT, "http", str(record)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert process.stdout is not None
+        line = b""
+        with trio.fail_after(30):
+            while not line.endswith(b"\n"):
+                chunk = await process.stdout.receive_some(64)
+                assert chunk, "the HTTP fixture server exited before listening"
+                line += chunk
+        url = f"http://127.0.0.1:{int(line.split()[1])}/mcp"
+        toolset = McpToolset(HttpServer(name="web", url=url), connect_timeout=10)
+        async with trio.open_nursery() as nursery:
+            tools = by_name(await nursery.start(toolset.run))
+            scope = trio.CancelScope()
+
+            async def run_slow() -> None:
+                with scope:
+                    await call(tools["web__slow"], {"marker": str(marker)}, scope)
+
+            nursery.start_soon(run_slow)
+            await wait_for_text(marker, "started")
+            scope.cancel()  # Stop, then at once the session closes
+            nursery.cancel_scope.cancel()
+        await wait_for_text(marker, "cancelled")
+        # No DELETE to check here: with the SDK's own server the client negotiates 2026-07-28, which is
+        # stateless (no session id), so the SDK sends none; a 2025 server gets it from the clean close.
+        assert "DELETE" not in record.read_text().split()
+    finally:
+        process.kill()
+        await process.wait()

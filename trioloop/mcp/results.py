@@ -2,7 +2,9 @@
 
 Text (from content blocks, embedded text resources, or structured content when no text block came with it)
 is stripped, escaped and cut to fit READ_RESULT_MAX_BYTES; images, audio and binary resources are summarized
-as type, MIME type and size, never inlined. Anything left out is counted, never dropped silently.
+as type, MIME type and size, never inlined, and structured content that repeats their base64 data (as the
+filesystem server's ``read_media_file`` does) shows a short placeholder in its place. Anything left out is
+counted, never dropped silently.
 """
 
 from __future__ import annotations
@@ -40,6 +42,34 @@ def _binary(kind: str, mime_type: str | None, data: str, uri: str | None = None)
     if uri is not None:
         item["uri"] = _scalar(uri)
     return item
+
+
+def _binary_data(block: Any) -> tuple[str, str] | None:
+    """(base64 data, placeholder) for a block that carries binary data, else None."""
+    if isinstance(block, mcp_types.ImageContent | mcp_types.AudioContent):
+        data, mime_type = block.data, block.mime_type
+    elif isinstance(block, mcp_types.EmbeddedResource) and isinstance(block.resource, mcp_types.BlobResourceContents):
+        data, mime_type = block.resource.blob, block.resource.mime_type or "binary data"
+    else:
+        return None
+    size = _base64_bytes(data)
+    shown = f"{size} bytes" if size < 1000 else f"{round(size / 1000)} kB"
+    return data, f"[{_scalar(mime_type)}, {shown}, not shown]"
+
+
+def _without_binary(value: Any, placeholders: Mapping[str, str]) -> Any:
+    """``value`` with every string that repeats a content block's base64 data (bare, or as the payload of a
+    ``data:`` URL) replaced by that block's placeholder."""
+    if isinstance(value, Mapping):
+        return {key: _without_binary(item, placeholders) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_without_binary(item, placeholders) for item in value]
+    if isinstance(value, str) and placeholders:
+        found = placeholders.get(value)
+        if found is None and value.startswith("data:") and "," in value:
+            found = placeholders.get(value.partition(",")[2])
+        return value if found is None else found
+    return value
 
 
 def _item(block: Any) -> tuple[dict[str, Any], str | None]:
@@ -83,7 +113,9 @@ def mcp_result_outcome(tool: str, server: str, result: mcp_types.CallToolResult)
     blocks: list[tuple[dict[str, Any], str | None]] = [_item(block) for block in result.content[:256]]
     omitted = max(0, len(result.content) - 256)
     if result.structured_content is not None and not any(text is not None for _, text in blocks):
-        blocks.append(({"type": "structured"}, canonical_json(_json_safe(result.structured_content))))
+        placeholders = dict(filter(None, (_binary_data(block) for block in result.content)))
+        structured = _without_binary(_json_safe(result.structured_content), placeholders)
+        blocks.append(({"type": "structured"}, canonical_json(structured)))
     payload: dict[str, Any] = {"tool": tool, "server": server, "content": [], "truncated": False, "omitted": 0}
     # The frame is measured with the largest count that could be written, so the final payload only shrinks.
     frame = payload_bytes({**payload, "truncated": True, "omitted": len(result.content) + 1})

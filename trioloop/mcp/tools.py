@@ -10,6 +10,7 @@ import itertools
 import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any, Final
 
 import jsonschema
@@ -18,7 +19,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
 
 from trioloop.loop.canonical import canonical_json, input_digest
-from trioloop.loop.card import visible_char
+from trioloop.loop.card import input_details, visible_char
 from trioloop.loop.tool_runtime import (
     PreparedCall,
     PrepareFailure,
@@ -169,12 +170,17 @@ def _visible(text: str, cap: int) -> str:
     return "".join(shown)
 
 
-def _card(server: str, tool: str, raw: dict[str, Any], tool_class: ToolClass, hints: str) -> str:
+def _card(server: str, tool: str, text: str, digest: str, tool_class: ToolClass, hints: str) -> str:
+    """The card's summary. The input is shown inline up to ``_CARD_INPUT_MAX`` characters; a longer one says
+    how much is not shown inline and carries its digest, so two inputs the grant tells apart never share a
+    summary (the card's field lines show every leaf of the input whole)."""
     shown_tool = json.dumps(_visible(tool, 80), ensure_ascii=False)
-    text = canonical_json(raw)
     shown_input = _visible(text, _CARD_INPUT_MAX)
     if len(text) > _CARD_INPUT_MAX:
-        shown_input += f" [{len(text) - _CARD_INPUT_MAX + 1} more characters not shown]"
+        shown_input += (
+            f" [{len(text) - _CARD_INPUT_MAX + 1} more characters not shown here; every field is listed whole"
+            f" below; input digest {digest}]"
+        )
     effect = (
         "It reads from outside the document."
         if tool_class == "read"
@@ -205,13 +211,19 @@ def build_mcp_tool(server: str, tool: mcp_types.Tool, tool_class: ToolClass, cal
         issues = _issues(validator, raw)
         if issues:
             return PrepareFailure(issues=issues)
-        arguments: dict[str, Any] = json.loads(canonical_json(raw))  # a private copy of exactly what was digested
+        text = canonical_json(raw)
+        arguments: dict[str, Any] = json.loads(text)  # a private copy of exactly what was digested
+        digest = input_digest(raw)
 
         async def run(ctx: ToolExecutionContext[Any]) -> ToolOutcome[Any]:
             return await call(original, arguments, ctx)
 
         return PreparedCall(
-            summary=_card(server, original, raw, tool_class, hints), input_digest=input_digest(raw), run=run
+            summary=_card(server, original, text, digest, tool_class, hints),
+            input_digest=digest,
+            run=run,
+            # Every leaf, as a native tool's card lists them, from a copy of its own (the call's copy is sent).
+            details=partial(input_details, json.loads(text)),
         )
 
     return RegisteredTool(

@@ -6,13 +6,17 @@ lives in the toolset's own nursery, a child of whatever nursery runs ``run``, so
 
 A call runs in the calling tool's task under that tool's cancel scope: Stop or the turn deadline cancels it
 and the SDK tells the server (``notifications/cancelled``). A server that crashes, hangs past the call
-timeout, or answers with something unusable fails only that call; a lost connection is replaced on the next
-call, so a crash in one turn does not disable the server for the next.
+timeout, or answers with something unusable fails only that call; a lost connection (a crash, a call timeout,
+a transport reader that ended) is replaced on the next call, so one bad turn does not disable the server for
+the next. A server's stderr and any stdout line that is not JSON-RPC go to the ``trioloop.mcp`` logger, never
+to the terminal. Closing the toolset closes each connection cleanly, shielded and bounded, so a cancellation
+notice already queued still goes out and a streamable-HTTP session is ended (its DELETE).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
@@ -36,12 +40,62 @@ from trioloop.mcp.results import mcp_result_outcome
 from trioloop.mcp.servers import HttpServer, McpServer
 from trioloop.mcp.tools import UnusableTool, build_mcp_tool, namespaced_name
 
+_log = logging.getLogger("trioloop.mcp")
+
 __all__ = ["McpConnectionError", "McpToolset", "SkippedTool"]
 
 DEFAULT_CALL_TIMEOUT: Final = 120.0
 DEFAULT_CONNECT_TIMEOUT: Final = 30.0
 MAX_TOOLS: Final = 128
 _MAX_PAGES: Final = 20
+CLOSE_TIMEOUT: Final = 5.0
+"""How long closing one connection may take (the stdio server's exit, the HTTP session's DELETE)."""
+_LOG_LINE_MAX: Final = 1000
+_LOG_BUFFER_MAX: Final = 65_536
+_SDK_STDIO_LOGGER: Final = "mcp.client.stdio"
+
+
+class _QuietSdkStdioLog(logging.Filter):
+    """Turns the SDK stdio transport's tracebacks (one per non-JSON stdout line) into one ``trioloop.mcp``
+    warning line without a traceback: with no logging configured, Python would print them on the terminal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info is None:
+            return True
+        exc = record.exc_info[1]
+        detail = "" if exc is None else f" ({_describe(exc)})"
+        _log.warning("%s%s", sanitize_scalar(record.getMessage(), 200)[0], detail)
+        return False
+
+
+_SDK_FILTER: Final = _QuietSdkStdioLog()
+
+
+def _quiet_sdk_stdio_log() -> None:
+    logger = logging.getLogger(_SDK_STDIO_LOGGER)
+    if _SDK_FILTER not in logger.filters:
+        logger.addFilter(_SDK_FILTER)
+
+
+async def _log_stderr(server: str, stream: trio.lowlevel.FdStream) -> None:
+    """Each line the server writes on stderr, as one ``trioloop.mcp`` info record, until the pipe closes."""
+    buffer = b""
+    async with stream:
+        while chunk := await stream.receive_some(_LOG_BUFFER_MAX):
+            *lines, buffer = (buffer + chunk).split(b"\n")
+            if len(buffer) >= _LOG_BUFFER_MAX:
+                lines.append(buffer)
+                buffer = b""
+            for line in lines:
+                _log_server_line(server, line)
+        if buffer:
+            _log_server_line(server, buffer)
+
+
+def _log_server_line(server: str, line: bytes) -> None:
+    text = sanitize_scalar(line.decode("utf-8", "replace").rstrip("\r"), _LOG_LINE_MAX)[0]
+    if text:
+        _log.info("MCP server %s (stderr): %s", server, text)
 
 
 class McpConnectionError(RuntimeError):
@@ -80,9 +134,10 @@ class _WatchedReadStream:
     """The transport's read stream, reporting its end: a server that died between calls is noticed (and
     replaced on the next call) without sending anything. Everything else is passed through."""
 
-    def __init__(self, inner: ReadStream[SessionMessage | Exception], on_end: Callable[[], None]) -> None:
+    def __init__(self, inner: ReadStream[SessionMessage | Exception], on_end: Callable[[], None], server: str) -> None:
         self._inner = inner
         self._on_end = on_end
+        self._server = server
 
     @property
     def last_context(self) -> Any:
@@ -90,10 +145,16 @@ class _WatchedReadStream:
 
     async def receive(self) -> SessionMessage | Exception:
         try:
-            return await self._inner.receive()
+            item = await self._inner.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._on_end()
             raise
+        except Exception:
+            self._on_end()  # a reader that failed is a connection that hears nothing more
+            raise
+        if isinstance(item, Exception):  # a line that is not JSON-RPC, or a transport fault: skipped by the SDK
+            _log.warning("MCP server %s sent something unusable, skipped (%s)", self._server, _describe(item))
+        return item
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -117,9 +178,9 @@ class _WatchedReadStream:
 
 
 @contextlib.asynccontextmanager
-async def _watched(transport: Transport, on_end: Callable[[], None]) -> AsyncIterator[TransportStreams]:
+async def _watched(transport: Transport, on_end: Callable[[], None], server: str) -> AsyncIterator[TransportStreams]:
     async with transport as (read_stream, write_stream):
-        yield _WatchedReadStream(read_stream, on_end), write_stream
+        yield _WatchedReadStream(read_stream, on_end, server), write_stream
 
 
 def _describe(exc: BaseException) -> str:
@@ -219,38 +280,59 @@ class McpToolset:
 
     @contextlib.asynccontextmanager
     async def _errlog_file(self) -> AsyncIterator[TextIO]:
+        """Where the server's stderr goes: the app's ``errlog``, else a pipe whose lines are logged."""
         if self._errlog is not None:
             yield self._errlog
             return
-        with open(os.devnull, "w") as devnull:  # noqa: ASYNC230  # opening /dev/null does not block
-            yield devnull
+        if isinstance(self.server, HttpServer) or self._nursery is None:
+            with open(os.devnull, "w") as devnull:  # noqa: ASYNC230  # opening /dev/null does not block
+                yield devnull
+            return
+        read_end, write_end = os.pipe()
+        # The reader lives in the toolset's nursery and ends when the server's last copy of the pipe closes,
+        # so a crashing server's last words are logged after its connection is gone.
+        self._nursery.start_soon(_log_stderr, self.server.name, trio.lowlevel.FdStream(read_end))
+        with open(write_end, "w", closefd=True) as errlog:  # noqa: ASYNC230  # a pipe's fd: no blocking open
+            yield errlog
 
     def _client(self, errlog: TextIO, on_end: Callable[[], None]) -> Client:
         server = self.server
         transport: Transport
         if isinstance(server, HttpServer):
-            transport = streamable_http_client(server.url)
+            transport = streamable_http_client(server.url, terminate_on_close=True)
         else:
+            _quiet_sdk_stdio_log()
             parameters = StdioServerParameters(
                 command=server.command,
                 args=list(server.args),
                 env=dict(server.env) if server.env is not None else None,
                 cwd=server.cwd,
+                # One invalid UTF-8 byte must not end the SDK's reader (it would then drain stdout for ever,
+                # and the connection hear nothing more): the line decodes with U+FFFD and is skipped as non-JSON.
+                encoding_error_handler="replace",
             )
             transport = stdio_client(parameters, errlog=errlog)
-        return Client(_watched(transport, on_end), cache=None)
+        return Client(_watched(transport, on_end, server.name), cache=None)
 
     async def _hold_connection(self, *, task_status: trio.TaskStatus[_Connection] = trio.TASK_STATUS_IGNORED) -> None:
         """One connection's lifetime. Failures after it is up end only this connection, never the nursery."""
         connection = _Connection()
         started = False
         try:
-            async with self._errlog_file() as errlog, self._client(errlog, connection.lose) as client:
+            async with contextlib.AsyncExitStack() as stack:
+                errlog = await stack.enter_async_context(self._errlog_file())
+                client = await stack.enter_async_context(self._client(errlog, connection.lose))
                 connection.client = client
                 task_status.started(connection)
                 started = True
-                with connection.scope:
-                    await trio.sleep_forever()
+                try:
+                    with connection.scope:
+                        await trio.sleep_forever()
+                finally:
+                    # Closed as on a clean exit, shielded and bounded, even when the owner is cancelled: a
+                    # notifications/cancelled already queued is still sent, and an HTTP session is ended.
+                    with trio.CancelScope(deadline=trio.current_time() + CLOSE_TIMEOUT, shield=True):
+                        await stack.aclose()
         except Exception as exc:
             if not started:
                 raise McpConnectionError(
@@ -293,6 +375,10 @@ class McpToolset:
             name = namespaced_name(self.server.name, tool.name)
             if name in tools:
                 skipped.append(SkippedTool(name=shown, reason=f'its name collides with another tool as "{name}"'))
+                continue
+            if tool.execution is not None and tool.execution.task_support == "required":
+                reason = 'it runs only as an MCP task (its taskSupport is "required"), which this app does not run'
+                skipped.append(SkippedTool(name=shown, reason=reason))
                 continue
             tool_class = self.server.tools.get(tool.name, "destructive")
             try:
@@ -341,9 +427,14 @@ class McpToolset:
             failure = f"the call failed ({_describe(exc)}). Whether it took effect is unknown"
         finally:
             connection.calls.discard(watch)
+        timed_out = watch.cancelled_caught and not connection.lost
+        if timed_out:
+            # The server did not answer in time: it may be hung as a whole, so the next call must not wait on
+            # this connection for the whole timeout again. (Stop and the turn deadline are not this case.)
+            connection.lose()
         if result is not None:
             return mcp_result_outcome(shown, server, result)
-        if failure is None and connection.lost:
+        if failure is None and not timed_out:
             failure = (
                 "the server closed the connection during the call (it may have crashed). Whether the call took "
                 "effect is unknown; the next call starts a new connection"
@@ -351,6 +442,6 @@ class McpToolset:
         elif failure is None:
             failure = (
                 f"the server did not answer within {self.call_timeout:g} s, so the call was cancelled (the server "
-                "was told). Whether it took effect is unknown"
+                "was told) and the next call starts a new connection. Whether it took effect is unknown"
             )
         return ToolOutcome.failure(f'The MCP tool "{shown}" failed: {failure}.')

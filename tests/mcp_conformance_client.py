@@ -1,0 +1,124 @@
+"""The client the official ``@modelcontextprotocol/conformance`` suite launches: trioloop's own MCP host.
+
+The suite starts a test server for one scenario, then runs ``python tests/mcp_conformance_client.py URL``
+with the scenario's name in ``MCP_CONFORMANCE_SCENARIO`` (and any scenario data as JSON in
+``MCP_CONFORMANCE_CONTEXT``), and judges what the server saw. This program is not a hand-written MCP client:
+it connects with ``trioloop.mcp.McpToolset(HttpServer(...))`` (the SDK's client underneath, as in an app),
+and runs one real ``Session`` turn in which a scripted model calls the server's tools. A reviewer task stands
+in for the person and approves each card. Where trioloop lacks what a scenario needs (elicitation,
+authorization, ...), the scenario fails honestly: nothing here works around the host.
+
+Which tools the scripted model calls: those named in ``CALLS`` for the scenario, with those inputs; for any
+other scenario, every tool the server lists, with ``{}`` (the auth and SSE scenarios' test tools take none).
+
+Exit status: 0 when the turn ran, 1 when the toolset could not connect or list the tools, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Final
+
+import trio
+
+from trioloop import CallStatus, Phase, Session, define_document_kind
+from trioloop.loop.tool_runtime import RegisteredTool
+from trioloop.mcp import HttpServer, McpConnectionError, McpToolset
+from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+
+SERVER_NAME: Final = "conformance"
+CONNECT_TIMEOUT: Final = 10.0  # the suite gives a scenario 30 s in all
+CALL_TIMEOUT: Final = 15.0
+
+#: Scenario -> {server's tool name: input}: the tools the scripted model calls, with what.
+CALLS: Final[dict[str, dict[str, dict[str, Any]]]] = {
+    "initialize": {},  # the handshake (and tools/list) is the whole scenario
+    "tools_call": {"add_numbers": {"a": 5, "b": 3}},
+}
+
+
+def log(message: str) -> None:
+    print(f"[trioloop-conformance] {message}", file=sys.stderr, flush=True)
+
+
+def planned_calls(
+    scenario: str, tools: tuple[RegisteredTool[Any], ...], server_names: dict[str, str]
+) -> list[ScriptedCall]:
+    """The scripted model's calls: the scenario's named tools, else every listed tool with ``{}``."""
+    wanted = CALLS.get(scenario)
+    calls: list[ScriptedCall] = []
+    for number, tool in enumerate(tools, start=1):
+        original = server_names[tool.name]
+        if wanted is None:
+            calls.append(ScriptedCall(id=f"call_{number}", name=tool.name, input={}))
+        elif original in wanted:
+            calls.append(ScriptedCall(id=f"call_{number}", name=tool.name, input=wanted[original]))
+    if wanted:
+        missing = sorted(set(wanted) - set(server_names.values()))
+        if missing:
+            log(f"the server did not offer {', '.join(missing)}")
+    return calls
+
+
+async def approve_every_card(session: Session[str]) -> None:
+    """The person's stand-in: approve each pending card, one click per call, as a reviewer would."""
+    async for state in session.states():  # runs until the nursery is cancelled at the end
+        if state.phase is not Phase.AWAITING_APPROVAL:
+            continue
+        for card in state.current_calls:
+            if card.status is CallStatus.PENDING:
+                log(f"approving {card.tool_name}: {card.summary[:200]!r}")
+                session.approve(card.id)
+
+
+async def run(url: str, scenario: str) -> int:
+    server = HttpServer(name=SERVER_NAME, url=url)
+    toolset = McpToolset(server, connect_timeout=CONNECT_TIMEOUT, call_timeout=CALL_TIMEOUT, errlog=sys.stderr)
+    async with trio.open_nursery() as nursery:
+        try:
+            tools: tuple[RegisteredTool[Any], ...] = await nursery.start(toolset.run)
+        except McpConnectionError as exc:
+            log(f"FAILED to connect: {exc}")
+            return 1
+        log(f"connected; tools: {[tool.name for tool in tools]}; skipped: {list(toolset.skipped)}")
+        # McpToolset names tools SERVER__TOOL; the scripted model uses those names, the scenario table the server's.
+        server_names = {tool.name: tool.name.removeprefix(f"{SERVER_NAME}__") for tool in tools}
+        calls = planned_calls(scenario, tools, server_names)
+        steps = [ScriptStep(text="Calling the server's tools.", tool_calls=calls)] if calls else []
+        steps.append(ScriptStep(text="Done."))
+        async with ScriptedProvider(steps) as provider:
+            session: Session[str] = Session(
+                document="",
+                kind=define_document_kind("conformance-note"),
+                provider=provider,
+                model="scripted-1",
+                tools=tools,
+                nursery=nursery,
+            )
+            nursery.start_soon(approve_every_card, session)
+            state = await session.send(f"Run the MCP conformance scenario {scenario!r}.")
+            log(f"turn outcome: {state.outcome}")
+            for call in state.calls:
+                result = (call.result or "")[:600]
+                log(f"call {call.tool_name}: status={call.status} error={call.is_error} result={result!r}")
+        nursery.cancel_scope.cancel()  # close the connection (the toolset's run ends with its nursery)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or not argv[-1].startswith(("http://", "https://")):
+        print("usage: mcp_conformance_client.py SERVER_URL (the conformance suite appends it)", file=sys.stderr)
+        return 2
+    scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
+    context = os.environ.get("MCP_CONFORMANCE_CONTEXT")
+    log(
+        f"scenario {scenario!r}, server {argv[-1]}"
+        + (f", context keys {sorted(json.loads(context))}" if context else "")
+    )
+    return trio.run(run, argv[-1], scenario)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

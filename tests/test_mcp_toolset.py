@@ -491,3 +491,22 @@ async def test_closing_an_http_toolset_still_delivers_a_last_cancellation(tmp_pa
     finally:
         process.kill()
         await process.wait()
+
+
+async def test_a_servers_progress_reaches_the_running_call_and_the_host_names_itself() -> None:
+    toolset = McpToolset(faulty_server())
+    reports: list[tuple[float, float | None, str]] = []
+    async with trio.open_nursery() as nursery:
+        tools = by_name(await nursery.start(toolset.run))
+        prepared = tools["ff__progress"].prepare({"steps": 3})
+        assert isinstance(prepared, PreparedCall)
+        ctx = ToolExecutionContext.deferred(
+            no_document, cancel_scope=trio.CancelScope(), on_progress=lambda p, t, m: reports.append((p, t, m))
+        )
+        outcome = await prepared.run(ctx)
+        assert outcome.ok
+        assert reports == [(1.0, 3.0, "step 1 of 3"), (2.0, 3.0, "step 2 of 3"), (3.0, 3.0, "step 3 of 3")]
+        who = await call(tools["ff__whoami"], {})
+        assert who.ok
+        assert "trioloop 0" in who.result  # the host introduced itself as trioloop, with its version
+        nursery.cancel_scope.cancel()

@@ -300,3 +300,46 @@ async def test_a_long_tool_input_is_followed_while_it_streams(autojump_clock: tr
     sizes = [size for _, size in seen]
     assert sizes == sorted(sizes) and sizes[-1] > 5000  # grows as the input streams
     assert session.input_streaming is None
+
+
+async def test_a_running_calls_progress_is_visible_until_it_settles() -> None:
+    reported, release = trio.Event(), trio.Event()
+
+    @function_tool
+    async def copy_files(ctx: ToolExecutionContext[str]) -> ToolOutcome[str]:
+        """Copy the files, saying how far it got."""
+        ctx.report_progress(3, 10, "copying \u202eb.txt")
+        reported.set()
+        await release.wait()
+        return ToolOutcome.success("copied", document="copied")
+
+    steps = [ScriptStep(tool_calls=(ScriptedCall(id="c", name="copy_files"),)), ScriptStep(text="Done.")]
+    async with ScriptedProvider(steps) as provider:
+        session = Session(document="", kind=NOTE_KIND, provider=provider, model="m", tools=[copy_files])
+        async with session, trio.open_nursery() as nursery:
+
+            async def review() -> None:
+                async for state in session.states():
+                    if state.phase is Phase.AWAITING_APPROVAL:
+                        session.approve("c")
+
+            nursery.start_soon(review)
+            settled = trio.Event()
+
+            async def send() -> None:
+                await session.send("copy")
+                settled.set()
+
+            nursery.start_soon(send)
+            await reported.wait()
+            assert session.call_progress("c") == (3.0, 10.0, "copying \u202eb.txt")
+            from rich.console import Console
+
+            from trioloop.cli.view import TurnView
+
+            line = TurnView(Console(), session, "ask")._progress_line(session.state)  # type: ignore[arg-type]
+            assert line is not None and "copy_files: 3 of 10" in line and "\u202e" not in line
+            release.set()
+            await settled.wait()
+            assert session.call_progress("c") is None
+            nursery.cancel_scope.cancel()

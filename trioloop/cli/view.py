@@ -23,7 +23,7 @@ from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnSt
 from trioloop.loop.preview import preview_call
 from trioloop.loop.session import Session
 from trioloop.loop.tool_runtime import PrepareFailure
-from trioloop.loop.untrusted_text import START_MARKER
+from trioloop.loop.untrusted_text import START_MARKER, sanitize_scalar
 from trioloop.protocol.messages import ToolCallBlock
 from trioloop.threatmodel import ThreatModel
 
@@ -99,6 +99,13 @@ class TurnView:
         while True:
             await trio.sleep(interval_s)
             state = self.session.state
+            progress = self._progress_line(state)
+            if progress is not None and self.console.is_terminal:
+                self._end_text_line()
+                self.console.file.write("\r" + progress.ljust(60))
+                self.console.file.flush()
+                self._waiting_shown = True
+                continue
             streaming = self.session.input_streaming
             if streaming is not None and self.console.is_terminal:
                 self._end_text_line()
@@ -130,6 +137,23 @@ class TurnView:
                 self._end_text_line()
                 self.console.print(Text("  waiting for the model (Ctrl-C stops)…", style="dim"))
                 announced = True
+
+    def _progress_line(self, state: TurnState | None) -> str | None:
+        """The first running call that reported progress, as a status line (its message is the tool's own text:
+        stripped of control and bidi code points, capped)."""
+        if state is None or state.phase is not Phase.EXECUTING:
+            return None
+        for call in state.current_calls:
+            if call.status is not CallStatus.RUNNING:
+                continue
+            reported = self.session.call_progress(call.id)
+            if reported is None:
+                continue
+            done, total, message = reported
+            amount = f"{done:g} of {total:g}" if total else f"{done:g}"
+            said = sanitize_scalar(message, 60)[0]
+            return f"  … {call.tool_name}: {amount}" + (f" ({said})" if said else "") + " (Ctrl-C stops)"
+        return None
 
     def clear_waiting(self) -> None:
         if self._waiting_shown:

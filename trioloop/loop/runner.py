@@ -183,6 +183,9 @@ class TurnControls:
         self._closed = False
         #: Set when the turn ended suspended in review: the machine time it had spent, the review's wait.
         self.suspended_at: tuple[int, int] | None = None
+        #: What each running call last said of its progress (``ToolExecutionContext.report_progress``): call
+        #: id -> (progress, total or None, message). A call's entry goes when it settles. Not part of the state.
+        self.call_progress: dict[str, tuple[float, float | None, str]] = {}
         #: The tool call whose input is streaming now (its tool's name and the input's length so far), for a
         #: face to show while the model writes a long input; None between calls. Not part of the state.
         self.input_streaming: tuple[str, int] | None = None
@@ -230,6 +233,10 @@ class TurnControls:
         if self._scope is not None:
             self._scope.cancel()
         return True
+
+    def _note_call_progress(self, call_id: str, progress: float, total: float | None, message: str) -> None:
+        if not self._closed:
+            self.call_progress[call_id] = (progress, total, message)
 
     def _note_progress(self, event: StreamEvent) -> None:
         """Follow a tool call's input as it streams (`input_streaming`); anything else ends it."""
@@ -711,10 +718,13 @@ class _Turn(Generic[D]):
             # itself when the kind is immutable): nothing it does to it can reach the live document or
             # the undo snapshot that undo restores.
             kind = self.workspace.kind
+            progress = partial(self.controls._note_call_progress, call.id)
             if kind.immutable:
-                context = ToolExecutionContext(document=snapshot, cancel_scope=scope)
+                context = ToolExecutionContext(document=snapshot, cancel_scope=scope, on_progress=progress)
             else:
-                context = ToolExecutionContext.deferred(partial(kind.private_copy, snapshot), cancel_scope=scope)
+                context = ToolExecutionContext.deferred(
+                    partial(kind.private_copy, snapshot), cancel_scope=scope, on_progress=progress
+                )
             invoke = prepared.invoke
             if invoke is None:
                 pending: Awaitable[object] = prepared.run(context)
@@ -791,6 +801,7 @@ class _Turn(Generic[D]):
         except Exception as exc:  # a tool must never crash the turn: report it as this call's failure
             failure: ToolOutcome[D] = ToolOutcome.failure(f"The tool could not be settled ({type(exc).__name__}).")
             settled = CallSettled(call_id=call_id, outcome=failure, now_ms=_now_ms())
+        self.controls.call_progress.pop(call_id, None)
         report(settled)
 
     def commit(self, call_id: str, tool: RegisteredTool[D], snapshot: D, outcome: ToolOutcome[D]) -> CallSettled:

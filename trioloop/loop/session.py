@@ -276,6 +276,12 @@ class Session(Generic[D]):
         controls = self._controls
         return None if controls is None else controls.input_streaming
 
+    def call_progress(self, call_id: str) -> tuple[float, float | None, str] | None:
+        """What the running call ``call_id`` last said of its progress (progress, total or None, message; the
+        message is the tool's own text, to be shown as such), or None."""
+        controls = self._controls
+        return None if controls is None else controls.call_progress.get(call_id)
+
     @property
     def suspended(self) -> bool:
         """Whether a turn waits to be taken up again with `continue_turn` (suspended in review, or

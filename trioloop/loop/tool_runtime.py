@@ -4,6 +4,7 @@ validation of what the model sends. ``prepare`` is the only way from raw model J
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import inspect
 import math
@@ -67,6 +68,10 @@ class ToolOutcome(Generic[D]):
         return type(self.ok) is bool and type(self.result) is str
 
 
+#: Where a running call's progress goes: (progress, total or None, message).
+ProgressSink: TypeAlias = Callable[[float, "float | None", str], None]
+
+
 @typing.final
 class ToolExecutionContext(Generic[D]):
     """What a running tool may see: the document snapshot it starts from and its own cancel scope.
@@ -78,22 +83,45 @@ class ToolExecutionContext(Generic[D]):
     every read.
     """
 
-    __slots__ = ("_cancel_scope", "_document", "_make_document")
+    __slots__ = ("_cancel_scope", "_document", "_make_document", "_on_progress")
 
     _document: D
 
-    def __init__(self, *, document: D, cancel_scope: trio.CancelScope | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        document: D,
+        cancel_scope: trio.CancelScope | None = None,
+        on_progress: ProgressSink | None = None,
+    ) -> None:
         self._document = document
         self._make_document: Callable[[], D] | None = None
         self._cancel_scope = trio.CancelScope() if cancel_scope is None else cancel_scope
+        self._on_progress = on_progress
 
     @classmethod
-    def deferred(cls, make_document: Callable[[], D], *, cancel_scope: trio.CancelScope) -> ToolExecutionContext[D]:
+    def deferred(
+        cls,
+        make_document: Callable[[], D],
+        *,
+        cancel_scope: trio.CancelScope,
+        on_progress: ProgressSink | None = None,
+    ) -> ToolExecutionContext[D]:
         """A context whose ``document`` is ``make_document()``, called once, on the first read."""
         context = cls.__new__(cls)
         context._make_document = make_document
         context._cancel_scope = cancel_scope
+        context._on_progress = on_progress
         return context
+
+    def report_progress(self, progress: float, total: float | None = None, message: str = "") -> None:
+        """Say how far a long run has got (``progress`` of ``total``, and a short ``message``), for the person
+        watching; the face shows it beside the running call. Never raises; does nothing outside a turn."""
+        sink = self._on_progress
+        if sink is None:
+            return
+        with contextlib.suppress(TypeError, ValueError):  # a value that is not a number: nothing is shown
+            sink(float(progress), None if total is None else float(total), str(message))
 
     @property
     def document(self) -> D:

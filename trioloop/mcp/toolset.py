@@ -16,6 +16,7 @@ notice already queued still goes out and a streamable-HTTP session is ended (its
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +32,7 @@ from mcp.client import Transport
 from mcp.client._transport import ReadStream, TransportStreams
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
@@ -96,6 +98,27 @@ def _log_server_line(server: str, line: bytes) -> None:
     text = sanitize_scalar(line.decode("utf-8", "replace").rstrip("\r"), _LOG_LINE_MAX)[0]
     if text:
         _log.info("MCP server %s (stderr): %s", server, text)
+
+
+def _trioloop_version() -> str:
+    try:
+        return importlib.metadata.version("trioloop")
+    except importlib.metadata.PackageNotFoundError:  # a source tree never installed
+        return "0+unknown"
+
+
+#: How the host introduces itself to servers (``initialize``'s clientInfo).
+_CLIENT_INFO: Final = mcp_types.Implementation(name="trioloop", version=_trioloop_version())
+
+
+def _progress_to(ctx: ToolExecutionContext[Any]) -> ProgressFnT:
+    """The SDK's progress callback for one call: each ``notifications/progress`` the server sends for it becomes
+    the call's progress (the message is the server's text, capped; the face labels and sanitizes it)."""
+
+    async def report(progress: float, total: float | None, message: str | None) -> None:
+        ctx.report_progress(progress, total, (message or "")[:200])
+
+    return report
 
 
 class McpConnectionError(RuntimeError):
@@ -312,7 +335,7 @@ class McpToolset:
                 encoding_error_handler="replace",
             )
             transport = stdio_client(parameters, errlog=errlog)
-        return Client(_watched(transport, on_end, server.name), cache=None)
+        return Client(_watched(transport, on_end, server.name), cache=None, client_info=_CLIENT_INFO)
 
     async def _hold_connection(self, *, task_status: trio.TaskStatus[_Connection] = trio.TASK_STATUS_IGNORED) -> None:
         """One connection's lifetime. Failures after it is up end only this connection, never the nursery."""
@@ -417,7 +440,7 @@ class McpToolset:
         failure: str | None = None
         try:
             with watch:
-                result = await connection.client.call_tool(tool, arguments)
+                result = await connection.client.call_tool(tool, arguments, progress_callback=_progress_to(ctx))
         except MCPError as exc:
             if exc.code == mcp_types.CONNECTION_CLOSED:
                 connection.lose()

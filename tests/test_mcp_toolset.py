@@ -510,3 +510,27 @@ async def test_a_servers_progress_reaches_the_running_call_and_the_host_names_it
         assert who.ok
         assert "trioloop 0" in who.result  # the host introduced itself as trioloop, with its version
         nursery.cancel_scope.cancel()
+
+
+async def test_a_changed_tool_list_is_listed_again_between_turns_never_during_one() -> None:
+    steps = [
+        ScriptStep(tool_calls=(ScriptedCall(id="g", name="ff__grow"),)),
+        ScriptStep(text="Grown."),
+        ScriptStep(tool_calls=(ScriptedCall(id="n", name="ff__grown"),)),
+        ScriptStep(text="Used it."),
+    ]
+    async with trio.open_nursery() as nursery, ScriptedProvider(steps) as provider:
+        session = threat_model_session(
+            document=load_thf(PAYMENT), provider=provider, model="scripted-1", tools=(), nursery=nursery
+        )
+        toolset = McpToolset(faulty_server(tools={"grow": "read", "grown": "read"}))
+        await session.add_toolset(toolset)
+        assert "ff__grown" not in session.registry
+        first = await session.send("grow a tool")
+        assert first.outcome is Outcome.COMPLETED and toolset.tools_changed
+        assert "ff__grown" not in first.tool_set  # the turn's tool set stayed as it began
+        second = await session.send("use it")
+        assert second.outcome is Outcome.COMPLETED and "ff__grown" in second.tool_set
+        used = second.call("n")
+        assert used is not None and used.status is CallStatus.SUCCEEDED and "grown here" in (used.result or "")
+        nursery.cancel_scope.cancel()

@@ -155,6 +155,7 @@ class Session(Generic[D]):
         self._turns_started = 0
         self._changed = trio.lowlevel.ParkingLot()  # `states()` readers park here until the next state
         self._observers: tuple[TurnObserver, ...] = tuple(observers)
+        self._toolsets: list[tuple[Toolset[D], tuple[RegisteredTool[D], ...]]] = []  # each with the tools it gave
         self._lease: JournalLease | None = None  # the journal this session writes, when opened from a store
         self._journal: TurnJournal | None = None
         self._compact = False
@@ -240,7 +241,30 @@ class Session(Generic[D]):
         except ValueError:
             scope.cancel()  # refused (a duplicate name): its connection closes now, not at session close
             raise
+        self._toolsets.append((toolset, tools))
         return tools
+
+    async def _refresh_toolsets(self) -> None:
+        """Before a turn: a toolset whose server said its tools changed (a ``refresh`` method that returns the
+        new tools) is listed again and the session offers its new tools; a turn's tool set stays frozen."""
+        for index, (toolset, old) in enumerate(self._toolsets):
+            refresh = getattr(toolset, "refresh", None)
+            if refresh is None:
+                continue
+            try:
+                new = await refresh()
+            except Exception:  # the server could not be listed again: its old tools stay (a call will say why)
+                observer_log.warning("a toolset could not list its tools again; its old tools stay", exc_info=True)
+                continue
+            if new is None:
+                continue
+            kept = [tool for tool in self.registry.tools if all(tool is not gone for gone in old)]
+            try:
+                self.registry = create_tool_registry((*kept, *new))
+            except ValueError:
+                observer_log.warning("a toolset's new tools clash with others by name; its old tools stay")
+                continue
+            self._toolsets[index] = (toolset, tuple(new))
 
     # -- what the app reads ----------------------------------------------------------------------
 
@@ -336,6 +360,10 @@ class Session(Generic[D]):
             raise SessionBusy("A turn is already running in this session; wait for it or stop it first.")
         if self._resume is not None:
             raise SessionBusy("A turn suspended in review is waiting: take it up with continue_turn() first.")
+        if self._toolsets:
+            await self._refresh_toolsets()
+            if self._controls is not None or self._resume is not None:  # another task began a turn meanwhile
+                raise SessionBusy("A turn began while the tools were being listed again; wait for it first.")
         self._turns_started += 1
         return await self._run(text, f"turn-{self._turns_started}", None)
 

@@ -246,6 +246,7 @@ class McpToolset:
         self.tools: tuple[RegisteredTool[Any], ...] = ()
         self.skipped: tuple[SkippedTool, ...] = ()
         self.connections_opened = 0
+        self._tools_changed = False  # the server sent notifications/tools/list_changed since the last listing
 
     @property
     def connected(self) -> bool:
@@ -335,7 +336,48 @@ class McpToolset:
                 encoding_error_handler="replace",
             )
             transport = stdio_client(parameters, errlog=errlog)
-        return Client(_watched(transport, on_end, server.name), cache=None, client_info=_CLIENT_INFO)
+        return Client(
+            _watched(transport, on_end, server.name),
+            cache=None,
+            client_info=_CLIENT_INFO,
+            message_handler=self._on_server_message,
+        )
+
+    async def _listen_for_tool_changes(self, client: Client) -> None:
+        """On a 2026-07-28 connection, subscribe to tool-list changes (``subscriptions/listen``) and mark the tools
+        to list again at each; returns when the server does not offer it (an older protocol tells through
+        ``notifications/tools/list_changed`` instead, see `_on_server_message`) or the subscription ends."""
+        try:
+            async with client.listen(tools_list_changed=True) as subscription:
+                async for _ in subscription:
+                    self._tools_changed = True
+        except Exception as exc:  # not offered, refused or lost: changes are then heard as notifications, if at all
+            _log.debug("MCP server %s: no tool-list subscription (%s)", self.server.name, type(exc).__name__)
+
+    async def _on_server_message(self, message: Any) -> None:
+        """A server's notifications: ``tools/list_changed`` marks the tools to list again before the next turn
+        (`refresh`); a turn's tool set never changes while it runs."""
+        await trio.lowlevel.checkpoint()
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self._tools_changed = True
+
+    @property
+    def tools_changed(self) -> bool:
+        """Whether the server said its tools changed since they were last listed."""
+        return self._tools_changed
+
+    async def refresh(self) -> tuple[RegisteredTool[Any], ...] | None:
+        """The server's tools listed again if it said they changed (``notifications/tools/list_changed``), else
+        None. The session calls it between turns; new tools are classified as `StdioServer.tools` says."""
+        if not self._tools_changed:
+            await trio.lowlevel.checkpoint()
+            return None
+        self._tools_changed = False
+        connection = await self._live_connection()
+        with trio.fail_after(self.connect_timeout):
+            listed = await self._list_tools(connection.client)
+        self.tools = self._build(listed)
+        return self.tools
 
     async def _hold_connection(self, *, task_status: trio.TaskStatus[_Connection] = trio.TASK_STATUS_IGNORED) -> None:
         """One connection's lifetime. Failures after it is up end only this connection, never the nursery."""
@@ -350,6 +392,7 @@ class McpToolset:
                 started = True
                 try:
                     with connection.scope:
+                        await self._listen_for_tool_changes(client)
                         await trio.sleep_forever()
                 finally:
                     # Closed as on a clean exit, shielded and bounded, even when the owner is cancelled: a

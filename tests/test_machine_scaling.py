@@ -7,6 +7,7 @@ step that scans the calls so far shows in the first; a step that copies them sho
 
 from __future__ import annotations
 
+import gc
 import itertools
 import sys
 import tracemalloc
@@ -191,3 +192,31 @@ def test_every_version_of_a_call_table_reads_as_the_tuple_it_was_made_from(opera
                 first = next(r for r in model if r.id == record.id)  # the first of a duplicate id wins
                 assert table.get(record.id) is first
             assert table.get("c99") is None
+
+
+def test_a_long_answer_keeps_no_tracked_object_per_delta() -> None:
+    """The draft's text is one shared list of (untracked) strings, not a chain of nodes: a state holding a long
+    answer keeps a bounded number of objects the garbage collector tracks, however many deltas it took."""
+    from trioloop.loop import Submit, TurnLimits, create_tool_registry, reduce_turn
+    from trioloop.loop._machine_state import TurnState
+    from trioloop.protocol import MessageStart, TextDelta
+
+    def tracked_after(deltas: int) -> int:
+        state = TurnState.idle()
+        state = reduce_turn(
+            state,
+            Submit(turn_id="t", text="hi", tool_set=create_tool_registry(), limits=TurnLimits(), now_ms=0),
+        )
+        state = reduce_turn(state, MessageStart(model="m"))
+        for index in range(deltas):
+            state = reduce_turn(state, TextDelta(text=f"w{index} "))
+        gc.collect()
+        count = len(gc.get_objects())
+        assert state.streaming_text.startswith("w0 ")
+        return count
+
+    gc.collect()
+    small = tracked_after(1_000)
+    large = tracked_after(20_000)
+    # 19,000 more deltas may not leave 19,000 more tracked objects (a chain of nodes did): a few dozen at most.
+    assert large - small < 200, (small, large)

@@ -311,7 +311,9 @@ class CallTable(Sequence[CallRecord]):
     def append(self, record: CallRecord) -> CallTable:
         """This table with ``record`` last (O(1) amortized when ``self`` is the newest version)."""
         records, index = self._records, self._index
-        if len(records) != self._size or len(index) != self._size:
+        if not self._size:
+            records, index = [], {}  # every table starts lists of its own (the shared empty table is never grown)
+        elif len(records) != self._size or len(index) != self._size:
             # A branch (or a table holding a duplicate id): start a list and an index of its own.
             records = records[: self._size]
             index = {}
@@ -411,7 +413,61 @@ def _call_table(value: Iterable[CallRecord]) -> CallTable:
     return CallTable.of(value)
 
 
-_EMPTY_TEXT: Log[str] = Log()
+@final
+class TextRun:
+    """A response's streamed text as a persistent append-only run of pieces: ``append`` is O(1) amortized.
+
+    Versions grown one from another share one list; only the newest (the tip) extends it, and each version
+    reads only its first ``len`` pieces, so an older state never sees a later delta (appending to an older
+    version copies its prefix: a branch, which the reducer never makes). Unlike a chain of nodes, a version
+    holds no reference to the one it grew from: a long answer keeps one list and its strings (which the
+    garbage collector does not track) alive, not one tracked object per delta.
+    """
+
+    __slots__ = ("_pieces", "_size")
+
+    _pieces: list[str]
+    _size: int
+
+    def __init__(self) -> None:
+        self._pieces = []
+        self._size = 0
+
+    def append(self, text: str) -> TextRun:
+        pieces = self._pieces
+        if not self._size:
+            pieces = []  # every run starts a list of its own (the shared empty run is never grown)
+        elif len(pieces) != self._size:
+            pieces = pieces[: self._size]  # a branch: a list of its own
+        pieces.append(text)
+        grown: TextRun = TextRun.__new__(TextRun)
+        grown._pieces = pieces
+        grown._size = self._size + 1
+        return grown
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def items(self) -> tuple[str, ...]:
+        return tuple(islice(self._pieces, self._size))
+
+    def joined(self) -> str:
+        return "".join(islice(self._pieces, self._size))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TextRun):
+            return NotImplemented
+        return self is other or (self._size == other._size and self.items == other.items)
+
+    def __hash__(self) -> int:
+        return hash(self.items)
+
+    def __repr__(self) -> str:
+        return f"TextRun({list(self.items)!r})"
+
+
+_EMPTY_TEXT = TextRun()
 _EMPTY_BLOCKS: Log[ContentBlock] = Log()
 
 
@@ -438,7 +494,7 @@ class Draft:
     """
 
     blocks: Log[ContentBlock] = attrs.field(default=_EMPTY_BLOCKS, converter=_block_log)
-    text: Log[str] = _EMPTY_TEXT
+    text: TextRun = _EMPTY_TEXT
     open: bool = True
 
     def with_text(self, text: str) -> Draft:
@@ -459,7 +515,7 @@ class Draft:
     def _finished_blocks(self) -> Log[ContentBlock]:
         if not len(self.text):
             return self.blocks
-        return self.blocks.append(TextBlock(text="".join(self.text.items)))
+        return self.blocks.append(TextBlock(text=self.text.joined()))
 
     @_cached
     def message(self) -> Message | None:

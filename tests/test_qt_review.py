@@ -89,6 +89,12 @@ def _rename(data: TitleInput, ctx: ToolExecutionContext) -> ToolOutcome:
     return ToolOutcome.success("Renamed.", _with_metadata(ctx.document, title=data.title))
 
 
+async def _counted_rename(data: TitleInput, ctx: ToolExecutionContext) -> ToolOutcome:
+    ctx.report_progress(3, 10, "renaming \u202eslowly")
+    await trio.sleep(30)  # real clock: only Stop ends it
+    return ToolOutcome.success("Renamed.", _with_metadata(ctx.document, title=data.title))
+
+
 async def _slow_rename(data: TitleInput, ctx: ToolExecutionContext) -> ToolOutcome:
     await trio.sleep(30)  # real clock: only Stop can end this turn in time
     return ToolOutcome.success("Renamed slowly.", _with_metadata(ctx.document, title=data.title))
@@ -126,6 +132,15 @@ def metadata_tools() -> ToolRegistry:
                 input_type=TitleInput,
                 run=_slow_rename,
                 summarize=lambda i: f'Slowly rename the model to "{i.title}"',
+            ),
+            define_executable_tool(
+                name="counted_rename",
+                description="Rename the threat model, saying how far it got.",
+                effect="mutate",
+                destructive=False,
+                input_type=TitleInput,
+                run=_counted_rename,
+                summarize=lambda i: f'Rename the model to "{i.title}", counting',
             ),
             define_executable_tool(
                 name="set_description",
@@ -1302,3 +1317,20 @@ def test_the_readme_lists_the_packages_and_shows_pictures_that_exist() -> None:
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", section)
     assert images == ["docs/qt-review.png", "docs/qt-running.png"]
     assert all((ROOT / image).stat().st_size > 0 for image in images)
+
+
+def test_a_running_call_shows_the_progress_its_tool_reports(app: QApplication, document: ThreatModel) -> None:
+    steps = [ScriptStep(text="Counting.", tool_calls=(call("c1", "counted_rename", title="Never"),))]
+    with review_panel(app, steps, document, registry=metadata_tools()) as run:
+        panel = run.panel
+        run.send("Rename it")
+        run.until_phase(Phase.AWAITING_APPROVAL)
+        card = panel.cards["c1"]
+        click(card.approve_button)
+        run.until_status("c1", CallStatus.RUNNING)
+        run.until(lambda: "3 of 10" in card.status_label.text(), "the reported progress on the card")
+        assert "(renaming slowly)" in card.status_label.text()  # the tool's words, bidi controls stripped
+        assert (card.progress_bar.maximum(), card.progress_bar.value()) == (1000, 300)  # a fraction: determinate
+        click(panel.stop_button)
+        run.until_settled()
+        assert not card.progress_bar.isVisibleTo(card)

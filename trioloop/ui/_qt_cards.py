@@ -13,6 +13,7 @@ markup in it is displayed, never interpreted.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Final, final
 
 from PySide6.QtCore import QElapsedTimer, QSize, Qt, QTimer, Signal
@@ -32,7 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from trioloop.loop.machine import DENY_REASON_MAX, CallRecord, CallStatus, DenialReason
-from trioloop.loop.untrusted_text import is_stripped_code_point
+from trioloop.loop.untrusted_text import is_stripped_code_point, sanitize_scalar
 
 __all__ = ["CallCard", "call_status_text", "plain_label", "shown_reason"]
 
@@ -185,6 +186,8 @@ class CallCard(QFrame):
         self.progress_bar.setTextVisible(False)
         self.progress_bar.setFixedSize(90, 8)
         self.progress_bar.setVisible(False)
+        #: Where the running call's reported progress is read (the panel sets ``Session.call_progress``).
+        self.progress_source: Callable[[str], tuple[float, float | None, str] | None] | None = None
         self._elapsed = QElapsedTimer()
         self._ticker = QTimer(self)
         self._ticker.setInterval(1000)
@@ -345,8 +348,21 @@ class CallCard(QFrame):
         text = call_status_text(self._call)
         if self.is_running and self._elapsed.isValid():
             seconds = self._elapsed.elapsed() // 1000
-            return f"{text} {seconds} s" if seconds else text
+            text = f"{text} {seconds} s" if seconds else text
+            reported = None if self.progress_source is None else self.progress_source(self.call_id)
+            if reported is not None:
+                done, total, message = reported
+                said = sanitize_scalar(message, 60)[0]
+                text += f" · {done:g} of {total:g}" if total else f" · {done:g}"
+                text += f" ({said})" if said else ""
+                self._show_fraction(done, total)
         return text
+
+    def _show_fraction(self, done: float, total: float | None) -> None:
+        """A reported fraction makes the bar determinate; without a total it stays a busy indicator."""
+        if total and total > 0:
+            self.progress_bar.setRange(0, 1000)
+            self.progress_bar.setValue(max(0, min(1000, round(done / total * 1000))))
 
     def _show_progress(self) -> None:
         running = self.is_running

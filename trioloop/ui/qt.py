@@ -591,6 +591,7 @@ class ReviewPanel(QWidget):
             card = self._cards.get(call.id)
             if card is None:
                 card = CallCard(call, _call_input(state, call.id))
+                card.progress_source = self._session.call_progress
                 card.approve_clicked.connect(self._on_approve)
                 card.deny_clicked.connect(self._on_deny)
                 self._card_layout.insertWidget(self._card_layout.count() - 1, card)

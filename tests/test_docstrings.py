@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,3 +55,9 @@ def undocumented(module_name: str) -> list[str]:
 @pytest.mark.parametrize("module_name", MODULES)
 def test_every_public_name_says_what_it_does(module_name: str) -> None:
     assert undocumented(module_name) == []
+
+
+def test_the_qt_panel_says_what_it_does_too() -> None:
+    pytest.importorskip("PySide6")
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    assert undocumented("trioloop.ui.qt") == [] and undocumented("trioloop.ui.qt_libraries") == []

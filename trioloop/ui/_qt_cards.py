@@ -277,6 +277,7 @@ class CallCard(QFrame):
 
     @property
     def call(self) -> CallRecord:
+        """The call record the card shows now."""
         return self._call
 
     @property
@@ -292,6 +293,7 @@ class CallCard(QFrame):
 
     @property
     def is_running(self) -> bool:
+        """Whether the call is running (its progress shows)."""
         return self._call.status is CallStatus.RUNNING
 
     def show_call(self, call: CallRecord, *, reviewable: bool) -> None:
@@ -335,6 +337,7 @@ class CallCard(QFrame):
 
     @property
     def details_text(self) -> str:
+        """The card's details as plain text: every input line, the edits and the preview."""
         return self.details_label.text()
 
     def set_current(self, current: bool) -> None:

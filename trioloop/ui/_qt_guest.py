@@ -65,14 +65,17 @@ class TrioGuestHost(Generic[T]):
 
     @property
     def app(self) -> QCoreApplication:
+        """The Qt application Trio runs as a guest of."""
         return self._app
 
     @property
     def is_done(self) -> bool:
+        """Whether the Trio run has ended."""
         return self._outcome is not None
 
     @property
     def outcome(self) -> Outcome[T | None] | None:
+        """How the Trio run ended (its outcome), once it has."""
         return self._outcome
 
     @property

@@ -314,6 +314,7 @@ class ReviewPanel(QWidget):
 
     @property
     def session(self) -> Session[Any]:
+        """The session the panel drives."""
         return self._session
 
     @property
@@ -323,14 +324,17 @@ class ReviewPanel(QWidget):
 
     @property
     def is_serving(self) -> bool:
+        """Whether the panel is connected to its session and takes requests."""
         return self._token is not None
 
     @property
     def turn_running(self) -> bool:
+        """Whether a turn is running (the panel's own send or the session's)."""
         return self._turn_running or self._session.busy
 
     @property
     def notice_kind(self) -> NoticeKind:
+        """The kind of the notice shown now (for tests and styling)."""
         return self._notice_kind
 
     @property
@@ -344,6 +348,7 @@ class ReviewPanel(QWidget):
         return None if self._current is None else self._cards.get(self._current)
 
     def card(self, call_id: str) -> CallCard | None:
+        """The card of call ``call_id``, or None."""
         return self._cards.get(call_id)
 
     # -- the Trio side ---------------------------------------------------------------------------
@@ -529,6 +534,7 @@ class ReviewPanel(QWidget):
             self._post(lambda: self._session.approve_batch(ids))
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        """Qt's close event: tells the panel's Trio side (`serve`) to end, then lets Qt close the window."""
         closing = self._closing
         if closing is not None:
             self._post(closing.set)

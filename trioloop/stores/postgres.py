@@ -32,6 +32,7 @@ from trioloop.loop.journal_store import (
     StoredEntry,
     check_batch,
 )
+from trioloop.stores._sql import SqlJournals
 from trioloop.stores._waiting import check_session_id, wait_for_lease
 
 if TYPE_CHECKING:
@@ -84,13 +85,15 @@ def _guarded(what: str, work: Callable[[], _T]) -> _T:
 
 
 @final
-class PostgresJournalStore:
+class PostgresJournalStore(SqlJournals):
     """Journals of any number of sessions in the table ``trioloop_journal`` of the database ``conninfo`` names.
 
     ``conninfo`` is a libpq connection string or ``postgresql://`` URL. Leases exclude each other across
     processes and machines; a killed process's leases end when the server notices its connection closed.
     ``close()`` (or the end of ``async with``) releases the leases this store granted.
     """
+
+    _PLACEHOLDER = "%s"
 
     def __init__(self, conninfo: str) -> None:
         _require_psycopg()
@@ -125,24 +128,6 @@ class PostgresJournalStore:
                 await trio.to_thread.run_sync(connection.close, limiter=self._limiter)
             raise
 
-    async def session_ids(self) -> Sequence[str]:
-        """The ids of every session with a journal, sorted."""
-        rows = await self._on_admin(
-            "listing sessions",
-            lambda connection: connection.execute("SELECT DISTINCT session_id FROM trioloop_journal").fetchall(),
-        )
-        return sorted(row[0] for row in rows)
-
-    async def read(self, session_id: str) -> Sequence[StoredEntry]:
-        """Every entry of ``session_id`` in order, without a lease (for an auditor)."""
-        rows = await self._on_admin(
-            f"reading session {session_id!r}",
-            lambda connection: connection.execute(
-                "SELECT seq, data FROM trioloop_journal WHERE session_id = %s ORDER BY seq", (session_id,)
-            ).fetchall(),
-        )
-        return tuple(StoredEntry(seq, bytes(data)) for seq, data in rows)
-
     async def close(self) -> None:
         """Release every lease this store granted and close its connections; later calls raise `JournalStoreError`."""
         with trio.CancelScope(shield=True):
@@ -155,20 +140,14 @@ class PostgresJournalStore:
                     await trio.to_thread.run_sync(admin.close, limiter=self._limiter)
         await trio.lowlevel.checkpoint()
 
-    async def __aenter__(self) -> PostgresJournalStore:
-        await trio.lowlevel.checkpoint()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
     async def _in_thread(self, what: str, work: Callable[[], _T]) -> _T:
         if self._closed:
             await trio.lowlevel.checkpoint()
             raise JournalStoreError("the PostgreSQL journal store is closed")
         return await trio.to_thread.run_sync(_guarded, what, work, limiter=self._limiter)
+
+    async def _query(self, what: str, work: Callable[[Any], _T]) -> _T:
+        return await self._on_admin(what, work)
 
     async def _on_admin(self, what: str, work: Callable[[psycopg.Connection[tuple[Any, ...]]], _T]) -> _T:
         async with self._admin_lock:

@@ -26,7 +26,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TypeVar, final
+from typing import Any, TypeVar, final
 
 import attrs
 import trio
@@ -38,6 +38,7 @@ from trioloop.loop.journal_store import (
     StoredEntry,
     check_batch,
 )
+from trioloop.stores._sql import SqlJournals
 from trioloop.stores._waiting import check_session_id, wait_for_lease
 
 __all__ = ["SQLiteJournalStore"]
@@ -124,12 +125,14 @@ def _close_lock_file(key: tuple[int, int], entry: _LockFile) -> None:
 
 
 @final
-class SQLiteJournalStore:
+class SQLiteJournalStore(SqlJournals):
     """Journals of any number of sessions in one SQLite file at ``path`` (created if missing).
 
     Leases exclude each other across processes through ``<path>.lock``; a killed process's leases end with it.
     ``close()`` (or the end of ``async with``) releases the leases this store granted and closes the file.
     """
+
+    _PLACEHOLDER = "?"
 
     def __init__(self, path: str | os.PathLike[str], *, durable: bool = True) -> None:
         self._path = os.fspath(path)
@@ -164,24 +167,6 @@ class SQLiteJournalStore:
 
         return await wait_for_lease(session_id, wait_s, try_once)
 
-    async def session_ids(self) -> Sequence[str]:
-        """The ids of every session with a journal, sorted."""
-        rows = await self._run(
-            "listing sessions",
-            lambda connection: connection.execute("SELECT DISTINCT session_id FROM trioloop_journal").fetchall(),
-        )
-        return sorted(row[0] for row in rows)
-
-    async def read(self, session_id: str) -> Sequence[StoredEntry]:
-        """Every entry of ``session_id`` in order, without a lease (for an auditor)."""
-        rows = await self._run(
-            f"reading session {session_id!r}",
-            lambda connection: connection.execute(
-                "SELECT seq, data FROM trioloop_journal WHERE session_id = ? ORDER BY seq", (session_id,)
-            ).fetchall(),
-        )
-        return tuple(StoredEntry(seq, bytes(data)) for seq, data in rows)
-
     async def close(self) -> None:
         """Release every lease this store granted and close the database; later calls raise `JournalStoreError`."""
         with trio.CancelScope(shield=True):
@@ -192,14 +177,8 @@ class SQLiteJournalStore:
                 await trio.to_thread.run_sync(self._close_connection, limiter=self._limiter)
         await trio.lowlevel.checkpoint()
 
-    async def __aenter__(self) -> SQLiteJournalStore:
-        await trio.lowlevel.checkpoint()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
+    async def _query(self, what: str, work: Callable[[Any], _T]) -> _T:
+        return await self._run(what, work)
 
     async def _run(self, what: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
         if self._closed:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tracemalloc
 from typing import Any
 
 import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_bounded_json import _bound, _peak  # the bounded reader's own measure of a decode's peak
+from test_machine_stateful import REGISTRY  # the three tools the stateful machine test drives the reducer with
 
 from trioloop.loop import (
     Advance,
@@ -31,10 +32,7 @@ from trioloop.loop import (
     TurnLimits,
     TurnState,
     UndoTurn,
-    create_tool_registry,
-    define_executable_tool,
     reduce_turn,
-    tool_field,
 )
 from trioloop.loop.journal import (
     GENESIS,
@@ -63,26 +61,6 @@ from trioloop.protocol import (
 SCALE = max(1, int(os.environ.get("TRIOLOOP_TORTURE_SCALE", "1")))
 
 
-@attrs.frozen(kw_only=True)
-class Target:
-    name: str = tool_field(min_length=1)
-
-
-def _tool(name: str, effect: str, destructive: bool) -> Any:
-    return define_executable_tool(
-        name=name,
-        description=name,
-        effect=effect,  # type: ignore[arg-type]
-        destructive=destructive,
-        input_type=Target,
-        run=lambda value, ctx: ToolOutcome.success("done"),
-        summarize=lambda value: f"{name} {value.name}",
-    )
-
-
-REGISTRY = create_tool_registry(
-    [_tool("read", "read", False), _tool("update", "mutate", False), _tool("delete", "mutate", True)]
-)
 NAMES = ("read", "update", "update", "delete", "nope")
 INPUTS: tuple[Any, ...] = ({"name": "web"}, {"name": "db"}, {"name": ""}, {})
 
@@ -409,11 +387,6 @@ def test_recovery_inputs_settle_running_calls_revoke_changed_ones_and_ask_again(
 def test_a_hostile_entry_is_refused_in_bounded_memory() -> None:
     prefix = b'{"seq":1,"kind":"stream","prev":"' + b"0" * 64 + b'","at":0,"data":{"events":['
     raw = prefix + b",".join([b"{}"] * 1_000_000) + b"]}}"
-    tracemalloc.start()
-    try:
-        with pytest.raises(JournalError):
-            decode_entry(raw)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak <= 8 * len(raw) + 1024 * 1024, (peak, len(raw))
+    peak, result = _peak(lambda: decode_entry(raw))
+    assert isinstance(result, JournalError)
+    assert peak <= _bound(raw), (peak, len(raw))

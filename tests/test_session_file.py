@@ -8,8 +8,6 @@ import functools
 import json
 import os
 import stat
-import tracemalloc
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +15,9 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_bounded_json import _bound, _peak  # one measure of a decode's peak memory
 
 from trioloop.files import write_atomic
-from trioloop.loop._bounded_json import MEMORY_ALLOWANCE, MEMORY_RATIO
 from trioloop.loop.session_file import (
     MAX_JSON_DEPTH,
     MAX_UNDO_ENTRIES,
@@ -235,28 +233,6 @@ def test_nesting_is_capped_before_any_field_is_read() -> None:
 
 
 # -- memory: decoding never holds more than 8 times the file's size (plus 1 MiB) -------------------
-
-
-def _peak(call: Callable[[], Any]) -> tuple[int, Any]:
-    """(bytes allocated at the peak of ``call()``, its result or the ValueError it raised)."""
-    outer = tracemalloc.is_tracing()
-    if not outer:
-        tracemalloc.start()
-    try:
-        start = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        try:
-            result = call()
-        except ValueError as error:
-            result = error
-        return tracemalloc.get_traced_memory()[1] - start, result
-    finally:
-        if not outer:
-            tracemalloc.stop()
-
-
-def _bound(data: bytes) -> int:
-    return MEMORY_RATIO * len(data) + MEMORY_ALLOWANCE
 
 
 def _session_with(messages: bytes) -> bytes:

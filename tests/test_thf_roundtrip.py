@@ -6,6 +6,7 @@ import codecs
 import difflib
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -238,3 +239,21 @@ def test_a_section_emptied_then_refilled_over_successive_saves() -> None:
     two = one.updated(attrs.evolve(one.model, threats=(threat, attrs.evolve(threat, id="t9"))))
     assert load_thf(one.text) == one.model and load_thf(two.text) == two.model
     assert two.text.startswith(file.text.split("threats:")[0])  # everything before the section is as it was
+
+
+@pytest.mark.parametrize("load", [load_thf, load_thf_file], ids=["load_thf", "load_thf_file"])
+def test_text_that_names_a_file_says_to_pass_a_path(
+    load: Callable[[str | Path], object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "payment.thf").write_bytes((ROOT / "examples" / "payment.thf").read_bytes())
+    with pytest.raises(ThfError, match=r'"payment\.thf", names an existing file: pass a Path to read a file'):
+        load("payment.thf")
+    with pytest.raises(ThfError, match=r'"gone\.thf", looks like a file name: pass a Path'):
+        load("gone.thf")
+    with pytest.raises(ThfError) as plain:
+        load("hello")
+    assert "Path" not in str(plain.value)
+    assert load(Path("payment.thf")) is not None  # the fix the message names works
+    text = (tmp_path / "payment.thf").read_text(encoding="utf-8")
+    assert load(text) is not None

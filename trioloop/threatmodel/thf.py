@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import attrs
 
 from trioloop.threatmodel._safe_yaml import MAX_DOCUMENT_BYTES, dump_yaml, parse_yaml, plain_data, type_label
-from trioloop.threatmodel.errors import InvalidShape, UnsafeYaml, UnsupportedVersion, quote
+from trioloop.threatmodel.errors import InvalidShape, ThfError, UnsafeYaml, UnsupportedVersion, quote
 from trioloop.threatmodel.model import (
     SECTION_NAMES,
     SUPPORTED_VERSION,
@@ -177,11 +178,13 @@ def load_thf(source: str | bytes | os.PathLike[str]) -> ThreatModel:
     """Read a `.thf` document and return a valid ThreatModel, or raise a ThfError subclass.
 
     A `str` or `bytes` argument is the YAML text itself (bytes must be UTF-8); a path must be given
-    as an `os.PathLike` (e.g. `pathlib.Path`), so text is never mistaken for a file name. Reading a
-    path can raise OSError, which is not a document error and is left to the caller.
+    as an `os.PathLike` (e.g. `pathlib.Path`), so text is never mistaken for a file name (text that names
+    an existing file and is not a document raises with "pass a Path to read a file"). Reading a path can
+    raise OSError, which is not a document error and is left to the caller.
     """
     if isinstance(source, str | bytes):
-        data = parse_yaml(source)
+        with path_hint(source):
+            model = model_from_data(parse_yaml(source))
     else:
         with open(source, "rb") as file:
             if os.fstat(file.fileno()).st_size > MAX_DOCUMENT_BYTES:
@@ -189,10 +192,32 @@ def load_thf(source: str | bytes | os.PathLike[str]) -> ThreatModel:
             raw = file.read(MAX_DOCUMENT_BYTES + 1)  # a pipe or device reports no size
         if len(raw) > MAX_DOCUMENT_BYTES:
             raise UnsafeYaml(f"the document is larger than {MAX_DOCUMENT_BYTES} bytes")
-        data = parse_yaml(raw)
-    model = model_from_data(data)
+        model = model_from_data(parse_yaml(raw))
     check_semantics(model)
     return model
+
+
+@contextmanager
+def path_hint(source: str | bytes) -> Iterator[None]:
+    """Re-raise a document error on text that names an existing file (or a `.thf` name) with the fix.
+
+    `load_thf("payment.thf")` reads the string as YAML (one scalar, not a document); the error then says
+    to pass a `pathlib.Path`, which is how a file is read.
+    """
+    try:
+        yield
+    except ThfError as error:
+        name = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
+        if len(name) > 4096 or "\n" in name or "\0" in name or not name.strip():
+            raise
+        exists = os.path.isfile(name)
+        if not (exists or name.strip().lower().endswith(".thf")):
+            raise
+        where = "names an existing file" if exists else "looks like a file name"
+        raise type(error)(
+            f"{error.message}; the text given, {quote(name)}, {where}: pass a Path to read a file "
+            "(pathlib.Path of that text)"
+        ) from error
 
 
 def model_from_data(data: Any) -> ThreatModel:

@@ -36,6 +36,7 @@ from trioloop.threatmodel.thf import (
     _write_fields,
     dump_thf,
     model_from_data,
+    path_hint,
 )
 from trioloop.threatmodel.validation import check_semantics
 
@@ -81,13 +82,14 @@ def load_thf_file(source: str | bytes | os.PathLike[str]) -> ThfFile:
     """Read a `.thf` document like `load_thf` (same bounds, same errors) and keep its text for saving."""
     recorder = LayoutRecorder()
     if isinstance(source, str):
-        data = parse_yaml(source, observe=recorder.feed)
+        with path_hint(source):
+            model = model_from_data(parse_yaml(source, observe=recorder.feed))
         bom, text = False, source
     else:
         raw = source if isinstance(source, bytes) else _read(source)
         data = parse_yaml(raw, observe=recorder.feed)  # checks the size and the UTF-8 first
         bom, text = raw.startswith(codecs.BOM_UTF8), raw.decode("utf-8-sig")
-    model = model_from_data(data)
+        model = model_from_data(data)
     check_semantics(model)
     return ThfFile(model=model, text=text, bom=bom, layout=Layout.build(text, recorder))
 

@@ -235,6 +235,40 @@ async def test_a_session_holds_its_providers_connection_for_every_turn(
         assert (len(server.requests), server.connections) == (3, 1)
 
 
+async def test_sessions_sharing_one_provider_stream_at_once_on_a_connection_each(document: ThreatModel) -> None:
+    """150 sessions share one provider (more than httpx's default pool of 100, 20 kept alive): all 150 first
+    answers are held open together, so each needs its own connection, and the second turns reuse them."""
+    from trioloop.providers import AnthropicProvider
+    from trioloop.providers._loopback import LoopbackRequest, LoopbackResponse, open_loopback_server
+
+    sessions = 150
+    body = (Path(__file__).parent / "fixtures" / "providers" / "anthropic" / "text_answer.sse").read_bytes()
+    everyone_asked = trio.Event()
+    asked = 0
+
+    async def handler(request: LoopbackRequest) -> LoopbackResponse:
+        nonlocal asked
+        asked += 1
+        if asked >= sessions:
+            everyone_asked.set()
+        await everyone_asked.wait()  # no answer ends before every session's first request is in
+        return LoopbackResponse(body=body)
+
+    async with open_loopback_server(handler, keep_alive=True) as server:
+        provider = AnthropicProvider("k", base_url=server.url, retry=None)
+
+        async def two_turns() -> None:
+            async with threat_model_session(document=document, provider=provider, model="fixture-model-1") as s:
+                for text in ("one", "two"):
+                    assert (await s.send(text)).outcome is Outcome.COMPLETED
+
+        with trio.fail_after(30):
+            async with provider, trio.open_nursery() as nursery:  # the app holds it too, as a host would
+                for _ in range(sessions):
+                    nursery.start_soon(two_turns)
+        assert (len(server.requests), server.connections) == (2 * sessions, sessions)
+
+
 NOTE_KIND = define_document_kind("note")
 
 

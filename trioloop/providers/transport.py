@@ -173,6 +173,14 @@ def _failure(
 
 #: How long `HttpTransport.check` waits for the models list.
 _CHECK_TIMEOUT_S = 10.0
+#: The pool of the client a provider holds (``async with provider``, or every `Session` using it). A streamed
+#: answer keeps its HTTP/1.1 connection until it ends, so N sessions streaming at once need N connections:
+#: httpx's default pool (at most 100, 20 kept alive) makes the 101st wait for another's answer and reconnects
+#: most requests past 20. Unbounded here, the pool holds as many connections as there were concurrent streams,
+#: each closed after 4 idle seconds: before uvicorn's default 5 s keep-alive (vLLM and many OpenAI-compatible
+#: servers) closes it from the other end, which would race a request sent on it. An app that passes its own
+#: ``client=`` sets its own limits (``httpx.Limits(max_connections=None, max_keepalive_connections=None)``).
+HELD_POOL_LIMITS: Final = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=4.0)
 
 
 @final
@@ -606,10 +614,13 @@ class HttpChatProvider:
         request (no connect or TLS handshake per iteration). Outside a block, each request has its own.
 
         Re-entrant: blocks nest (the app's and a `Session`'s, say) and share one client, which closes
-        when the outermost block ends."""
+        when the outermost block ends. Its pool has no connection cap (`HELD_POOL_LIMITS`): N sessions
+        streaming at once through one provider use N connections, each kept alive for the next request."""
         self._holds += 1
         if self._holds == 1 and self._http._client is None:
-            self._http.held_client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
+            self._http.held_client = httpx.AsyncClient(
+                timeout=httpx.Timeout(30.0, read=None), follow_redirects=False, limits=HELD_POOL_LIMITS
+            )
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

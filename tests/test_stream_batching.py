@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from trioloop.loop import TurnLimits, create_tool_registry
 from trioloop.loop._stream_fold import fold_text_deltas
 from trioloop.loop.machine import Cancel, Phase, Submit, TurnInput, TurnState, reduce_turn
-from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.loop.runner import _BATCHES_PER_YIELD, TurnControls, TurnRequest, Workspace, run_turn
 from trioloop.protocol import (
     MessageStart,
     MessageStop,
@@ -203,27 +203,77 @@ async def test_an_iteration_publishes_the_same_number_of_states_however_many_del
     assert await _states_for(1) == await _states_for(10_000)
 
 
-async def test_stop_from_an_observer_mid_batch_lands_before_the_rest_of_the_batch(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    controls = TurnControls()
+class _Reads:
+    """An in-process provider whose answer comes in ``reads`` network reads of ``per_read`` text deltas each,
+    each read handed over as batches of ``per_batch`` (the HTTP chunks one read brought), the provider
+    waiting ``gap`` seconds (the network) between reads."""
+
+    def __init__(self, reads: int, per_read: int, per_batch: int = 1, gap: float = 0.01) -> None:
+        self._reads, self._per_read, self._per_batch, self._gap = reads, per_read, per_batch, gap
+
+    async def stream(
+        self, request: Any, send: trio.abc.SendChannel[StreamEvent], *, cancel_scope: trio.CancelScope | None = None
+    ) -> None:
+        await send_events(send, [MessageStart(model="m")])
+        for read in range(self._reads):
+            await trio.sleep(self._gap)  # the socket read: the only wait between reads
+            deltas = [TextDelta(text=str(read % 10)) for _ in range(self._per_read)]
+            for start in range(0, len(deltas), self._per_batch):
+                await send_events(send, deltas[start : start + self._per_batch])
+        await send_events(send, [MessageStop(stop_reason=StopReason.END_TURN)])
+
+
+async def _published(provider: Any, controls: TurnControls | None = None, stop_at: int | None = None) -> Any:
     seen: list[TurnState] = []
+    controls = controls or TurnControls()
 
     def observe(state: TurnState) -> None:
         seen.append(state)
-        if state.phase is Phase.STREAMING:
-            controls.stop()  # the first streaming state: MessageStart, the batch's first event
+        if stop_at is not None and state.draft is not None and len(state.draft.plain_text) >= stop_at:
+            controls.stop()
 
-    async with ScriptedProvider([ScriptStep(text="z" * 4000)]) as provider:
-        state = await run_turn(
-            TurnRequest(text="go", turn_id="t1", model="scripted-1"),
-            Workspace(document=ThreatModel(), kind=THREAT_MODEL),
-            provider,
-            controls=controls,
-            on_state=observe,
-        )
+    state = await run_turn(
+        TurnRequest(text="go", turn_id="t1", model="m"),
+        Workspace(document=ThreatModel(), kind=THREAT_MODEL),
+        provider,
+        controls=controls,
+        on_state=observe,
+    )
+    return state, seen
+
+
+async def test_the_chunks_of_one_read_reach_the_reducer_in_one_wakeup_and_one_state(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Ten reads of 12 one-delta chunks: one published state per read (plus one per forced yield of a provider
+    that forwarded _BATCHES_PER_YIELD batches without waiting), not one per chunk; the text whole, in order."""
+    state, seen = await _published(_Reads(reads=10, per_read=12, per_batch=1))
+    assert state.draft is not None and state.draft.plain_text == "".join(str(r) * 12 for r in range(10))
+    streaming = [s for s in seen if s.phase is Phase.STREAMING and s.draft is not None and s.draft.plain_text]
+    assert 10 <= len(streaming) <= 10 + 120 // _BATCHES_PER_YIELD  # was 120: one per chunk
+
+
+async def test_a_provider_that_never_waits_still_yields_every_few_batches(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A whole answer already buffered (one read, 200 chunks): the consumer still runs, and publishes,
+    while the provider forwards it, so neither it nor any other task waits for the whole body."""
+    state, seen = await _published(_Reads(reads=1, per_read=200, per_batch=1))
+    assert state.draft is not None and state.draft.plain_text == "0" * 200
+    partial = [s for s in seen if s.draft is not None and 0 < len(s.draft.plain_text) < 200]
+    assert 200 // _BATCHES_PER_YIELD // 2 <= len(partial) <= 200 // _BATCHES_PER_YIELD + 1
+
+
+async def test_stop_from_an_observer_lands_before_the_next_wakeups_events(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An observer stops the turn on the first state that shows text: no event of a later wake-up is applied
+    (the text the turn ends with is the text that state showed), and that wake-up was applied whole."""
+    state, seen = await _published(_Reads(reads=5, per_read=30, per_batch=3), stop_at=1)
     assert state.outcome is not None and state.outcome.value == "cancelled"
-    assert state.draft is None or state.draft.plain_text == ""  # no delta of the batch after Stop was applied
+    shown = next(s.draft.plain_text for s in seen if s.draft is not None and s.draft.plain_text)
+    assert len(shown) % 3 == 0 and len(shown) < 150  # whole batches, and not the whole answer
+    assert state.draft is None or state.draft.plain_text in ("", shown)
 
 
 # -- connection reuse through whole turns --------------------------------------------------------------

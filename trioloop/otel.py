@@ -420,8 +420,13 @@ class OtelObserver:
             attributes = _usage_attributes(usage)
             attributes["trioloop.request.retries"] = state.budget.retries_used - chat.retries
             attributes["trioloop.request.outcome"] = cut or _request_outcome(state, same)
-            if chat.first_chunk is not None:
-                attributes["gen_ai.response.time_to_first_chunk"] = (chat.first_chunk - chat.start) / 1e9
+            first = chat.first_chunk
+            if first is None and same and (state.stop_reason is not None or state.response_model):
+                # The whole response came in one wake-up of the turn (one state for all its events): its
+                # first chunk arrived with its end, as far as anything published can tell.
+                first = now
+            if first is not None:
+                attributes["gen_ai.response.time_to_first_chunk"] = (first - chat.start) / 1e9
             if same and state.stop_reason is not None:
                 attributes["gen_ai.response.finish_reasons"] = (state.stop_reason.value,)
             if state.response_model:

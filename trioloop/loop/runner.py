@@ -22,7 +22,7 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Generic, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 import attrs
 import trio
@@ -276,12 +276,18 @@ def _ms(seconds: float) -> int:
     return math.floor(seconds * 1000 + 1e-6)
 
 
+#: A provider that never waits between batches (a whole body already buffered) still yields this often, so
+#: the consumer (and every other task, a GUI's included) runs while a long answer is being parsed.
+_BATCHES_PER_YIELD: Final = 16
+
+
 class _SendToInbox(trio.abc.SendChannel[StreamEvent]):
     """What the provider writes into: tags events with the request attempt and notes a terminal one."""
 
     def __init__(self, inbox: trio.MemorySendChannel[_InboxItem], attempt: int) -> None:
         self._inbox = inbox
         self._attempt = attempt
+        self._unyielded = 0  # batches delivered since this channel last yielded to the scheduler
         self.terminal_sent = False
 
     async def send(self, value: StreamEvent) -> None:
@@ -300,10 +306,13 @@ class _SendToInbox(trio.abc.SendChannel[StreamEvent]):
         self._inbox.send_nowait(_StreamItem(self._attempt, value))
 
     async def send_batch(self, events: Sequence[StreamEvent]) -> None:
-        """Like ``send`` for each event in turn, with one checkpoint: seen cancelled before any is delivered.
+        """Like ``send`` for each event in turn: seen cancelled before any is delivered, or not at all.
 
-        A batch that ends the stream does not yield after it is delivered: nothing the provider sends
-        later counts, so the request ends (and its end reaches the inbox) in the same scheduler pass.
+        A cancel point, and a schedule point only every ``_BATCHES_PER_YIELD`` batches: the provider's
+        next network read is the schedule point otherwise, so the batches of the HTTP chunks one socket
+        read brought (a fast stream) reach the consumer in one wake-up, and the reducer in one step. A
+        batch that ends the stream never yields after it is delivered: nothing the provider sends later
+        counts, so the request ends (and its end reaches the inbox) in the same scheduler pass.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         if self.terminal_sent:
@@ -313,7 +322,9 @@ class _SendToInbox(trio.abc.SendChannel[StreamEvent]):
         if cut:
             self.terminal_sent = is_terminal(events[cut - 1])
             self._inbox.send_nowait(_StreamBatch(self._attempt, tuple(events[:cut])))
-        if not self.terminal_sent:
+        self._unyielded += 1
+        if not self.terminal_sent and self._unyielded >= _BATCHES_PER_YIELD:
+            self._unyielded = 0
             await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def aclose(self) -> None:
@@ -384,6 +395,9 @@ class _Turn(Generic[D]):
         self.request = request
         self.journal = journal
         self.unpublished = False  # a state not yet published because its journal entries are not durable
+        self.holding = False  # inside one wake-up's stream events: states are published once, at its end
+        self.held = False  # a state changed while holding
+        self.lookahead: _InboxItem | None = None  # taken from the inbox while gathering a wake-up, not yet handled
         self.suspended = False
         self.workspace = workspace
         self.tool_nursery = tool_nursery
@@ -425,6 +439,8 @@ class _Turn(Generic[D]):
                 if journal is not None and (journal.writer.commit_pending or new.phase is Phase.AWAITING_APPROVAL):
                     # Published by `sync`, once durable: a commit, and the cards a person is about to see.
                     self.unpublished = True
+                elif self.holding:
+                    self.held = True  # published once, when the wake-up's events are all applied
                 else:
                     self.on_state(new)
 
@@ -509,9 +525,8 @@ class _Turn(Generic[D]):
                 # inbox is empty. Stop and the
                 # deadline are still seen first, before anything queued is handled.
                 await trio.lowlevel.checkpoint_if_cancelled()
-                try:
-                    item = receive.receive_nowait()
-                except trio.WouldBlock:
+                item = self.next_nowait()
+                if item is None:
                     item = await receive.receive()
             except trio.Cancelled:
                 if self.approaching():
@@ -524,14 +539,59 @@ class _Turn(Generic[D]):
                 # run_turn still returns only after every task has ended.
                 await self.settle()
                 raise
+            self.take(item)
+
+    def next_nowait(self) -> _InboxItem | None:
+        """The next inbox item without waiting (the one a wake-up's gathering stopped at first), or None."""
+        item, self.lookahead = self.lookahead, None
+        if item is not None:
+            return item
+        try:
+            return self.controls._receive.receive_nowait()
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
+            return None
+
+    def take(self, item: _InboxItem) -> None:
+        """Handle ``item`` and, if it holds stream events, every stream event already waiting behind it.
+
+        One wake-up of the consumer: the events of the current request that are in the inbox (the batches
+        of every HTTP chunk one socket read brought) are folded together (consecutive text deltas become
+        one) and applied in order, and the state they make is published once, at the end. The first other
+        item stops the gathering and is handled next, after this wake-up's effects.
+        """
+        if not isinstance(item, _StreamBatch | _StreamItem):
             self.handle(item)
+            return
+        attempt = self.attempt
+        events: list[StreamEvent] = []
+        following: _InboxItem | None = item
+        while following is not None:
+            if not isinstance(following, _StreamBatch | _StreamItem):
+                self.lookahead = following
+                break
+            if following.attempt == attempt:  # a superseded request's events are never seen
+                if isinstance(following, _StreamBatch):
+                    events += following.events
+                else:
+                    events.append(following.event)
+            following = self.next_nowait()
+        if not events:
+            return
+        self.holding = True
+        try:
+            self.handle(_StreamBatch(attempt, tuple(events)))
+        finally:
+            self.holding = False
+        if self.held:
+            self.held = False
+            if self.on_state is not None and not self.unpublished:
+                self.on_state(self.state)
 
     def try_suspend(self) -> bool:
         """Suspend the turn if it is (still) in review once the decisions already queued are taken."""
         while self.state.phase is Phase.AWAITING_APPROVAL:
-            try:
-                item = self.controls._receive.receive_nowait()
-            except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
+            item = self.next_nowait()
+            if item is None:
                 break
             if isinstance(item, ApproveCall | ApproveBatch | DenyCall):
                 self.apply(item)
@@ -864,11 +924,7 @@ class _Turn(Generic[D]):
 
     def drain_settlements(self) -> None:
         """Record tool settlements already in the inbox: their commits happened, so state must say so."""
-        while True:
-            try:
-                item = self.controls._receive.receive_nowait()
-            except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
-                return
+        while (item := self.next_nowait()) is not None:
             if isinstance(item, CallSettled):
                 self.apply(item)
 

@@ -57,7 +57,9 @@ class BatchSendChannel(Protocol):
 
     The runner's channel offers it, so the events of one network read reach the turn together instead
     of one scheduler hop each. ``send_batch`` behaves as ``send`` called for each event in turn with no
-    checkpoint in between: cancellation is seen before any event is delivered or not at all.
+    checkpoint in between: cancellation is seen before any event is delivered or not at all. It must not
+    wait for the consumer (the runner's never does: its inbox is unbounded, and the consumer takes every
+    batch already waiting in one wake-up): a provider's read-gap clock keeps running while it is called.
     """
 
     async def send_batch(self, events: Sequence[StreamEvent]) -> None: ...

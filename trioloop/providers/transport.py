@@ -180,6 +180,8 @@ _CHECK_TIMEOUT_S = 10.0
 #: each closed after 4 idle seconds: before uvicorn's default 5 s keep-alive (vLLM and many OpenAI-compatible
 #: servers) closes it from the other end, which would race a request sent on it. An app that passes its own
 #: ``client=`` sets its own limits (``httpx.Limits(max_connections=None, max_keepalive_connections=None)``).
+#: How long a read-gap deadline stays where it is before the next read moves it (see ``_read_stream``).
+_GAP_SLACK_S: Final = 0.001
 HELD_POOL_LIMITS: Final = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=4.0)
 
 
@@ -350,6 +352,9 @@ class _Exchange:
         self.committed = False
         self._mapper: StreamMapper = wire.new_mapper(scrub=self.scrub)
         self._scrubber = EventScrubber(key)
+        # A consumer that takes batches never waits for its reader (the runner's inbox), so forwarding a
+        # read's events cannot eat into the read gap, and the gap's deadline need not be lifted meanwhile.
+        self._batches = bool(getattr(send, "takes_batches", getattr(send, "send_batch", None) is not None))
 
     def scrub(self, text: str) -> str:
         """Remove the literal key from provider text before anything caps or stores it."""
@@ -435,11 +440,20 @@ class _Exchange:
     async def _read_stream(self, chunks: AsyncGenerator[bytes, None]) -> AttemptOutcome:
         decoder = SseDecoder()
         received = 0
-        # One gap scope for the whole body, its deadline moved forward at each read (a fresh scope per
-        # read costs about three times as much); the events of one read are forwarded together.
+        timeout = self._read_timeout
+        batches = self._batches
+        moved = -math.inf
+        # One gap scope for the whole body (a fresh scope per read costs about three times as much). Its
+        # deadline moves forward before a read unless it moved less than _GAP_SLACK_S ago: the HTTP chunks one
+        # socket read brought are taken within microseconds, and moving a Trio deadline costs a heap update
+        # each time. So the gap fires after at least ``read_timeout - _GAP_SLACK_S`` of silence, and exactly
+        # ``read_timeout`` after the last chunk that came after a wait. The events of a chunk go on together.
         with trio.CancelScope() as gap:
             while True:
-                gap.deadline = trio.current_time() + self._read_timeout
+                now = trio.current_time()
+                if now - moved > _GAP_SLACK_S:
+                    gap.deadline = now + timeout
+                    moved = now
                 try:
                     chunk = await chunks.__anext__()
                 except StopAsyncIteration:
@@ -455,7 +469,9 @@ class _Exchange:
                     continue
                 feed = self._mapper.feed
                 events = feed(frames[0]) if len(frames) == 1 else [e for frame in frames for e in feed(frame)]
-                gap.deadline = math.inf  # the gap bounds the server's silence, not how long the consumer takes
+                if not batches:  # the gap bounds the server's silence, not how long the consumer takes
+                    gap.deadline = math.inf
+                    moved = -math.inf
                 ended = await self._forward(events, chunks)
                 if ended is not None:
                     return ended
@@ -551,6 +567,7 @@ class _TerminalGuard(trio.abc.SendChannel[StreamEvent]):
     def __init__(self, inner: trio.abc.SendChannel[StreamEvent]) -> None:
         self._inner = inner
         self.terminal_sent = False
+        self.takes_batches = getattr(inner, "send_batch", None) is not None  # or it forwards one event at a time
 
     async def send(self, value: StreamEvent) -> None:
         if self.terminal_sent:

@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import json
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,7 @@ def test_json_lines_carry_the_chain(journal: Path, capsys: pytest.CaptureFixture
 
 
 def test_a_changed_entry_is_named_and_exits_1(journal: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with sqlite3.connect(journal) as db:
+    with closing(sqlite3.connect(journal)) as db, db:  # closed, not only committed (3.13 warns otherwise)
         seq, data = db.execute(
             'SELECT seq, data FROM trioloop_journal WHERE CAST(data AS TEXT) LIKE \'%"kind":"deny"%\''
         ).fetchone()

@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import attrs
@@ -413,9 +414,8 @@ async def test_sqlite_is_wal_and_synchronous_full_when_durable(tmp_path: Path) -
             await lease.append(batch(1))
             # Private access, to read a per-connection setting no public call shows.
             assert await store._run("probe", lambda c: c.execute("PRAGMA synchronous").fetchone()[0]) == level
-        with sqlite3.connect(path) as raw:
+        with closing(sqlite3.connect(path)) as raw:
             assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        raw.close()
 
 
 async def test_sqlite_never_runs_a_statement_on_the_event_loop(tmp_path: Path) -> None:

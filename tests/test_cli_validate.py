@@ -64,3 +64,17 @@ def test_python_dash_m_validate() -> None:
     assert bad.returncode == 1
     assert bad.stderr.strip() == 'error: InvalidReference: threats["t1"].flow: no data flow with id "f9"'
     assert run_module("validate", "does/not/exist.thf").returncode == 2
+
+
+@pytest.mark.parametrize("command", [["demo", "--approve", "none"], ["chat", "--provider", "anthropic"]])
+def test_demo_and_chat_exit_as_validate_does_for_a_bad_document(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1 for a file that is not a valid document, 2 for one that cannot be read (validate's statuses)."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-not-used")  # the document is read before any request
+    invalid = tmp_path / "invalid.thf"
+    invalid.write_text("version: '9.9'\n", encoding="utf-8")
+    assert main([command[0], str(invalid), *command[1:]]) == 1
+    assert "UnsupportedVersion" in capsys.readouterr().err
+    assert main([command[0], str(tmp_path / "missing.thf"), *command[1:]]) == 2
+    assert "cannot read missing.thf" in capsys.readouterr().err

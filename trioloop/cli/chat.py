@@ -32,6 +32,7 @@ from trioloop.providers.transport import is_loopback_host
 from trioloop.stores import SQLiteJournalStore
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel, create_ai_tool_registry
 from trioloop.threatmodel.session import THREAT_MODEL_SYSTEM_PROMPT
+from trioloop.threatmodel.thf_file import ThfFile
 
 __all__ = ["DEFAULT_MODELS", "chat_session", "run_chat"]
 
@@ -147,6 +148,9 @@ async def _chat(
     if lookup_model(model, provider=_MODEL_VENDOR.get(provider_name, provider_name)) is None:
         warn(f"warning: {unknown_model_warning(model)}")
     logging.getLogger("trioloop").addHandler(logging.NullHandler())  # the CLI says it; no stray log line
+    document = load_document(path)  # a wrong file name is said before any request to the provider
+    if isinstance(document, int):
+        return document
     host = _host(base_url, provider_name)
     provider = _real_provider(provider_name, key, base_url, thinking_budget)
     problem_found = await _check_provider(provider)
@@ -168,6 +172,7 @@ async def _chat(
         session_file=session_file,
         limits=limits,
         one_shot=one_shot,
+        document=document,
     )
 
 
@@ -196,6 +201,7 @@ async def chat_session(
     session_file: Path | None = None,
     limits: TurnLimits = DEFAULT_TURN_LIMITS,
     one_shot: str | None = None,
+    document: ThfFile | None = None,
 ) -> int:
     """The chat loop over any provider, with the tools of any MCP servers named.
 
@@ -203,13 +209,15 @@ async def chat_session(
     any point whatever the settled tools committed is saved. With ``journal`` (a SQLite file) every turn is
     journaled as it runs, so a killed terminal loses nothing: ``resume`` continues the file's latest chat,
     its conversation, document and any review left open. ``session_file`` continues a session `/save` wrote.
-    ``one_shot`` runs that one request and ends. Exit status: 0, or `EXIT_TURN_FAILED` when a turn failed
-    (or, in a one-shot run, ended at a limit), 1 when the document or an MCP server could not be loaded, 2 when
-    the journal or the session file cannot be used."""
+    ``one_shot`` runs that one request and ends; ``document`` is the file at ``path`` already read.
+
+    Exit status: 0, or `EXIT_TURN_FAILED` when a turn failed (or, in a one-shot run, ended at a limit), 1 when
+    the document is not valid or an MCP server could not be started, 2 when the document, the journal or the
+    session file cannot be read or used."""
     console = make_console()
-    loaded = load_document(path)
-    if loaded is None:
-        return 1
+    loaded = document if document is not None else load_document(path)
+    if isinstance(loaded, int):
+        return loaded
     saver = Saver(console, loaded, out or path)
     chat = _Chat(console, mode, prompt, host, saver, mcp_servers, model, one_shot)
     options: dict[str, Any] = {

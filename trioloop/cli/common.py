@@ -13,6 +13,7 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
+from trioloop.cli.parser import EXIT_INVALID, EXIT_USAGE
 from trioloop.cli.view import TurnView, outcome_line
 from trioloop.loop.machine import TurnState
 from trioloop.loop.session import Session
@@ -28,15 +29,17 @@ def error(text: str) -> None:
     Console(stderr=True, highlight=False, soft_wrap=True).print(Text(text), style="red")
 
 
-def load_document(path: Path) -> ThfFile | None:
+def load_document(path: Path) -> ThfFile | int:
+    """The document at ``path``, or the exit status after saying why not: 1 (`EXIT_INVALID`) for a file that
+    is not a valid document, 2 (`EXIT_USAGE`) for one that cannot be read, as ``trioloop validate`` exits."""
     try:
         return load_thf_file(path)
     except ThfError as exc:
         error(f"error: {type(exc).__name__}: {exc.message}")
-        return None
+        return EXIT_INVALID
     except OSError as exc:
-        error(f"error: cannot read {path.name}: {exc.strerror}")
-        return None
+        error(f"error: cannot read {path.name}: {exc.strerror or type(exc).__name__}")
+        return EXIT_USAGE
 
 
 async def one_turn(session: Session[ThreatModel], view: TurnView, text: str | None) -> TurnState:

@@ -32,8 +32,8 @@ DEFAULT_DEMO_FILE = _SOURCE_EXAMPLE if _SOURCE_EXAMPLE.exists() else _PACKAGED_E
 async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, prompt: Callable[[str], str]) -> int:
     console = make_console()
     loaded = load_document(path)
-    if loaded is None:
-        return 1
+    if isinstance(loaded, int):
+        return loaded
     document = loaded.model
     async with (
         ScriptedProvider(DEMO_SCRIPT, wire="anthropic") as provider,

@@ -134,7 +134,12 @@ class ToolExecutionContext(Generic[D]):
 
     @property
     def cancel_scope(self) -> trio.CancelScope:
-        """The call's own cancel scope: cancelled on Stop, at the deadline and when the call is no longer wanted."""
+        """The call's own cancel scope: cancelled on Stop, at the deadline and when the call is no longer wanted.
+
+        The runner has already entered it around an `async def` tool's run: read it (``cancel_called``,
+        ``deadline``) or call ``cancel()``, but never enter it again (``with ctx.cancel_scope:`` raises
+        RuntimeError, as entering any Trio cancel scope twice does). For a bound of your own inside the tool,
+        open a new scope (``with trio.move_on_after(...)``)."""
         return self._cancel_scope
 
     @property

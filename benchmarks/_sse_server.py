@@ -87,11 +87,10 @@ async def main() -> None:
 
 
 @contextmanager
-def spawned_server() -> Iterator[str]:
-    """Run this server in a child process for the block; yields its base URL (``http://127.0.0.1:PORT``)."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks._sse_server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+def spawned_server(module: str = "benchmarks._sse_server") -> Iterator[str]:
+    """Run this server (or another ``module`` that prints its port and serves until stdin closes) in a child
+    process for the block; yields its base URL (``http://127.0.0.1:PORT``)."""
+    process = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None and process.stdin is not None
         port = int(process.stdout.readline())

@@ -36,7 +36,7 @@ import httpx
 import trio
 
 from benchmarks._common import case_record, emit, print_table
-from benchmarks._sse_server import MODEL, TABLE, server_stats, spawned_server
+from benchmarks._sse_server import MODEL, TABLE, WORDS, server_stats, spawned_server
 from benchmarks.stream import _body, run_anthropic_sdk
 from trioloop.loop import TurnLimits, create_tool_registry
 from trioloop.loop._stream_fold import fold_text_deltas
@@ -120,11 +120,15 @@ def in_process(sizes: list[int], repeats: dict[int, int]) -> list[tuple[Any, ...
 # -- over HTTP, server in another process -------------------------------------------------------------
 
 
-def trioloop_requests(base: str, events: int, count: int) -> list[tuple[float, float]]:
+def trioloop_requests(base: str, events: int, count: int, *, key: str = "k") -> list[tuple[float, float]]:
+    """Whole turns through `AnthropicProvider` on one app-held client, each timed to its settled state (the
+    key scrubber runs over every event, so a real key's length, ``key``, prices it as users pay it)."""
+    expected = sum(len(WORDS[i % len(WORDS)]) for i in range(events))
+
     async def main() -> list[tuple[float, float]]:
         samples = []
         async with httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(30.0, read=None)) as client:
-            provider = AnthropicProvider("k", base_url=base, client=client, retry=None, model_table=TABLE)
+            provider = AnthropicProvider(key, base_url=base, client=client, retry=None, model_table=TABLE)
             for i in range(count):
                 wall, cpu = time.perf_counter(), time.process_time()
                 state = await run_turn(
@@ -133,8 +137,10 @@ def trioloop_requests(base: str, events: int, count: int) -> list[tuple[float, f
                     provider,
                 )
                 samples.append((time.perf_counter() - wall, time.process_time() - cpu))
-                if state.outcome is not Outcome.COMPLETED or state.draft is None or not state.draft.plain_text:
+                if state.outcome is not Outcome.COMPLETED or state.draft is None:
                     raise RuntimeError(f"unexpected turn: {state.outcome}")
+                if len(state.draft.plain_text) != expected:
+                    raise RuntimeError(f"trioloop showed {len(state.draft.plain_text)} characters, not {expected}")
         return samples
 
     return trio.run(main)

@@ -1,4 +1,4 @@
-"""A session offering one stdio MCP server's tools next to the threat-model tools (the README's MCP example)."""
+"""A session offering one stdio MCP server's tools next to the threat-model tools (docs/howto/mcp.md shows it)."""
 
 import sys
 from pathlib import Path

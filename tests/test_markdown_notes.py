@@ -2,7 +2,7 @@
 
 It proves the core serves any document: validation refusals reach the model, the destructive tool is never
 covered by "approve all safe", Stop and the deadline keep what was committed, undo restores the note, and
-the README's "Bring your own document" code is the checked example file, word for word.
+the how-to guide's (docs/howto/own-document.md) code is the checked example file, word for word.
 """
 
 from __future__ import annotations
@@ -204,10 +204,10 @@ def test_replacing_a_section_leaves_every_other_section_as_it_was(
     assert notes.headings(after) == notes.headings(note)
 
 
-def test_the_readme_shows_the_checked_example_word_for_word() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- bring-your-own -->\n```python\n(.*?)```", readme, re.S)
-    assert block is not None, "README's Bring your own document section lost its code block"
+def test_the_docs_show_the_checked_example_word_for_word() -> None:
+    page = (ROOT / "docs" / "howto" / "own-document.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- bring-your-own -->\n```python\n(.*?)```", page, re.S)
+    assert block is not None, "the own-document guide lost its code block"
     example = (ROOT / "examples" / "bring_your_own.py").read_text(encoding="utf-8")
     assert block.group(1) == example
     assert sum(1 for line in example.splitlines() if line.strip()) <= 40

@@ -715,10 +715,9 @@ def test_the_otel_module_names_its_extra_when_the_api_is_missing() -> None:
     assert 'pip install "trioloop[otel]"' in done.stderr
 
 
-def test_the_readme_example_runs() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Observability (OpenTelemetry)", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+def test_the_guides_example_runs() -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "howto" / "observability.md").read_text(encoding="utf-8")
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     names = [json.loads(chunk)["name"] for chunk in done.stdout.replace("}\n{", "}\0{").split("\0") if chunk.strip()]
     assert sorted(names) == ["chat scripted-1", "invoke_agent"]

@@ -240,6 +240,7 @@ async def test_sessions_sharing_one_provider_stream_at_once_on_a_connection_each
     answers are held open together, so each needs its own connection, and the second turns reuse them."""
     from trioloop.providers import AnthropicProvider
     from trioloop.providers._loopback import LoopbackRequest, LoopbackResponse, open_loopback_server
+    from trioloop.providers.transport import HELD_STREAMS_PER_CLIENT
 
     sessions = 150
     body = (Path(__file__).parent / "fixtures" / "providers" / "anthropic" / "text_answer.sse").read_bytes()
@@ -263,9 +264,15 @@ async def test_sessions_sharing_one_provider_stream_at_once_on_a_connection_each
                     assert (await s.send(text)).outcome is Outcome.COMPLETED
 
         with trio.fail_after(30):
-            async with provider, trio.open_nursery() as nursery:  # the app holds it too, as a host would
-                for _ in range(sessions):
-                    nursery.start_soon(two_turns)
+            async with provider:  # the app holds it too, as a host would
+                async with trio.open_nursery() as nursery:
+                    for _ in range(sessions):
+                        nursery.start_soon(two_turns)
+                held = provider._http.held
+                assert held is not None and held.busy == [0] * len(held.clients)
+                # at most HELD_STREAMS_PER_CLIENT streams a client: 150 at once need 5 pools, not one of 150
+                assert len(held.clients) == -(-sessions // HELD_STREAMS_PER_CLIENT)
+            assert all(client.is_closed for client in held.clients)
         assert (len(server.requests), server.connections) == (2 * sessions, sessions)
 
 

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import ssl
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Final, Self, cast, final
 
@@ -173,16 +174,66 @@ def _failure(
 
 #: How long `HttpTransport.check` waits for the models list.
 _CHECK_TIMEOUT_S = 10.0
-#: The pool of the client a provider holds (``async with provider``, or every `Session` using it). A streamed
+#: How long a read-gap deadline stays where it is before the next read moves it (see ``_read_stream``).
+_GAP_SLACK_S: Final = 0.001
+#: The pool of each client a provider holds (``async with provider``, or every `Session` using it). A streamed
 #: answer keeps its HTTP/1.1 connection until it ends, so N sessions streaming at once need N connections:
 #: httpx's default pool (at most 100, 20 kept alive) makes the 101st wait for another's answer and reconnects
 #: most requests past 20. Unbounded here, the pool holds as many connections as there were concurrent streams,
 #: each closed after 4 idle seconds: before uvicorn's default 5 s keep-alive (vLLM and many OpenAI-compatible
 #: servers) closes it from the other end, which would race a request sent on it. An app that passes its own
 #: ``client=`` sets its own limits (``httpx.Limits(max_connections=None, max_keepalive_connections=None)``).
-#: How long a read-gap deadline stays where it is before the next read moves it (see ``_read_stream``).
-_GAP_SLACK_S: Final = 0.001
 HELD_POOL_LIMITS: Final = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=4.0)
+#: Streams one held client carries at once before the provider opens another beside it. httpcore 1.0 walks
+#: every connection of a pool for every connection each time a request starts or a response closes, so one
+#: pool of N connections costs O(N²) per request: 37% of the CPU at 300 sessions on one provider. Pools of
+#: at most this many streams keep that walk short; they share one TLS context.
+HELD_STREAMS_PER_CLIENT: Final = 32
+
+
+@final
+class _HeldClients:
+    """The clients a held provider streams through: the least busy one takes the next request, and a new one
+    opens when every one carries `HELD_STREAMS_PER_CLIENT` streams. They close together when the hold ends."""
+
+    __slots__ = ("_tls", "busy", "clients")
+
+    def __init__(self) -> None:
+        self._tls: ssl.SSLContext | None = None
+        self.clients: list[httpx.AsyncClient] = []
+        self.busy: list[int] = []
+        self._open()
+
+    def _open(self) -> None:
+        if self._tls is None:
+            self._tls = httpx.create_ssl_context()
+        self.clients.append(
+            httpx.AsyncClient(
+                timeout=httpx.Timeout(30.0, read=None),
+                follow_redirects=False,
+                limits=HELD_POOL_LIMITS,
+                verify=self._tls,
+            )
+        )
+        self.busy.append(0)
+
+    def take(self) -> int:
+        """The index of the client the next request goes through, counted busy until `give` returns it."""
+        busy = self.busy
+        index = min(range(len(busy)), key=busy.__getitem__)
+        if busy[index] >= HELD_STREAMS_PER_CLIENT:
+            self._open()
+            index = len(busy) - 1
+        busy[index] += 1
+        return index
+
+    def give(self, index: int) -> None:
+        self.busy[index] -= 1
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
+            for client in self.clients:
+                await client.aclose()
 
 
 @final
@@ -210,12 +261,17 @@ class HttpTransport:
         models = getattr(wire, "models_endpoint", None)
         self._models_url = None if models is None else _endpoint_url(base_url or wire.default_base_url, models)
         self._client = client
-        self.held_client: httpx.AsyncClient | None = None  # the provider's own, while it is open (async with)
+        self.held: _HeldClients | None = None  # the provider's own clients, while it is held (async with)
         self._read_timeout = float(read_timeout)
         self._max_bytes = max_response_bytes
 
     def __repr__(self) -> str:
         return f"HttpTransport(wire={self._wire.name!r}, url={self._url!r})"
+
+    @property
+    def held_client(self) -> httpx.AsyncClient | None:
+        """The first client the provider holds (the one `check` asks), or None when it is not held."""
+        return None if self.held is None else self.held.clients[0]
 
     def _resolve_key(self) -> str | None:
         raw = self._key.reveal() if self._key is not None else os.environ.get(self._wire.env_var)
@@ -313,9 +369,13 @@ class HttpTransport:
             "accept": "text/event-stream",
             "accept-encoding": "identity",
         }
-        client = self._client or self.held_client
-        owned = client is None
-        if client is None:
+        held, slot = self.held, -1
+        if self._client is not None:
+            client = self._client
+        elif held is not None:
+            slot = held.take()
+            client = held.clients[slot]
+        else:
             client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
         exchange = _Exchange(
             wire=self._wire,
@@ -327,7 +387,10 @@ class HttpTransport:
         try:
             return await exchange.run(client, self._url, body, headers)
         finally:
-            if owned:
+            if slot >= 0:
+                assert held is not None
+                held.give(slot)
+            elif client is not self._client:  # a client of this request alone
                 with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
                     await client.aclose()
 
@@ -620,7 +683,7 @@ class HttpChatProvider:
             max_response_bytes=max_response_bytes,
         )
         self._http = http
-        self._holds = 0  # nested `async with` blocks holding ``held_client`` open
+        self._holds = 0  # nested `async with` blocks holding the provider's clients open
         self._transport: Transport = http if retry is None else RetryingTransport(http, retry, on_retry)
 
     def __repr__(self) -> str:
@@ -631,23 +694,21 @@ class HttpChatProvider:
         request (no connect or TLS handshake per iteration). Outside a block, each request has its own.
 
         Re-entrant: blocks nest (the app's and a `Session`'s, say) and share one client, which closes
-        when the outermost block ends. Its pool has no connection cap (`HELD_POOL_LIMITS`): N sessions
-        streaming at once through one provider use N connections, each kept alive for the next request."""
+        when the outermost block ends. Its pools have no connection cap (`HELD_POOL_LIMITS`): N sessions
+        streaming at once through one provider use N connections, each kept alive for the next request, in
+        clients of at most `HELD_STREAMS_PER_CLIENT` streams each (one more opens as they fill)."""
         self._holds += 1
         if self._holds == 1 and self._http._client is None:
-            self._http.held_client = httpx.AsyncClient(
-                timeout=httpx.Timeout(30.0, read=None), follow_redirects=False, limits=HELD_POOL_LIMITS
-            )
+            self._http.held = _HeldClients()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._holds -= 1
         if self._holds:
             return
-        client, self._http.held_client = self._http.held_client, None
-        if client is not None:
-            with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
-                await client.aclose()
+        held, self._http.held = self._http.held, None
+        if held is not None:
+            await held.aclose()
 
     def hold_connections(self) -> Self:
         """The provider itself, as a re-entrant hold (see ``HoldsConnections``)."""

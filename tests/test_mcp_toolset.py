@@ -10,6 +10,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -191,8 +192,14 @@ async def test_a_server_that_cannot_start_is_a_typed_error() -> None:
 
 @pytest.fixture
 async def http_server_url() -> AsyncIterator[str]:
+    async with _http_server("http") as url:
+        yield url
+
+
+@asynccontextmanager
+async def _http_server(*mode: str) -> AsyncIterator[str]:
     process = await trio.lowlevel.open_process(
-        [sys.executable, SERVER_SCRIPT, "http"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        [sys.executable, SERVER_SCRIPT, *mode], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )
     try:
         assert process.stdout is not None
@@ -207,6 +214,30 @@ async def http_server_url() -> AsyncIterator[str]:
     finally:
         process.kill()
         await process.wait()
+
+
+TOKEN = "tok-" + "s3cret" * 6
+
+
+async def test_a_server_behind_a_bearer_token_needs_it_and_never_shows_it(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with _http_server("http-auth", TOKEN) as url:
+        refused = McpToolset(HttpServer(name="web", url=url), connect_timeout=10)
+        async with trio.open_nursery() as nursery:
+            with pytest.raises(McpConnectionError, match='"web"'):  # without the token: 401, a typed error
+                await nursery.start(refused.run)
+        server = HttpServer(name="web", url=url, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert TOKEN not in repr(server) and "'Authorization': '***'" in repr(server)
+        toolset = McpToolset(server, connect_timeout=10)
+        async with trio.open_nursery() as nursery:
+            tools = by_name(await nursery.start(toolset.run))
+            echoed = await call(tools["web__echo"], {"text": "with a token"})
+            assert fenced_payload(echoed.result)["content"][0]["text"] == "with a token"
+            nursery.cancel_scope.cancel()
+    # The server echoed the token in a response header, which httpcore2 logs at DEBUG: masked there too.
+    echoed_lines = [r.getMessage() for r in caplog.records if "x-seen-authorization" in r.getMessage()]
+    assert echoed_lines and all("[redacted-key]" in line for line in echoed_lines)
+    assert not any(TOKEN in record.getMessage() for record in caplog.records)
 
 
 async def test_streamable_http_server_list_call_cancel_crash(http_server_url: str, tmp_path: Path) -> None:

@@ -54,6 +54,20 @@ def _classes(value: Mapping[str, str] | None) -> Mapping[str, ToolClass]:
     return MappingProxyType(checked)
 
 
+def _headers(value: Mapping[str, str] | None) -> Mapping[str, str]:
+    checked: dict[str, str] = {}
+    for name, text in (value or {}).items():
+        if not (isinstance(name, str) and isinstance(text, str)) or "\n" in name + text or "\r" in name + text:
+            raise McpConfigError(f"header {name!r}: a name and a value of one line each are needed.")
+        checked[name] = text
+    return MappingProxyType(checked)
+
+
+def _header_names(headers: Mapping[str, str]) -> str:
+    """A repr that names the headers and shows none of their values (a token is one)."""
+    return "{" + ", ".join(f"{name!r}: '***'" for name in headers) + "}"
+
+
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
@@ -77,11 +91,20 @@ class StdioServer:
 @final
 @attrs.frozen(kw_only=True)
 class HttpServer:
-    """An MCP server reached over streamable HTTP at ``url``; ``tools`` as for ``StdioServer``."""
+    """An MCP server reached over streamable HTTP at ``url``; ``tools`` as for ``StdioServer``.
+
+    ``headers`` go with every request (``{"Authorization": "Bearer ..."}`` for a server that takes a static
+    token); ``auth`` is an ``httpx2.Auth`` the SDK's client runs, such as the SDK's
+    ``mcp.client.auth.OAuthClientProvider`` (OAuth 2.1: discovery, PKCE, registration, refresh; the app gives
+    it token storage and the redirect handling). Header values and the auth never appear in a repr, and every
+    header value (a bearer token's token too) is masked in the log lines of httpx2, httpcore2 and the SDK.
+    """
 
     name: str = attrs.field(validator=_server_name)
     url: str
     tools: Mapping[str, ToolClass] = attrs.field(factory=dict, converter=_classes)
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=_headers, repr=_header_names)
+    auth: Any = attrs.field(default=None, repr=lambda auth: "None" if auth is None else f"<{type(auth).__name__}>")
 
     def __attrs_post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):

@@ -32,6 +32,7 @@ from mcp.client import Transport
 from mcp.client._transport import ReadStream, TransportStreams
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
@@ -41,6 +42,7 @@ from trioloop.loop.untrusted_text import sanitize_scalar
 from trioloop.mcp.results import mcp_result_outcome
 from trioloop.mcp.servers import HttpServer, McpServer
 from trioloop.mcp.tools import UnusableTool, build_mcp_tool, namespaced_name
+from trioloop.providers._redact import mask_key_in_logs
 
 _log = logging.getLogger("trioloop.mcp")
 
@@ -200,6 +202,40 @@ class _WatchedReadStream:
         await self.aclose()
 
 
+#: Where a remote server's header values could reach a log line: the HTTP client the SDK runs on (httpx2 and
+#: httpcore2, whose debug lines show response headers), the SDK's client modules, and ours. A logger filter
+#: sees only records made on that very logger, so each is named.
+_HTTP_LOGGERS: Final = (
+    "httpx2",
+    "httpcore2",
+    "httpcore2.connection",
+    "httpcore2.http11",
+    "httpcore2.http2",
+    "httpcore2.proxy",
+    "mcp.client.streamable_http",
+    "mcp.client.session",
+    "mcp.client.auth.oauth2",
+    "mcp.shared.session",
+    "trioloop.mcp",
+)
+
+
+@contextlib.asynccontextmanager
+async def _authorized_http(server: HttpServer) -> AsyncIterator[TransportStreams]:
+    """Streamable HTTP with the server's ``headers`` and ``auth``, on a client this connection owns and closes.
+
+    Every header value is masked in the HTTP client's and the SDK's log lines first (for ``Bearer TOKEN``, the
+    token alone too), so a debug log never shows it."""
+    for value in server.headers.values():
+        mask_key_in_logs(value, _HTTP_LOGGERS)
+        scheme, _, token = value.partition(" ")
+        if token.strip() and scheme.lower() in ("bearer", "basic", "token"):
+            mask_key_in_logs(token.strip(), _HTTP_LOGGERS)
+    client = create_mcp_http_client(headers=dict(server.headers), auth=server.auth)
+    async with client, streamable_http_client(server.url, http_client=client, terminate_on_close=True) as streams:
+        yield streams
+
+
 @contextlib.asynccontextmanager
 async def _watched(transport: Transport, on_end: Callable[[], None], server: str) -> AsyncIterator[TransportStreams]:
     async with transport as (read_stream, write_stream):
@@ -323,7 +359,11 @@ class McpToolset:
         server = self.server
         transport: Transport
         if isinstance(server, HttpServer):
-            transport = streamable_http_client(server.url, terminate_on_close=True)
+            transport = (
+                _authorized_http(server)
+                if server.headers or server.auth is not None
+                else streamable_http_client(server.url, terminate_on_close=True)
+            )
         else:
             _quiet_sdk_stdio_log()
             parameters = StdioServerParameters(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any, Final, final
 
 import attrs
@@ -262,10 +263,10 @@ class KeyLogFilter(logging.Filter):
 _KEY_FILTER: Final = KeyLogFilter()
 
 
-def mask_key_in_logs(key: str) -> None:
-    """Register ``key`` with the filter on every logger in ``MASKED_LOGGERS`` (installed once, idempotent)."""
+def mask_key_in_logs(key: str, loggers: Iterable[str] = MASKED_LOGGERS) -> None:
+    """Register ``key`` with the filter on every logger in ``loggers`` (installed once each, idempotent)."""
     _KEY_FILTER.add(key)
-    for name in MASKED_LOGGERS:
+    for name in loggers:
         logger = logging.getLogger(name)
         if _KEY_FILTER not in logger.filters:
             logger.addFilter(_KEY_FILTER)

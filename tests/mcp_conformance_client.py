@@ -5,8 +5,10 @@ with the scenario's name in ``MCP_CONFORMANCE_SCENARIO`` (and any scenario data 
 ``MCP_CONFORMANCE_CONTEXT``), and judges what the server saw. This program is not a hand-written MCP client:
 it connects with ``trioloop.mcp.McpToolset(HttpServer(...))`` (the SDK's client underneath, as in an app),
 and runs one real ``Session`` turn in which a scripted model calls the server's tools. A reviewer task stands
-in for the person and approves each card. Where trioloop lacks what a scenario needs (elicitation,
-authorization, ...), the scenario fails honestly: nothing here works around the host.
+in for the person and approves each card. For the ``auth/`` scenarios it gives ``HttpServer(auth=...)`` the
+SDK's ``OAuthClientProvider`` with what an app supplies (token storage; the browser round trip, here a GET of
+the authorization page whose redirect carries the code). Where trioloop lacks what a scenario needs
+(elicitation, ...), the scenario fails honestly: nothing here works around the host.
 
 Which tools the scripted model calls: those named in ``CALLS`` for the scenario, with those inputs; for any
 other scenario, every tool the server lists, with ``{}`` (the auth and SSE scenarios' test tools take none).
@@ -20,8 +22,13 @@ import json
 import os
 import sys
 from typing import Any, Final
+from urllib.parse import parse_qs, urlsplit
 
+import httpx2
 import trio
+from mcp.client.auth import OAuthClientProvider, TokenStorage
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from pydantic import AnyUrl
 
 from trioloop import CallStatus, Phase, Session, define_document_kind
 from trioloop.loop.tool_runtime import RegisteredTool
@@ -31,6 +38,7 @@ from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptSt
 SERVER_NAME: Final = "conformance"
 CONNECT_TIMEOUT: Final = 10.0  # the suite gives a scenario 30 s in all
 CALL_TIMEOUT: Final = 15.0
+REDIRECT_URI: Final = "http://localhost:3000/callback"  # never served: the code is read from the redirect itself
 
 #: Scenario -> {server's tool name: input}: the tools the scripted model calls, with what.
 CALLS: Final[dict[str, dict[str, dict[str, Any]]]] = {
@@ -73,8 +81,68 @@ async def approve_every_card(session: Session[str]) -> None:
                 session.approve(card.id)
 
 
-async def run(url: str, scenario: str) -> int:
-    server = HttpServer(name=SERVER_NAME, url=url)
+class MemoryTokens(TokenStorage):
+    """The app's token storage (an app would use the OS keyring); preloaded with a pre-registered client."""
+
+    def __init__(self, client: OAuthClientInformationFull | None = None) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client = client
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
+
+
+def oauth(url: str, context: dict[str, Any]) -> OAuthClientProvider:
+    """The SDK's OAuth client with the app's parts: token storage, and a person's browser round trip (the test
+    authorization server approves at once, so following its redirect to our callback URI yields the code)."""
+    answer: dict[str, str | None] = {}
+
+    async def open_authorization_page(authorization_url: str) -> None:
+        async with httpx2.AsyncClient(follow_redirects=False) as browser:
+            response = await browser.get(authorization_url)
+        query = parse_qs(urlsplit(response.headers.get("location", "")).query)
+        answer["code"] = query.get("code", [None])[0]
+        answer["state"] = query.get("state", [None])[0]
+        log(f"authorization page answered {response.status_code}; code received: {answer['code'] is not None}")
+
+    async def callback() -> AuthorizationCodeResult:
+        return AuthorizationCodeResult(code=answer.get("code") or "", state=answer.get("state"))
+
+    registered = None
+    if context.get("client_id"):  # the pre-registration scenario hands the client its credentials
+        registered = OAuthClientInformationFull(
+            client_id=context["client_id"],
+            client_secret=context.get("client_secret"),
+            redirect_uris=[AnyUrl(REDIRECT_URI)],
+            # a confidential client authenticates at the token endpoint with HTTP Basic
+            token_endpoint_auth_method="client_secret_basic" if context.get("client_secret") else "none",
+        )
+    return OAuthClientProvider(
+        server_url=url,
+        client_metadata=OAuthClientMetadata(
+            client_name="trioloop conformance client",
+            redirect_uris=[AnyUrl(REDIRECT_URI)],
+            grant_types=["authorization_code", "refresh_token"],
+            response_types=["code"],
+        ),
+        storage=MemoryTokens(registered),
+        redirect_handler=open_authorization_page,
+        callback_handler=callback,
+    )
+
+
+async def run(url: str, scenario: str, context: dict[str, Any]) -> int:
+    auth = oauth(url, context) if scenario.startswith("auth/") else None
+    server = HttpServer(name=SERVER_NAME, url=url, auth=auth)
     toolset = McpToolset(server, connect_timeout=CONNECT_TIMEOUT, call_timeout=CALL_TIMEOUT, errlog=sys.stderr)
     async with trio.open_nursery() as nursery:
         try:
@@ -112,12 +180,10 @@ def main(argv: list[str]) -> int:
         print("usage: mcp_conformance_client.py SERVER_URL (the conformance suite appends it)", file=sys.stderr)
         return 2
     scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
-    context = os.environ.get("MCP_CONFORMANCE_CONTEXT")
-    log(
-        f"scenario {scenario!r}, server {argv[-1]}"
-        + (f", context keys {sorted(json.loads(context))}" if context else "")
-    )
-    return trio.run(run, argv[-1], scenario)
+    raw = os.environ.get("MCP_CONFORMANCE_CONTEXT")
+    context: dict[str, Any] = json.loads(raw) if raw else {}
+    log(f"scenario {scenario!r}, server {argv[-1]}" + (f", context keys {sorted(context)}" if context else ""))
+    return trio.run(run, argv[-1], scenario, context)
 
 
 if __name__ == "__main__":

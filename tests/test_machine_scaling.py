@@ -87,10 +87,11 @@ def _after(calls: int) -> TurnState:
 
 def test_refusing_a_call_executes_the_same_instructions_however_many_calls_came_before() -> None:
     probe = 50
+    _opcodes_for(_after(20), _events(20, probe))  # warm-up: on 3.12 the first traced run reports no opcode events
     early, _ = _opcodes_for(_after(20), _events(20, probe))
     late, state = _opcodes_for(_after(2_000), _events(2_000, probe))
     # Quadratic code (a scan of the calls so far per call) executes ~100x more here; allow noise only.
-    assert late <= early * 1.2, (early, late)
+    assert early > 0 and late <= early * 1.2, (early, late)
     refused = [c for c in state.calls if c.denial_reason is DenialReason.LIMIT_EXCEEDED]
     assert len(refused) == 2_050 - 12 and len(state.current_calls) == 2_050
     assert state.call("c2049") is state.calls[-1] and state.calls.pending_count == 12

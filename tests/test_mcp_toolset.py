@@ -197,9 +197,10 @@ async def http_server_url() -> AsyncIterator[str]:
 
 
 @asynccontextmanager
-async def _http_server(*mode: str) -> AsyncIterator[str]:
+async def _http_server(*mode: str, script: str = SERVER_SCRIPT) -> AsyncIterator[str]:
+    """A fixture server in a process of its own, serving streamable HTTP for the block: its /mcp URL."""
     process = await trio.lowlevel.open_process(
-        [sys.executable, SERVER_SCRIPT, *mode], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        [sys.executable, script, *mode], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )
     try:
         assert process.stdout is not None
@@ -490,18 +491,7 @@ async def test_structured_content_never_repeats_the_image_the_content_blocks_car
 
 async def test_closing_an_http_toolset_still_delivers_a_last_cancellation(tmp_path: Path) -> None:
     record, marker = tmp_path / "requests", tmp_path / "marker"
-    process = await trio.lowlevel.open_process(
-        [sys.executable, FAULTY_SCRIPT, "http", str(record)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
-    try:
-        assert process.stdout is not None
-        line = b""
-        with trio.fail_after(30):
-            while not line.endswith(b"\n"):
-                chunk = await process.stdout.receive_some(64)
-                assert chunk, "the HTTP fixture server exited before listening"
-                line += chunk
-        url = f"http://127.0.0.1:{int(line.split()[1])}/mcp"
+    async with _http_server("http", str(record), script=FAULTY_SCRIPT) as url:
         toolset = McpToolset(HttpServer(name="web", url=url), connect_timeout=10)
         async with trio.open_nursery() as nursery:
             tools = by_name(await nursery.start(toolset.run))
@@ -519,9 +509,6 @@ async def test_closing_an_http_toolset_still_delivers_a_last_cancellation(tmp_pa
         # No DELETE to check here: with the SDK's own server the client negotiates 2026-07-28, which is
         # stateless (no session id), so the SDK sends none; a 2025 server gets it from the clean close.
         assert "DELETE" not in record.read_text().split()
-    finally:
-        process.kill()
-        await process.wait()
 
 
 async def test_a_servers_progress_reaches_the_running_call_and_the_host_names_itself() -> None:

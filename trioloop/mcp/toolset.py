@@ -203,8 +203,8 @@ class _WatchedReadStream:
 
 
 #: Where a remote server's header values could reach a log line: the HTTP client the SDK runs on (httpx2 and
-#: httpcore2, whose debug lines show response headers), the SDK's client modules, and ours. A logger filter
-#: sees only records made on that very logger, so each is named.
+#: httpcore2, whose debug lines show response headers) and the SDK's client modules (ours never logs a header).
+#: A logger filter sees only records made on that very logger, so each is named.
 _HTTP_LOGGERS: Final = (
     "httpx2",
     "httpcore2",
@@ -216,7 +216,6 @@ _HTTP_LOGGERS: Final = (
     "mcp.client.session",
     "mcp.client.auth.oauth2",
     "mcp.shared.session",
-    "trioloop.mcp",
 )
 
 

@@ -37,9 +37,26 @@ def test_config_file_names_servers_and_classifies_tools() -> None:
     assert isinstance(web, HttpServer) and web.url.endswith("/mcp") and dict(web.tools) == {}
 
 
+def test_a_url_servers_headers_take_tokens_from_the_environment_and_never_show_them() -> None:
+    text = """
+        [servers.gh]
+        url = "https://api.example.com/mcp"
+        headers = { Authorization = "Bearer ${GH_TOKEN}", X-Team = "core-${TEAM}" }
+    """
+    [server] = load_mcp_config(text, environ={"GH_TOKEN": "ghp_secret123", "TEAM": "blue"})
+    assert isinstance(server, HttpServer)
+    assert dict(server.headers) == {"Authorization": "Bearer ghp_secret123", "X-Team": "core-blue"}
+    assert "ghp_secret123" not in repr(server) and "core-blue" not in repr(server)
+    with pytest.raises(McpConfigError, match=r"names \$\{GH_TOKEN\}, which is not set") as missing:
+        load_mcp_config(text, environ={"TEAM": "blue"})
+    assert "ghp_" not in str(missing.value)
+
+
 @pytest.mark.parametrize(
     ("text", "complaint"),
     [
+        ("[servers.a]\ncommand = 'x'\nheaders = { A = 'b' }", "headers applies to a url server"),
+        ("[servers.a]\nurl = 'http://h/'\nheaders = { A = 1 }", "headers must be a table of strings"),
         ("[servers.a]\ncommand = 'x'\nurl = 'http://h/'", "exactly one of command"),
         ("[servers.a]\ncommand = 'x'\n[servers.a.tools]\nt = 'trusted'", "read, mutate, destructive"),
         ("[servers.'a b']\ncommand = 'x'", "letters, digits"),

@@ -207,7 +207,8 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument(
         "--mcp-config",
         metavar="FILE",
-        help="a TOML file of [servers.NAME] (command/args or url) and [servers.NAME.tools] name = read|mutate",
+        help="a TOML file of [servers.NAME] (command/args, or url with optional headers whose ${VAR} come from "
+        "your environment) and [servers.NAME.tools] name = read|mutate",
     )
     chat.add_argument(
         "--out", metavar="FILE", help="save the document here (default: in place, after every turn that changed it)"

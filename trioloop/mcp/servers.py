@@ -6,6 +6,7 @@ file the user wrote) makes a tool read-only or non-destructive. A tool not named
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import tomllib
@@ -204,11 +205,29 @@ def _string_list(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _one_server(name: str, table: Any) -> McpServer:
+_ENV_REFERENCE: Final = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _config_headers(value: Any, where: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """A url server's ``headers`` table, each ``${VAR}`` replaced from ``environ`` (so a token stays out of the
+    file); a variable that is not set is an error naming it, never its would-be value."""
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise McpConfigError(f"{where}.headers must be a table of strings.")
+
+    def expand(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise McpConfigError(f"{where}.headers names ${{{name}}}, which is not set in the environment.")
+        return environ[name]
+
+    return {header: _ENV_REFERENCE.sub(expand, text) for header, text in value.items()}
+
+
+def _one_server(name: str, table: Any, environ: Mapping[str, str]) -> McpServer:
     where = f"[servers.{name}]"
     if not isinstance(table, dict):
         raise McpConfigError(f"{where} must be a table.")
-    unknown = sorted(set(table) - {"command", "args", "env", "cwd", "url", "tools"})
+    unknown = sorted(set(table) - {"command", "args", "env", "cwd", "url", "headers", "tools"})
     if unknown:
         raise McpConfigError(f"{where}: unknown key(s) {', '.join(unknown)}.")
     tools = table.get("tools", {})
@@ -220,7 +239,10 @@ def _one_server(name: str, table: Any) -> McpServer:
     if has_url:
         if not isinstance(table["url"], str):
             raise McpConfigError(f"{where}.url must be a string.")
-        return HttpServer(name=name, url=table["url"], tools=tools)
+        headers = _config_headers(table.get("headers", {}), where, environ)
+        return HttpServer(name=name, url=table["url"], tools=tools, headers=headers)
+    if "headers" in table:
+        raise McpConfigError(f"{where}.headers applies to a url server (a stdio server takes env).")
     if not isinstance(table["command"], str):
         raise McpConfigError(f"{where}.command must be a string.")
     env = table.get("env")
@@ -239,9 +261,11 @@ def _one_server(name: str, table: Any) -> McpServer:
     )
 
 
-def load_mcp_config(text: str) -> tuple[McpServer, ...]:
+def load_mcp_config(text: str, environ: Mapping[str, str] | None = None) -> tuple[McpServer, ...]:
     """Parse a TOML config: one ``[servers.NAME]`` table per server, each with ``command`` (+ ``args``,
-    ``env``, ``cwd``) or ``url``, and an optional ``[servers.NAME.tools]`` table classifying tools."""
+    ``env``, ``cwd``) or ``url`` (+ ``headers``, whose ``${VAR}`` references are read from ``environ``, by
+    default the process environment), and an optional ``[servers.NAME.tools]`` table classifying tools."""
+    environ = os.environ if environ is None else environ
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -254,4 +278,4 @@ def load_mcp_config(text: str) -> tuple[McpServer, ...]:
     servers = data.get("servers", {})
     if not isinstance(servers, dict):
         raise McpConfigError("servers must be a table of [servers.NAME] tables.")
-    return tuple(_one_server(name, table) for name, table in servers.items())
+    return tuple(_one_server(name, table, environ) for name, table in servers.items())

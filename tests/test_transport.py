@@ -491,6 +491,22 @@ def test_stream_redactor_never_lets_the_key_through(key: str, pieces: list[str],
     assert joined.replace(REDACTED, "\0").count(key[:MIN_HOLD]) <= text.count(key[:MIN_HOLD])
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.text(_key_chars, min_size=2, max_size=24),
+    steps=st.lists(st.one_of(st.none(), st.text(st.sampled_from("AB-x✓CD"), max_size=14)), max_size=14),
+)
+def test_the_redactors_fast_path_releases_exactly_what_the_full_scan_does(key: str, steps: list[str | None]) -> None:
+    """For any fragments and flushes (None), ``push`` (with its one-search shortcut) equals the full scan."""
+    fast, slow = StreamRedactor(key), StreamRedactor(key)
+    for step in steps:
+        if step is None:
+            assert fast.flush() == slow.flush()
+        else:
+            assert fast.push(step) == slow._push(step)
+    assert fast.flush() == slow.flush()
+
+
 def test_event_scrubber_keeps_order_and_flushes_held_text_before_other_events() -> None:
     key = "CANARY-KEY-1234"
     scrubber = EventScrubber(key)

@@ -60,16 +60,28 @@ def scrub_json(value: Any, key: str) -> Any:
 class StreamRedactor:
     """Redacts ``key`` from one stream of text fragments; ``push`` each fragment, ``flush`` at its end."""
 
-    __slots__ = ("_hold_from", "_key", "_pending", "_tail")
+    __slots__ = ("_hold_from", "_keep", "_key", "_pending", "_probe", "_tail")
 
     def __init__(self, key: str) -> None:
         self._key = key
         self._hold_from = max(1, min(MIN_HOLD, len(key) - 1))
+        self._probe = key[: self._hold_from]  # every occurrence of the key, and every held start, contains it
+        self._keep = len(key) - 1
         self._pending = ""  # received, not yet released: it may be the start of the key
         self._tail = ""  # the last len(key) - 1 released characters
 
     def push(self, text: str) -> str:
         """The part of ``text`` (plus anything held before) that is safe to release now."""
+        if not self._pending and self._keep > 1:
+            # The common case, one C-level search: with nothing held and the key's first characters nowhere
+            # in the released tail and the new text, nothing can be replaced or held: all of it goes out.
+            joined = self._tail + text
+            if self._probe not in joined:
+                self._tail = joined[-self._keep :]
+                return text
+        return self._push(text)
+
+    def _push(self, text: str) -> str:
         key, n = self._key, len(self._key)
         tail = self._tail
         virtual = tail + self._pending + text
@@ -94,6 +106,8 @@ class StreamRedactor:
 
     def flush(self) -> str:
         """Release what is held; the stream of fragments has ended."""
+        if not self._pending:
+            return ""
         release, self._pending = self._pending, ""
         if len(self._key) > 1:
             self._tail = (self._tail + release)[-(len(self._key) - 1) :]
@@ -138,6 +152,8 @@ class EventScrubber:
         if isinstance(event, TextDelta):
             out = self._flush_arguments() + self._flush_thinking()
             text = self._text.push(event.text)
+            if text is event.text and not out:
+                return [event]  # nothing held or replaced: the event itself, not a copy
             return [*out, TextDelta(text=text)] if text else out
         if isinstance(event, ThinkingDelta):
             out = self._flush_text() + self._flush_arguments()

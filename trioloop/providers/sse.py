@@ -154,7 +154,7 @@ class SseDecoder:
                     self._fail(INVALID_UTF8_MESSAGE)
             self._dispatch_lines(lines, frames)
             return
-        lines = _LINE_BREAK.split(text)
+        lines = _LINE_BREAK.split(text) if "\r" in text else text.split("\n")  # LF alone: no regex needed
         lines.pop()  # the empty remainder after the final terminator
         self._dispatch_lines(lines, frames)
 

@@ -74,8 +74,10 @@ FAILING: dict[str, str] = {
         "-32600 'Elicitation not supported' (issue 27 item 3)"
     ),
     "auth/2025-03-26-oauth-metadata-backcompat": (
-        "the SDK's OAuthClientProvider reads the 2025-03-26 server's authorization-server metadata (issuer under "
-        "/oauth) and then registers no client and asks for no code: not yet diagnosed (issue 27 item 6)"
+        "the SDK's OAuthClientProvider refuses the 2025-03-26 server's metadata, fetched at the server's root, "
+        "because its issuer (origin + /oauth) is not the origin it was fetched for (RFC 8414's issuer check: "
+        "'Authorization server metadata issuer mismatch'); trioloop passes the auth through and does not "
+        "loosen the SDK's check"
     ),
     # Extensions: machine-to-machine and enterprise flows (no person at the browser); the suite passes their
     # credentials in MCP_CONFORMANCE_CONTEXT. They need an httpx2.Auth of their own (the SDK's provider does the

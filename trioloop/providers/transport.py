@@ -14,9 +14,8 @@ import logging
 import math
 import os
 import re
-import ssl
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from typing import Final, Self, cast, final
+from typing import Any, Final, Self, cast, final
 
 import httpx
 import trio
@@ -191,6 +190,12 @@ HELD_POOL_LIMITS: Final = httpx.Limits(max_connections=None, max_keepalive_conne
 HELD_STREAMS_PER_CLIENT: Final = 32
 
 
+def _streaming_client(**options: Any) -> httpx.AsyncClient:
+    """A client for streamed answers: 30 s to connect and write, no total read bound (the transport's own
+    read gap bounds the silence), redirects refused."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False, **options)
+
+
 @final
 class _HeldClients:
     """The clients a held provider streams through: the least busy one takes the next request, and a new one
@@ -199,22 +204,13 @@ class _HeldClients:
     __slots__ = ("_tls", "busy", "clients")
 
     def __init__(self) -> None:
-        self._tls: ssl.SSLContext | None = None
+        self._tls = httpx.create_ssl_context()
         self.clients: list[httpx.AsyncClient] = []
         self.busy: list[int] = []
         self._open()
 
     def _open(self) -> None:
-        if self._tls is None:
-            self._tls = httpx.create_ssl_context()
-        self.clients.append(
-            httpx.AsyncClient(
-                timeout=httpx.Timeout(30.0, read=None),
-                follow_redirects=False,
-                limits=HELD_POOL_LIMITS,
-                verify=self._tls,
-            )
-        )
+        self.clients.append(_streaming_client(limits=HELD_POOL_LIMITS, verify=self._tls))
         self.busy.append(0)
 
     def take(self) -> int:
@@ -376,7 +372,7 @@ class HttpTransport:
             slot = held.take()
             client = held.clients[slot]
         else:
-            client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
+            client = _streaming_client()
         exchange = _Exchange(
             wire=self._wire,
             key=key,

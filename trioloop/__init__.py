@@ -34,6 +34,7 @@ from trioloop.loop.journal_store import (
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.preview import EntityChange, FieldChange, Preview, preview_call
+from trioloop.loop.questions import Answer, AnswerError, Question, QuestionField, QuestionRefused
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
 from trioloop.loop.session import Session, SessionBusy, SessionClosed, SessionJournalError, Toolset, TranscriptError
 from trioloop.loop.session_file import SessionFileError
@@ -99,6 +100,8 @@ __all__ = [
     "DEFAULT_TURN_LIMITS",
     "THREAT_MODEL",
     "Aborted",
+    "Answer",
+    "AnswerError",
     "AnthropicProvider",
     "CallRecord",
     "CallStatus",
@@ -126,6 +129,9 @@ __all__ = [
     "Preview",
     "ProtocolError",
     "ProtocolErrorCode",
+    "Question",
+    "QuestionField",
+    "QuestionRefused",
     "RegisteredTool",
     "ScriptedProvider",
     "Session",

@@ -20,6 +20,7 @@ __all__ = [
     "TurnLimits",
     "bound_notice",
     "budget_exhaustion",
+    "question_cap",
     "timing_exhaustion",
     "tool_call_cap",
 ]
@@ -68,6 +69,9 @@ class TurnLimits:
     #: How long the turn may wait for the reviewer's decisions on one iteration's cards; None waits for ever.
     #: The turn deadline does not run while the turn waits for the reviewer; this bound does.
     review_timeout_ms: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    #: How many questions the turn's running tools may put to the person (an MCP server's elicitation and
+    #: sampling requests); one more is refused, and the asker is told why.
+    max_questions_per_turn: int = _limit(8)
 
 
 DEFAULT_TURN_LIMITS: Final = TurnLimits()
@@ -142,6 +146,11 @@ def tool_call_cap(budget: TurnBudget, limits: TurnLimits, calls_this_iteration: 
     if budget.tool_calls_accepted >= limits.max_tool_calls_per_turn:
         return Bound.TOOL_CALLS
     return None
+
+
+def question_cap(asked_this_turn: int, limits: TurnLimits) -> bool:
+    """Whether the turn has put all the questions ``max_questions_per_turn`` allows (one more is refused)."""
+    return asked_this_turn >= limits.max_questions_per_turn
 
 
 _KEPT: Final = " Changes you already approved were kept and can be undone."

@@ -34,7 +34,7 @@ from trioloop.loop._stream_fold import fold_text_deltas
 from trioloop.loop.document import DocumentKind
 from trioloop.loop.journal import JournalWriter, recovery_inputs
 from trioloop.loop.journal_store import StoredEntry
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS, Bound, TurnLimits, timing_exhaustion
+from trioloop.loop.limits import DEFAULT_TURN_LIMITS, Bound, TurnLimits, question_cap, timing_exhaustion
 from trioloop.loop.machine import (
     NO_STATE_CHANGE,
     Advance,
@@ -53,6 +53,7 @@ from trioloop.loop.machine import (
     TurnState,
     reduce_turn,
 )
+from trioloop.loop.questions import Answer, AnswerAction, Question, QuestionRefused
 from trioloop.loop.tool_runtime import PreparedCall, RegisteredTool, ToolExecutionContext, ToolOutcome, ToolRegistry
 from trioloop.loop.transaction import Committed, Refused, UndoHistory, commit_tool_outcome
 from trioloop.protocol.events import (
@@ -189,6 +190,12 @@ class TurnControls:
         #: The tool call whose input is streaming now (its tool's name and the input's length so far), for a
         #: face to show while the model writes a long input; None between calls. Not part of the state.
         self.input_streaming: tuple[str, int] | None = None
+        #: The questions running calls put to the person and not yet answered, oldest first (question id ->
+        #: question). Not part of the state: a question lives only as long as the call that asked it.
+        self.questions: dict[str, Question] = {}
+        self._waiting: dict[str, _Waiter] = {}
+        #: Called (synchronously) each time a question opens or closes: the session wakes its faces.
+        self.on_questions: Callable[[], None] | None = None
 
     def _put(self, item: _InboxItem) -> bool:
         if self._closed:
@@ -234,6 +241,32 @@ class TurnControls:
             self._scope.cancel()
         return True
 
+    def answer(self, question_id: str, action: AnswerAction, content: Mapping[str, Any] | None = None) -> bool:
+        """Answer an open question: ``accept`` (a form's values, checked against its fields, a left-out field
+        given its default), ``decline`` or ``cancel``. False if the question is not open (answered, ended).
+
+        Raises `AnswerError` for values that do not fit (nothing is answered: ask the person again) and
+        ``ValueError`` for an unknown action or values with a decline or cancel."""
+        waiter = self._waiting.get(question_id)
+        if waiter is None or waiter.answer is not None:
+            return False
+        if action == "accept":
+            answer = Answer("accept", waiter.question.checked(content))
+        elif action in ("decline", "cancel"):
+            if content:
+                raise ValueError(f"A {action} carries no values.")
+            answer = Answer(action)
+        else:
+            raise ValueError(f"An answer is accept, decline or cancel, not {action!r}.")
+        waiter.give(answer)
+        return True
+
+    def _end_questions(self, call_id: str | None = None) -> None:
+        """Cancel the open questions (of ``call_id`` alone, if given): nobody answers them any more."""
+        for waiter in tuple(self._waiting.values()):
+            if call_id is None or waiter.question.call_id == call_id:
+                waiter.give(Answer.cancelled())
+
     def _note_call_progress(self, call_id: str, progress: float, total: float | None, message: str) -> None:
         if not self._closed:
             self.call_progress[call_id] = (progress, total, message)
@@ -251,7 +284,9 @@ class TurnControls:
             self.input_streaming = None
 
     def _cancel_tools(self) -> None:
-        """Cancel the scope of every tool still running (a tool's scope leaves the set as it ends)."""
+        """Cancel the scope of every tool still running (a tool's scope leaves the set as it ends), and
+        every open question."""
+        self._end_questions()
         for scope in tuple(self._tool_scopes):
             if not scope.cancel_called:  # cancel() costs even when it has nothing left to do
                 scope.cancel()
@@ -265,6 +300,22 @@ class TurnControls:
     def stop_requested(self) -> bool:
         """Whether Stop was asked for."""
         return self._stop_requested
+
+
+class _Waiter:
+    """One open question and, once given, its answer."""
+
+    __slots__ = ("answer", "done", "question")
+
+    def __init__(self, question: Question) -> None:
+        self.question = question
+        self.answer: Answer | None = None
+        self.done = trio.Event()
+
+    def give(self, answer: Answer) -> None:
+        if self.answer is None:
+            self.answer = answer
+            self.done.set()
 
 
 def _now_ms() -> int:
@@ -417,6 +468,9 @@ class _Turn(Generic[D]):
         self.deadline = self.started_at + request.limits.turn_deadline_ms / 1000
         self.review_paused_s = 0.0  # time spent waiting for the reviewer: the turn deadline does not run then
         self.review_since: float | None = None
+        self.waiting_for_person = False  # in review, or a running call's question is open: the deadline stands
+        self.scope_deadline = self.deadline  # the deadline the turn's scope and the tools' scopes have now
+        self.questions_asked = 0
         # A review taken up from a journal had already waited this long in an earlier process: it counts
         # against the review timeout, never against the turn deadline (it was never machine time).
         self.review_credit_s = 0.0
@@ -434,7 +488,7 @@ class _Turn(Generic[D]):
             if journal is not None:
                 journal.writer.note(item, old, new, self.workspace.document)
             if (old.phase is Phase.AWAITING_APPROVAL) is not (new.phase is Phase.AWAITING_APPROVAL):
-                self.pause_deadline_for_review(new.phase is Phase.AWAITING_APPROVAL)
+                self.person_waits()
             if self.on_state is not None:
                 if journal is not None and (journal.writer.commit_pending or new.phase is Phase.AWAITING_APPROVAL):
                     # Published by `sync`, once durable: a commit, and the cards a person is about to see.
@@ -461,11 +515,54 @@ class _Turn(Generic[D]):
 
     # -- the reviewer's time ---------------------------------------------------------------------
 
+    def person_waits(self) -> None:
+        """Hold the deadline still, or let it run again, as the turn starts or stops waiting for the person:
+        in review, or while a running call's question is open."""
+        waiting = self.state.phase is Phase.AWAITING_APPROVAL or bool(self.controls.questions)
+        if waiting is not self.waiting_for_person:
+            self.pause_deadline_for_review(waiting)
+
+    async def ask(self, call_id: str, tool_name: str, question: Question) -> Answer:
+        """A running call's question: numbered, shown to the faces, answered by the person (or cancelled by
+        Stop, the call's end or the turn's end), the deadline standing still meanwhile."""
+        controls = self.controls
+        if controls._closed or self.ending or controls.turn_cancelled or self.state.is_settled:
+            await trio.lowlevel.checkpoint()
+            raise QuestionRefused("No one can be asked: the turn is ending.")
+        if question_cap(self.questions_asked, self.state.limits):
+            await trio.lowlevel.checkpoint()
+            raise QuestionRefused(
+                f"No one was asked: this turn has already put its {self.state.limits.max_questions_per_turn} "
+                "questions to the person (max_questions_per_turn)."
+            )
+        self.questions_asked += 1
+        question = attrs.evolve(question, id=f"q{self.questions_asked}", call_id=call_id, tool_name=tool_name)
+        waiter = _Waiter(question)
+        controls.questions[question.id] = question
+        controls._waiting[question.id] = waiter
+        self.person_waits()
+        self.tell_questions()
+        try:
+            await waiter.done.wait()
+        finally:
+            waiter.give(Answer.cancelled())
+            del controls.questions[question.id], controls._waiting[question.id]
+            self.person_waits()
+            self.tell_questions()
+        assert waiter.answer is not None
+        return waiter.answer
+
+    def tell_questions(self) -> None:
+        hook = self.controls.on_questions
+        if hook is not None:
+            hook()
+
     def pause_deadline_for_review(self, waiting: bool) -> None:
         """The turn deadline measures the machine, not the person: it stands still while the turn waits
         in ``awaiting_approval`` and moves forward by the time waited when the review is decided. While
         waiting, the turn scope's deadline is the review timeout (none unless ``review_timeout_ms``)."""
         now = trio.current_time()
+        self.waiting_for_person = waiting
         if waiting:
             self.review_since = now
             timeout_ms = self.state.limits.review_timeout_ms
@@ -480,10 +577,15 @@ class _Turn(Generic[D]):
         self.set_deadline(self.deadline)
 
     def set_deadline(self, deadline: float) -> None:
-        """The turn scope's deadline, and the request nursery's backstop just after it."""
+        """The turn scope's deadline, and the request nursery's backstop just after it. Each running tool's
+        scope has the turn deadline too, or none while the turn waits for the person: a review timeout ends
+        the turn (which then cancels its tools), never a tool on its own."""
+        self.scope_deadline = math.inf if self.waiting_for_person else deadline
         scope = self.controls._scope
         if scope is not None:
             scope.deadline = deadline
+        for tool_scope in self.controls._tool_scopes:
+            tool_scope.deadline = self.scope_deadline
         if self.approach is not None:
             self.approach.deadline = deadline - SHARPEN_LEAD_S
         self.sharpener.move(deadline)
@@ -773,17 +875,18 @@ class _Turn(Generic[D]):
             # tool sees its own scope cancelled, not just a Cancelled from further out.
             if self.controls.turn_cancelled:
                 continue  # Stop or the deadline came first: none of the tool's code runs; the settle ends the call
-            scope = trio.CancelScope(deadline=self.deadline)
+            scope = trio.CancelScope(deadline=self.scope_deadline)
             # The tool gets a private copy, made when it first reads ctx.document (or the snapshot
             # itself when the kind is immutable): nothing it does to it can reach the live document or
             # the undo snapshot that undo restores.
             kind = self.workspace.kind
             progress = partial(self.controls._note_call_progress, call.id)
+            ask = partial(self.ask, call.id, call.tool_name)
             if kind.immutable:
-                context = ToolExecutionContext(document=snapshot, cancel_scope=scope, on_progress=progress)
+                context = ToolExecutionContext(document=snapshot, cancel_scope=scope, on_progress=progress, on_ask=ask)
             else:
                 context = ToolExecutionContext.deferred(
-                    partial(kind.private_copy, snapshot), cancel_scope=scope, on_progress=progress
+                    partial(kind.private_copy, snapshot), cancel_scope=scope, on_progress=progress, on_ask=ask
                 )
             invoke = prepared.invoke
             if invoke is None:
@@ -862,6 +965,7 @@ class _Turn(Generic[D]):
             failure: ToolOutcome[D] = ToolOutcome.failure(f"The tool could not be settled ({type(exc).__name__}).")
             settled = CallSettled(call_id=call_id, outcome=failure, now_ms=_now_ms())
         self.controls.call_progress.pop(call_id, None)
+        self.controls._end_questions(call_id)
         report(settled)
 
     def commit(self, call_id: str, tool: RegisteredTool[D], snapshot: D, outcome: ToolOutcome[D]) -> CallSettled:

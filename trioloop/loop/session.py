@@ -17,7 +17,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import TracebackType
@@ -32,6 +32,7 @@ from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.loop.machine import Phase, TurnState, UndoTurn, reduce_turn
 from trioloop.loop.observer import TurnObserver
 from trioloop.loop.observer import log as observer_log
+from trioloop.loop.questions import AnswerAction, Question
 from trioloop.loop.runner import ResumePoint, TurnControls, TurnJournal, TurnRequest, Workspace, run_turn
 from trioloop.loop.session_file import (
     MAX_SESSION_BYTES,
@@ -154,6 +155,7 @@ class Session(Generic[D]):
         self._last_turn_id: str | None = None  # the turn `undo_last_turn` undoes
         self._turns_started = 0
         self._changed = trio.lowlevel.ParkingLot()  # `states()` readers park here until the next state
+        self._questions_seen = 0  # bumped each time a question opens or closes: `states()` yields again
         self._observers: tuple[TurnObserver, ...] = tuple(observers)
         self._toolsets: list[tuple[Toolset[D], tuple[RegisteredTool[D], ...]]] = []  # each with the tools it gave
         self._lease: JournalLease | None = None  # the journal this session writes, when opened from a store
@@ -307,18 +309,40 @@ class Session(Generic[D]):
         return None if controls is None else controls.call_progress.get(call_id)
 
     @property
+    def questions(self) -> tuple[Question, ...]:
+        """The questions running calls put to the person and not yet answered, oldest first (each is a card:
+        answer it with `answer`). `states` yields the state again each time one opens or closes."""
+        controls = self._controls
+        return () if controls is None else tuple(controls.questions.values())
+
+    def answer(self, question_id: str, action: AnswerAction, content: Mapping[str, Any] | None = None) -> bool:
+        """Answer an open question: ``"accept"`` with the form's values (a left-out field takes its default),
+        ``"decline"`` or ``"cancel"``. False if it is not open any more.
+
+        Raises `AnswerError` (naming the field) for values that do not fit the form; nothing is answered
+        then, so ask the person again."""
+        controls = self._controls
+        return controls is not None and controls.answer(question_id, action, content)
+
+    def _questions_changed(self) -> None:
+        self._questions_seen += 1
+        if self._changed:
+            self._changed.unpark_all()
+
+    @property
     def suspended(self) -> bool:
         """Whether a turn waits to be taken up again with `continue_turn` (suspended in review, or
         reopened from a journal a crash cut short)."""
         return self._resume is not None
 
     async def states(self) -> AsyncIterator[TurnState]:
-        """Yield the latest state each time it changes, forever. A slow reader skips states, never
-        lags: it always gets the newest one when it asks again."""
+        """Yield the latest state each time it changes (or a question opens or closes: see `questions`),
+        forever. A slow reader skips states, never lags: it always gets the newest one when it asks again."""
         seen: TurnState | None = None
+        asked = self._questions_seen
         while True:
-            if self._state is not None and self._state is not seen:
-                seen = self._state
+            if self._state is not None and (self._state is not seen or asked != self._questions_seen):
+                seen, asked = self._state, self._questions_seen
                 yield seen
                 continue
             await self._changed.park()
@@ -392,6 +416,7 @@ class Session(Generic[D]):
         self._check_journal()
         nursery = self.nursery
         controls = controls or TurnControls()
+        controls.on_questions = self._questions_changed
         self._controls = controls
         self._turn_ended = trio.Event()
         request = TurnRequest(

@@ -10,7 +10,7 @@ import inspect
 import math
 import types
 import typing
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
@@ -22,6 +22,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 from trioloop.loop.canonical import input_digest
 from trioloop.loop.card import CardDetails, input_details
 from trioloop.loop.preview import Preview, PreviewFn
+from trioloop.loop.questions import Answer, Question, QuestionField, QuestionRefused
 from trioloop.protocol.tools import ToolDefinition
 
 __all__ = [
@@ -70,6 +71,8 @@ class ToolOutcome(Generic[D]):
 
 #: Where a running call's progress goes: (progress, total or None, message).
 ProgressSink: TypeAlias = Callable[[float, "float | None", str], None]
+#: Where a running call's questions go: the runner numbers the question, shows it and returns the answer.
+AskSink: TypeAlias = Callable[[Question], Awaitable[Answer]]
 
 
 @typing.final
@@ -83,7 +86,7 @@ class ToolExecutionContext(Generic[D]):
     every read.
     """
 
-    __slots__ = ("_cancel_scope", "_document", "_make_document", "_on_progress")
+    __slots__ = ("_cancel_scope", "_document", "_make_document", "_on_ask", "_on_progress")
 
     _document: D
 
@@ -93,11 +96,13 @@ class ToolExecutionContext(Generic[D]):
         document: D,
         cancel_scope: trio.CancelScope | None = None,
         on_progress: ProgressSink | None = None,
+        on_ask: AskSink | None = None,
     ) -> None:
         self._document = document
         self._make_document: Callable[[], D] | None = None
         self._cancel_scope = trio.CancelScope() if cancel_scope is None else cancel_scope
         self._on_progress = on_progress
+        self._on_ask = on_ask
 
     @classmethod
     def deferred(
@@ -106,13 +111,39 @@ class ToolExecutionContext(Generic[D]):
         *,
         cancel_scope: trio.CancelScope,
         on_progress: ProgressSink | None = None,
+        on_ask: AskSink | None = None,
     ) -> ToolExecutionContext[D]:
         """A context whose ``document`` is ``make_document()``, called once, on the first read."""
         context = cls.__new__(cls)
         context._make_document = make_document
         context._cancel_scope = cancel_scope
         context._on_progress = on_progress
+        context._on_ask = on_ask
         return context
+
+    async def ask(
+        self,
+        *,
+        source: str,
+        message: str,
+        fields: Sequence[QuestionField] = (),
+        url: str = "",
+    ) -> Answer:
+        """Put a question to the person and wait for the answer: a form (``fields``) or a page at ``url``
+        they may open themselves. The card shows ``source`` (who asks) and ``message`` as that asker's text.
+
+        The turn deadline stands still while the person answers (``review_timeout_ms`` bounds the wait).
+        Returns the person's `Answer`; Stop, the call's end and the turn's end make it ``cancel``. Raises
+        `QuestionRefused` when there is no one to ask (outside a turn, the turn ending, or the turn's
+        ``max_questions_per_turn`` spent), ``ValueError`` for a question that cannot be shown."""
+        question = Question(
+            id="", call_id="", source=source, kind="url" if url else "form", message=message, fields=fields, url=url
+        )
+        sink = self._on_ask
+        if sink is None:
+            await trio.lowlevel.checkpoint()
+            raise QuestionRefused("No one can be asked: the call is not running in a turn.")
+        return await sink(question)
 
     def report_progress(self, progress: float, total: float | None = None, message: str = "") -> None:
         """Say how far a long run has got (``progress`` of ``total``, and a short ``message``), for the person

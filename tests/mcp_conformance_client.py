@@ -5,10 +5,10 @@ with the scenario's name in ``MCP_CONFORMANCE_SCENARIO`` (and any scenario data 
 ``MCP_CONFORMANCE_CONTEXT``), and judges what the server saw. This program is not a hand-written MCP client:
 it connects with ``trioloop.mcp.McpToolset(HttpServer(...))`` (the SDK's client underneath, as in an app),
 and runs one real ``Session`` turn in which a scripted model calls the server's tools. A reviewer task stands
-in for the person and approves each card. For the ``auth/`` scenarios it gives ``HttpServer(auth=...)`` the
-SDK's ``OAuthClientProvider`` with what an app supplies (token storage; the browser round trip, here a GET of
-the authorization page whose redirect carries the code). Where trioloop lacks what a scenario needs
-(elicitation, ...), the scenario fails honestly: nothing here works around the host.
+in for the person: it approves each card and accepts each question card as shown. For the ``auth/`` scenarios
+it gives ``HttpServer(auth=...)`` the SDK's ``OAuthClientProvider`` with what an app supplies (token storage;
+the browser round trip, here a GET of the authorization page whose redirect carries the code). Where trioloop
+lacks what a scenario needs, the scenario fails honestly: nothing here works around the host.
 
 Which tools the scripted model calls: those named in ``CALLS`` for the scenario, with those inputs; for any
 other scenario, every tool the server lists, with ``{}`` (the auth and SSE scenarios' test tools take none).
@@ -71,8 +71,15 @@ def planned_calls(
 
 
 async def approve_every_card(session: Session[str]) -> None:
-    """The person's stand-in: approve each pending card, one click per call, as a reviewer would."""
+    """The person's stand-in: approve each pending card, one click per call, as a reviewer would; and accept
+    each question card as shown (a form's fields left as the card fills them in: their defaults)."""
+    answered: set[str] = set()
     async for state in session.states():  # runs until the nursery is cancelled at the end
+        for question in session.questions:
+            if question.id not in answered:
+                answered.add(question.id)
+                log(f"accepting the question of {question.source}: {question.message[:200]!r}")
+                session.answer(question.id, "accept", {})
         if state.phase is not Phase.AWAITING_APPROVAL:
             continue
         for card in state.current_calls:

@@ -24,7 +24,8 @@ from trioloop import (
     TurnLimits,
 )
 from trioloop.loop.document import define_document_kind
-from trioloop.loop.machine import Outcome, Phase, TurnState
+from trioloop.loop.limits import DEFAULT_TURN_LIMITS
+from trioloop.loop.machine import Outcome, TurnState
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.tools import function_tool
 
@@ -46,7 +47,7 @@ def _steps(calls: int = 1) -> list[ScriptStep]:
 async def _turn(
     answerer: Callable[[Session[str], Question], Awaitable[None]],
     *,
-    limits: TurnLimits = TurnLimits(),
+    limits: TurnLimits = DEFAULT_TURN_LIMITS,
     calls: int = 1,
     asks: int = 1,
     url: str = "",
@@ -146,7 +147,7 @@ async def test_the_review_timeout_bounds_an_unanswered_question(autojump_clock: 
         await trio.sleep_forever()
 
     start = trio.current_time()
-    final, got, session = await _turn(never, limits=TurnLimits(turn_deadline_ms=5_000, review_timeout_ms=30_000))
+    final, _got, session = await _turn(never, limits=TurnLimits(turn_deadline_ms=5_000, review_timeout_ms=30_000))
     assert final.outcome is Outcome.BOUNDED
     assert 30 <= trio.current_time() - start < 31
     assert session.questions == ()

@@ -16,6 +16,7 @@ notice already queued still goes out and a streamable-HTTP session is ended (its
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib.metadata
 import logging
 import os
@@ -30,6 +31,7 @@ import trio
 from mcp import Client, StdioServerParameters
 from mcp.client import Transport
 from mcp.client._transport import ReadStream, TransportStreams
+from mcp.client.session import ClientRequestContext
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -37,8 +39,10 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
+from trioloop.loop.questions import QuestionRefused
 from trioloop.loop.tool_runtime import RegisteredTool, ToolExecutionContext, ToolOutcome
 from trioloop.loop.untrusted_text import sanitize_scalar
+from trioloop.mcp.elicitation import UnusableRequest, elicit_result, question_parts
 from trioloop.mcp.results import mcp_result_outcome
 from trioloop.mcp.servers import HttpServer, McpServer
 from trioloop.mcp.tools import UnusableTool, build_mcp_tool, namespaced_name
@@ -136,6 +140,11 @@ class SkippedTool:
     reason: str
 
 
+#: The call whose task this is (set around ``call_tool``): a server request the SDK dispatches inside the call
+#: (a 2026-07-28 ``input_required`` round) belongs to it.
+_CALLING: Final = contextvars.ContextVar[ToolExecutionContext[Any] | None]("trioloop_mcp_calling", default=None)
+
+
 class _Connection:
     """One connection's state; ``client`` is set once the handshake is done."""
 
@@ -143,6 +152,9 @@ class _Connection:
 
     def __init__(self) -> None:
         self.calls: set[trio.CancelScope] = set()
+        #: The calls in flight on this connection, oldest first: a server request that arrives outside any
+        #: call's task (a 2025 server's own JSON-RPC request) is put to the person for the oldest.
+        self.running: dict[trio.CancelScope, ToolExecutionContext[Any]] = {}
         self.lost = False
         self.scope = trio.CancelScope()
 
@@ -354,7 +366,7 @@ class McpToolset:
         with open(write_end, "w", closefd=True) as errlog:  # noqa: ASYNC230  # a pipe's fd: no blocking open
             yield errlog
 
-    def _client(self, errlog: TextIO, on_end: Callable[[], None]) -> Client:
+    def _client(self, errlog: TextIO, connection: _Connection) -> Client:
         server = self.server
         transport: Transport
         if isinstance(server, HttpServer):
@@ -375,12 +387,47 @@ class McpToolset:
                 encoding_error_handler="replace",
             )
             transport = stdio_client(parameters, errlog=errlog)
+
+        async def elicit(
+            context: ClientRequestContext, params: mcp_types.ElicitRequestParams
+        ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+            return await self._elicit(connection, params)
+
         return Client(
-            _watched(transport, on_end, server.name),
+            _watched(transport, connection.lose, server.name),
             cache=None,
             client_info=_CLIENT_INFO,
             message_handler=self._on_server_message,
+            elicitation_callback=elicit,
         )
+
+    async def _elicit(
+        self, connection: _Connection, params: mcp_types.ElicitRequestParams
+    ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+        """A server's ``elicitation/create``: a question card for the person, during the call it belongs to.
+
+        Never answered by anyone but the person: outside a call, past the turn's question limit or for a form
+        that cannot be shown faithfully, the server gets an error, not an answer."""
+        server = self.server.name
+        ctx = _CALLING.get() or next(iter(connection.running.values()), None)
+        if ctx is None:
+            await trio.lowlevel.checkpoint()
+            _log.warning("MCP server %s asked the person outside a tool call; refused", server)
+            return mcp_types.ErrorData(
+                code=mcp_types.INVALID_REQUEST,
+                message="This host asks the person only during one of this server's tool calls.",
+            )
+        try:
+            parts = question_parts(params)
+            answer = await ctx.ask(source=f'MCP server "{server}"', **parts)
+        except (UnusableRequest, ValueError) as exc:
+            _log.warning("MCP server %s asked with a request that cannot be shown: %s", server, exc)
+            return mcp_types.ErrorData(code=mcp_types.INVALID_PARAMS, message=f"The request cannot be shown: {exc}")
+        except QuestionRefused as exc:
+            _log.warning("MCP server %s: %s", server, exc)
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=str(exc))
+        _log.info("MCP server %s: the person answered its question: %s", server, answer.action)
+        return elicit_result(answer)
 
     async def _listen_for_tool_changes(self, client: Client) -> None:
         """On a 2026-07-28 connection, subscribe to tool-list changes (``subscriptions/listen``) and mark the tools
@@ -425,7 +472,7 @@ class McpToolset:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 errlog = await stack.enter_async_context(self._errlog_file())
-                client = await stack.enter_async_context(self._client(errlog, connection.lose))
+                client = await stack.enter_async_context(self._client(errlog, connection))
                 connection.client = client
                 task_status.started(connection)
                 started = True
@@ -518,6 +565,8 @@ class McpToolset:
             return ToolOutcome.failure(f'The MCP tool "{shown}" was not called: {reason}')
         watch = trio.CancelScope(deadline=trio.current_time() + self.call_timeout)
         connection.calls.add(watch)
+        connection.running[watch] = ctx
+        calling = _CALLING.set(ctx)
         result: mcp_types.CallToolResult | None = None
         failure: str | None = None
         try:
@@ -531,7 +580,9 @@ class McpToolset:
         except Exception as exc:  # e.g. a result that does not parse; a dead connection is noticed on its own
             failure = f"the call failed ({_describe(exc)}). Whether it took effect is unknown"
         finally:
+            _CALLING.reset(calling)
             connection.calls.discard(watch)
+            connection.running.pop(watch, None)
         timed_out = watch.cancelled_caught and not connection.lost
         if timed_out:
             # The server did not answer in time: it may be hung as a whole, so the next call must not wait on

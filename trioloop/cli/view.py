@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
+from trioloop.cli.questions import QuestionCards
 from trioloop.cli.review import HELP, KEYS, LinePrompt, edit_in_editor, editable_json, parse_answer
 from trioloop.loop.card import changed_fields, one_line
 from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnState
@@ -76,6 +77,7 @@ class TurnView:
         #: ``--approve safe`` in the demo: call id -> the edited input the scripted reviewer approves instead.
         self.scripted_edits = dict(scripted_edits or {})
         self.lines = prompt if isinstance(prompt, LinePrompt) else LinePrompt(prompt)
+        self.questions = QuestionCards(console, session, self.lines, mode)
         self._shown_text: dict[int, int] = {}
         self._carded: set[str] = set()
         self._status_shown: dict[str, CallStatus] = {}
@@ -168,6 +170,10 @@ class TurnView:
         self._stream_text(state)
         self._tool_lines(state)
         self._report_lines(state)
+        for question in self.questions.new():
+            self._end_text_line()
+            self.questions.show(question)
+            await self.questions.answer(question)
         if state.phase is Phase.AWAITING_APPROVAL:
             pending = [c for c in state.current_calls if c.status is CallStatus.PENDING and c.id not in self._carded]
             if pending:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -272,3 +273,20 @@ def test_for_all_answers_accepted_content_fits_every_field(fields: list[Question
             assert field.name in checked
         if field.name in checked:
             assert field.check(checked[field.name]) == checked[field.name]
+
+
+@given(message=st.text(), label=st.text(), option=st.text())
+def test_for_all_asker_text_a_card_shows_no_control_or_bidi_code_point(message: str, label: str, option: str) -> None:
+    """For all text an asker sends: what the faces get has no stripped code point, stays within its cap,
+    and cleaning it again changes nothing (a question renumbered by the runner reads the same)."""
+    from trioloop.loop.questions import MAX_MESSAGE
+    from trioloop.loop.untrusted_text import is_stripped_code_point
+
+    field = QuestionField(name="f", kind="choice", title=label, description=label, options=(("v", option),))
+    question = Question(id="", call_id="", source=label, message=message, fields=(field,))
+    shown = [question.message, question.source, field.title, field.description, field.options[0][1]]
+    assert not any(is_stripped_code_point(c, allow_newlines=True) for text in shown for c in text)
+    assert not any(c in "\r\x1b\u202e\u2066" for text in shown for c in text)
+    assert len(question.message) <= MAX_MESSAGE
+    assert attrs.evolve(question, id="q1") == attrs.evolve(question, id="q1", message=question.message)
+    assert attrs.evolve(question, id="q1").message == question.message

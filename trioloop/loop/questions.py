@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from trioloop.loop.untrusted_text import sanitize_scalar
+from trioloop.loop.untrusted_text import TRUNCATION_MARK, is_stripped_code_point
 
 __all__ = [
     "Answer",
@@ -69,9 +69,18 @@ class AnswerError(ValueError):
 
 
 def _cleaned(value: object, limit: int, newlines: bool = False) -> str:
+    """For display: control, format and bidi code points stripped, capped (ending in "…" when cut). Nothing
+    is escaped (a face shows plain text), so cleaning twice changes nothing."""
     if not isinstance(value, str):
         value = "" if value is None else str(value)
-    return sanitize_scalar(value, limit, allow_newlines=newlines)[0]
+    kept: list[str] = []
+    for char in value:
+        if not is_stripped_code_point(char, newlines):
+            kept.append(char)
+            if len(kept) > limit:
+                kept[limit - 1 :] = [TRUNCATION_MARK]
+                break
+    return "".join(kept)
 
 
 def _label(value: object) -> str:
@@ -87,7 +96,7 @@ def _message(value: object) -> str:
 
 
 def _options(value: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    options = tuple((str(v), sanitize_scalar(str(label), _LABEL)[0]) for v, label in value)
+    options = tuple((str(v), _cleaned(label, _LABEL)) for v, label in value)
     if len(options) > MAX_OPTIONS:
         raise ValueError(f"a field offers at most {MAX_OPTIONS} choices")
     return options
@@ -226,9 +235,9 @@ def _url(value: object) -> str:
         return ""
     if type(value) is not str or len(value) > MAX_URL:
         raise ValueError(f"a URL is text of at most {MAX_URL} characters")
-    cleaned, cut = sanitize_scalar(value, MAX_URL)
+    cleaned = _cleaned(value, MAX_URL)
     parts = urlsplit(cleaned)
-    if cut or cleaned != value or parts.scheme not in ("https", "http") or not parts.hostname:
+    if cleaned != value or " " in value or parts.scheme not in ("https", "http") or not parts.hostname:
         raise ValueError("a question's URL must be a plain http or https URL")
     return cleaned
 

@@ -56,10 +56,12 @@ except ImportError as exc:  # the extra, or a system library Qt links to: say wh
 
 from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.preview import preview_call
+from trioloop.loop.questions import AnswerAction, AnswerError
 from trioloop.loop.session import Session, SessionBusy
 from trioloop.protocol.messages import JsonValue, ToolCallBlock, flatten_text
 from trioloop.ui._qt_cards import CallCard, call_status_text, plain_label, shown_reason
 from trioloop.ui._qt_guest import TrioGuestHost, run_trio_guest
+from trioloop.ui._qt_questions import QUESTION_STYLE, QuestionCard
 
 __all__ = [
     "CallCard",
@@ -219,6 +221,7 @@ class ReviewPanel(QWidget):
         self._turn_running = False
         self._turn_done = trio.Event()
         self._cards: dict[str, CallCard] = {}
+        self._question_cards: dict[str, QuestionCard] = {}
         self._turn_id: str | None = None
         self._earlier_text = ""
         self._turn_prompt = ""
@@ -292,7 +295,7 @@ class ReviewPanel(QWidget):
         root.addLayout(cards_header)
         root.addWidget(self.card_area, 3)
         root.addLayout(controls)
-        self.setStyleSheet(_STYLE)
+        self.setStyleSheet(_STYLE + QUESTION_STYLE)
 
         self.send_button.clicked.connect(self._on_send)
         self.prompt_input.returnPressed.connect(self._on_send)
@@ -522,7 +525,7 @@ class ReviewPanel(QWidget):
             card.set_current(True)
             self._scroll_to(card)
 
-    def _scroll_to(self, card: CallCard) -> None:
+    def _scroll_to(self, card: QWidget) -> None:
         # After the layout has placed the card: a new card is not positioned until the event loop runs.
         QTimer.singleShot(0, lambda: self.card_area.ensureWidgetVisible(card) if card.isVisible() else None)
 
@@ -543,6 +546,7 @@ class ReviewPanel(QWidget):
     # -- rendering -------------------------------------------------------------------------------
 
     def _show(self, state: TurnState) -> None:
+        self._show_questions()
         if state is self._state:
             self._refresh_controls()
             return
@@ -612,6 +616,39 @@ class ReviewPanel(QWidget):
         if current is None or current.call.status is not CallStatus.PENDING:
             self._next_card()
 
+    @property
+    def question_cards(self) -> dict[str, QuestionCard]:
+        """The open questions' cards, by question id (a card goes when its question closes)."""
+        return dict(self._question_cards)
+
+    def _show_questions(self) -> None:
+        """A card for each question just opened (first in the list, scrolled to), none for one that closed."""
+        open_now = {question.id: question for question in self._session.questions}
+        for question_id in [q for q in self._question_cards if q not in open_now]:
+            card = self._question_cards.pop(question_id)
+            self._card_layout.removeWidget(card)
+            card.deleteLater()
+        for question_id, question in open_now.items():
+            if question_id in self._question_cards:
+                continue
+            card = QuestionCard(question)
+            card.answered.connect(self._on_answer)
+            self._card_layout.insertWidget(0, card)
+            card.show()
+            self._question_cards[question_id] = card
+            self._scroll_to(card)
+
+    def _on_answer(self, question_id: str, action: AnswerAction, values: dict[str, Any] | None) -> None:
+        def answer() -> None:
+            card = self._question_cards.get(question_id)
+            try:
+                self._session.answer(question_id, action, values)
+            except AnswerError as exc:  # the card checked the values; a race with nothing else can fail here
+                if card is not None:
+                    card.show_error(f"{exc}.")
+
+        self._post(answer)
+
     def _show_previews(self, *, force: bool) -> None:
         """Each undecided or not yet finished card's preview, from the document as it stands now.
 
@@ -656,6 +693,8 @@ class ReviewPanel(QWidget):
             return _PHASE_TEXT[Phase.IDLE]
         if state.outcome is not None:
             return _OUTCOME_TEXT[state.outcome]
+        if self._question_cards:
+            return "A tool asks you a question…"
         return _PHASE_TEXT.get(state.phase, state.phase.value)
 
     def _set_notice(self, kind: NoticeKind, text: str) -> None:

@@ -1,0 +1,157 @@
+"""Question cards in the Qt panel (an MCP server's elicitation as a form), driven headless through their real
+widgets with Trio as a guest of the Qt loop: fields filled in with their defaults, values checked on the card,
+a URL shown as text and never opened, Stop closing an open question."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest
+
+pytest.importorskip("PySide6", reason="the Qt review panel needs the optional 'trioloop[qt]' extra (PySide6)")
+
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QApplication, QCheckBox, QComboBox, QLineEdit
+from test_qt_review import PAYMENT, NoInput, click, review_panel, save_screenshot
+
+from trioloop import Answer, QuestionField
+from trioloop.loop.machine import CallStatus, Outcome
+from trioloop.loop.tool_runtime import (
+    ToolExecutionContext,
+    ToolOutcome,
+    create_tool_registry,
+    define_executable_tool,
+)
+from trioloop.providers.scripted import ScriptedCall, ScriptStep
+from trioloop.threatmodel import ThreatModel, load_thf
+from trioloop.ui._qt_questions import QuestionCard
+
+FORM = (
+    QuestionField(
+        name="account", kind="text", title="Account name", required=True, description="As on the bank's site"
+    ),
+    QuestionField(name="limit", kind="integer", title="Daily limit", minimum=0, maximum=10_000, default=500),
+    QuestionField(
+        name="region", kind="choice", title="Region", options=(("eu", "Europe"), ("us", "USA")), default="eu"
+    ),
+    QuestionField(name="alerts", kind="boolean", title="Send alerts", default=True),
+)
+
+
+@pytest.fixture(scope="module", name="app")
+def app_fixture() -> QApplication:
+    existing = QApplication.instance()
+    return existing if isinstance(existing, QApplication) else QApplication([])
+
+
+@pytest.fixture(name="document")
+def document_fixture() -> ThreatModel:
+    return load_thf(PAYMENT)
+
+
+def _asking_tools(got: list[Any], url: str = "") -> Any:
+    async def connect(data: NoInput, ctx: ToolExecutionContext[ThreatModel]) -> ToolOutcome[ThreatModel]:
+        got.append(
+            await ctx.ask(
+                source='MCP server "bank"',
+                message="Which account should the payment threat model cover? <b>not bold</b>",
+                fields=() if url else FORM,
+                url=url,
+            )
+        )
+        return ToolOutcome.success("connected")
+
+    return create_tool_registry(
+        [
+            define_executable_tool(
+                name="bank__connect",
+                description="Connect the bank account.",
+                effect="read",
+                destructive=False,
+                input_type=NoInput,
+                run=connect,
+                summarize=lambda i: "Connect the bank account",
+            )
+        ]
+    )
+
+
+STEPS = [ScriptStep(tool_calls=(ScriptedCall(id="c1", name="bank__connect", input={}),)), ScriptStep(text="Done.")]
+
+
+def _card(run: Any) -> QuestionCard:
+    run.until(lambda: len(run.panel.question_cards) == 1, "the question card")
+    (card,) = run.panel.question_cards.values()
+    return card
+
+
+def test_a_form_question_is_filled_in_on_its_card(app: QApplication, document: ThreatModel, tmp_path: Path) -> None:
+    got: list[Any] = []
+    with review_panel(app, STEPS, document, registry=_asking_tools(got)) as run:
+        run.send("Connect my bank")
+        card = _card(run)
+        assert card.source_label.text() == 'MCP server "bank" asks, during bank__connect'
+        assert run.panel.phase_label.text() == "A tool asks you a question…"
+        assert "<b>not bold</b>" in card.message_label.text()  # shown literally, as the server's words
+        limit = card.inputs["limit"]
+        region = card.inputs["region"]
+        alerts = card.inputs["alerts"]
+        assert isinstance(limit, QLineEdit) and limit.text() == "500"  # the default, filled in
+        assert isinstance(region, QComboBox) and region.currentData() == "eu"
+        assert isinstance(alerts, QCheckBox) and alerts.isChecked()
+        run.panel.resize(760, 620)
+        save_screenshot(run.panel, "qt-question.png", tmp_path)
+
+        click(card.accept_button)  # the required account is empty: the card says so and sends nothing
+        assert card.error_label.text() == '"Account name" is required.' and card.accept_button.isEnabled()
+        account = card.inputs["account"]
+        assert isinstance(account, QLineEdit)
+        QTest.keyClicks(account, "Household")
+        limit.setText("20000")
+        click(card.accept_button)
+        assert card.error_label.text() == '"Daily limit" takes at most 10000.'
+        limit.setText("750")
+        region.setCurrentIndex(region.findData("us"))
+        click(card.accept_button)
+        run.until_settled()
+    assert got == [Answer("accept", got[0].content)]
+    assert dict(got[0].content) == {"account": "Household", "limit": 750, "region": "us", "alerts": True}
+    assert run.panel.question_cards == {}
+
+
+def test_a_url_question_shows_the_address_and_never_opens_it(
+    app: QApplication, document: ThreatModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[Any] = []
+    monkeypatch.setattr(QDesktopServices, "openUrl", lambda url: opened.append(url) or True)
+    got: list[Any] = []
+    url = "https://bank.example.com/connect?session=1"
+    with review_panel(app, STEPS, document, registry=_asking_tools(got, url=url)) as run:
+        run.send("Connect my bank")
+        card = _card(run)
+        assert card.url_label is not None and card.url_label.text() == url
+        assert card.url_label.openExternalLinks() is False
+        click(card.findChild(type(card.accept_button), "copyUrlButton"))
+        assert QApplication.clipboard().text() == url
+        click(card.decline_button)
+        run.until_settled()
+    assert got == [Answer("decline")] and opened == []
+
+
+def test_stop_closes_an_open_question(app: QApplication, document: ThreatModel) -> None:
+    got: list[Any] = []
+    with review_panel(app, STEPS, document, registry=_asking_tools(got)) as run:
+        run.send("Connect my bank")
+        _card(run)
+        click(run.panel.stop_button)
+        run.until_settled()
+        state = run.panel.state
+        assert state is not None and state.outcome is Outcome.CANCELLED
+        assert run.panel.question_cards == {}
+        call = state.call("c1")
+        assert call is not None and call.status is CallStatus.DENIED

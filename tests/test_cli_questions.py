@@ -100,3 +100,49 @@ def test_typed_values_are_parsed_by_the_fields_kind() -> None:
     assert parse_field(QuestionField(name="b", kind="boolean"), "Yes") is True
     with pytest.raises(ValueError, match="takes a number"):
         parse_field(number, "two")
+
+
+async def test_a_sampling_card_shows_everything_the_model_would_see_and_sends_only_when_approved() -> None:
+    from trioloop import SamplingRequest
+
+    got: list[Any] = []
+    request = SamplingRequest(
+        messages=(("user", "Summarize the threats.\nBe brief."),),
+        system_prompt="You summarize.",
+        model_hint="claude-haiku",
+        max_tokens=5000,
+    )
+
+    @function_tool(effect="read")
+    async def summarize(ctx: ToolExecutionContext[str]) -> ToolOutcome[str]:
+        """Ask the model, through the person."""
+        got.append(await ctx.sample(source='MCP server "ff"', request=request))
+        return ToolOutcome.success("asked")
+
+    out = io.StringIO()
+    steps = [
+        ScriptStep(tool_calls=(ScriptedCall(id="c1", name="summarize"),)),
+        ScriptStep(text="Three threats."),
+        ScriptStep(text="Done."),
+    ]
+    async with ScriptedProvider(steps) as provider:
+        session: Session[Any] = Session(document="", kind=NOTE, provider=provider, model="m", tools=[summarize])
+        async with session:
+            answers = iter(["a"])
+            view = TurnView(Console(file=out, width=100), session, "ask", lambda _: next(answers))
+            state = await one_turn(session, view, "go")
+    screen = out.getvalue()
+    assert state.outcome is Outcome.COMPLETED
+    assert "It asks the model to answer this (no tools; the answer goes to the server only):" in screen
+    lines = [line.strip("│ ") for line in screen.splitlines()]
+    start = lines.index("system prompt:")
+    assert lines[start : start + 5] == [
+        "system prompt:",
+        "You summarize.",
+        "user:",
+        "Summarize the threats.",
+        "Be brief.",
+    ]
+    assert "at most 2048 tokens, from this session's model; it prefers claude-haiku" in screen  # capped by the limit
+    assert [(s.action, s.text, s.stop_reason) for s in got] == [("accept", "Three threats.", "end_turn")]
+    assert len(provider.requests) == 3 and provider.requests[1]["max_tokens"] == 2048

@@ -19,7 +19,7 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QCheckBox, QComboBox, QLineEdit
 from test_qt_review import PAYMENT, NoInput, click, review_panel, save_screenshot
 
-from trioloop import Answer, QuestionField
+from trioloop import Answer, QuestionField, SamplingRequest
 from trioloop.loop.machine import CallStatus, Outcome
 from trioloop.loop.tool_runtime import (
     ToolExecutionContext,
@@ -155,3 +155,52 @@ def test_stop_closes_an_open_question(app: QApplication, document: ThreatModel) 
         assert run.panel.question_cards == {}
         call = state.call("c1")
         assert call is not None and call.status is CallStatus.DENIED
+
+
+def test_a_sampling_card_shows_every_message_and_sends_only_when_approved(
+    app: QApplication, document: ThreatModel, tmp_path: Path
+) -> None:
+    got: list[Any] = []
+    request = SamplingRequest(
+        messages=(("user", "Summarize the payment threats in one line. <i>urgent</i>"),),
+        system_prompt="You write one-line summaries.",
+        model_hint="claude-haiku",
+        max_tokens=300,
+    )
+
+    async def summarize(data: NoInput, ctx: ToolExecutionContext[ThreatModel]) -> ToolOutcome[ThreatModel]:
+        got.append(await ctx.sample(source='MCP server "notes"', request=request))
+        return ToolOutcome.success("summarized")
+
+    registry = create_tool_registry(
+        [
+            define_executable_tool(
+                name="notes__summarize",
+                description="Summarize the threats.",
+                effect="read",
+                destructive=False,
+                input_type=NoInput,
+                run=summarize,
+                summarize=lambda i: "Summarize the threats",
+            )
+        ]
+    )
+    steps = [
+        ScriptStep(tool_calls=(ScriptedCall(id="c1", name="notes__summarize", input={}),)),
+        ScriptStep(text="Seven threats, two open."),
+        ScriptStep(text="Done."),
+    ]
+    with review_panel(app, steps, document, registry=registry) as run:
+        run.send("Summarize with the notes server")
+        card = _card(run)
+        shown = card.sampling_view.toPlainText()
+        assert shown == (
+            "system prompt:\nYou write one-line summaries.\n\nuser:\nSummarize the payment threats in one line. "
+            "<i>urgent</i>"
+        )
+        assert card.accept_button.text() == "Send to the model"
+        run.panel.resize(760, 620)
+        save_screenshot(run.panel, "qt-sampling.png", tmp_path)
+        click(card.accept_button)
+        run.until_settled()
+    assert [(s.action, s.text) for s in got] == [("accept", "Seven threats, two open.")]

@@ -34,7 +34,15 @@ from trioloop.loop.journal_store import (
 from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnState
 from trioloop.loop.preview import EntityChange, FieldChange, Preview, preview_call
-from trioloop.loop.questions import Answer, AnswerError, Question, QuestionField, QuestionRefused
+from trioloop.loop.questions import (
+    Answer,
+    AnswerError,
+    Question,
+    QuestionField,
+    QuestionRefused,
+    Sampled,
+    SamplingRequest,
+)
 from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
 from trioloop.loop.session import Session, SessionBusy, SessionClosed, SessionJournalError, Toolset, TranscriptError
 from trioloop.loop.session_file import SessionFileError
@@ -133,6 +141,8 @@ __all__ = [
     "QuestionField",
     "QuestionRefused",
     "RegisteredTool",
+    "Sampled",
+    "SamplingRequest",
     "ScriptedProvider",
     "Session",
     "SessionBusy",

@@ -92,12 +92,28 @@ class QuestionCards:
 
     def show(self, question: Question) -> None:
         body = Text()
-        body.append(f"{question.source} asks, during {question.tool_name}. Its own words:\n", style="bold")
-        body.append(question.message or "(no message)")  # plain text: never markup
+        if question.message or question.kind != "sampling":  # a sampling request's words are its messages
+            body.append(f"{question.source} asks, during {question.tool_name}. Its own words:\n", style="bold")
+            body.append(question.message or "(no message)")  # plain text: never markup
+        else:
+            body.append(f"{question.source} asks, during {question.tool_name}.", style="bold")
         if question.kind == "url":
             body.append("\nIt asks you to open this page yourself (trioloop does not open it):", style="bold")
             body.append(f"\n  {question.url}")
             body.append(f"\n  which leads to: {question.host}", style="bold")
+        elif question.sampling is not None:
+            request = question.sampling
+            body.append(
+                "\nIt asks the model to answer this (no tools; the answer goes to the server only):", style="bold"
+            )
+            if request.system_prompt:
+                body.append("\n  system prompt:", style="bold")
+                body.append("\n" + _indented(request.system_prompt))
+            for role, text in request.messages:
+                body.append(f"\n  {role}:", style="bold")
+                body.append("\n" + _indented(text))
+            hint = f"; it prefers {request.model_hint}" if request.model_hint else ""
+            body.append(f"\n  at most {request.max_tokens} tokens, from this session's model{hint}")
         else:
             body.append("\nThe form:", style="bold")
             for field in question.fields:
@@ -109,7 +125,8 @@ class QuestionCards:
                 if field.description:
                     body.append(f"\n      {field.description}", style="dim")
         if self.mode == "ask":
-            keys = "a accept" + (" (fill in the form)" if question.kind == "form" else "") + " · d decline · c cancel"
+            accept = {"form": "a accept (fill in the form)", "url": "a accept", "sampling": "a send it to the model"}
+            keys = accept[question.kind] + " · d decline · c cancel"
             body.append(f"\nkeys: {keys} · q stop the turn", style="dim")
         panel = Panel(body, title=f"question {question.id}", expand=False, border_style="magenta")
         self.console.print(panel, soft_wrap=False)
@@ -151,7 +168,7 @@ class QuestionCards:
             if action != "accept":
                 self.session.answer(question.id, action)  # type: ignore[arg-type]
                 return
-            values = await self._fill(question)
+            values = await self._fill(question) if question.kind == "form" else {}
             if values is None:
                 continue  # gave up filling in: ask what to do again
             try:
@@ -183,6 +200,10 @@ class QuestionCards:
                     values[field.name] = value
                 break
         return values
+
+
+def _indented(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.splitlines() or [""])
 
 
 def _shown_value(field: QuestionField, value: Any) -> str:

@@ -21,6 +21,7 @@ __all__ = [
     "bound_notice",
     "budget_exhaustion",
     "question_cap",
+    "sampling_tokens",
     "timing_exhaustion",
     "tool_call_cap",
 ]
@@ -72,6 +73,9 @@ class TurnLimits:
     #: How many questions the turn's running tools may put to the person (an MCP server's elicitation and
     #: sampling requests); one more is refused, and the asker is told why.
     max_questions_per_turn: int = _limit(8)
+    #: The most output tokens one approved sampling request may ask the model for (a server asking for more
+    #: gets this many).
+    max_sampling_tokens: int = _limit(2048)
 
 
 DEFAULT_TURN_LIMITS: Final = TurnLimits()
@@ -151,6 +155,11 @@ def tool_call_cap(budget: TurnBudget, limits: TurnLimits, calls_this_iteration: 
 def question_cap(asked_this_turn: int, limits: TurnLimits) -> bool:
     """Whether the turn has put all the questions ``max_questions_per_turn`` allows (one more is refused)."""
     return asked_this_turn >= limits.max_questions_per_turn
+
+
+def sampling_tokens(asked: int, limits: TurnLimits) -> int:
+    """The output tokens an approved sampling request gets: what it asked for, at most ``max_sampling_tokens``."""
+    return min(asked, limits.max_sampling_tokens)
 
 
 _KEPT: Final = " Changes you already approved were kept and can be undone."

@@ -25,6 +25,7 @@ import attrs
 from trioloop.loop.untrusted_text import TRUNCATION_MARK, is_stripped_code_point
 
 __all__ = [
+    "MAX_SAMPLING_MESSAGES",
     "Answer",
     "AnswerAction",
     "AnswerError",
@@ -33,12 +34,15 @@ __all__ = [
     "QuestionField",
     "QuestionKind",
     "QuestionRefused",
+    "Sampled",
+    "SamplingRequest",
 ]
 
 #: What a field holds: free text, a number, a whole number, yes/no, one of ``options``, or several of them.
 FieldKind: TypeAlias = Literal["text", "number", "integer", "boolean", "choice", "choices"]
-#: A form to fill in, or a page at a URL the person may open themselves (never opened for them).
-QuestionKind: TypeAlias = Literal["form", "url"]
+#: A form to fill in, a page at a URL the person may open themselves (never opened for them), or a request
+#: to send to the session's model on the asker's behalf (sampling).
+QuestionKind: TypeAlias = Literal["form", "url", "sampling"]
 #: What the person did: accepted (a form's values go back), declined, or dismissed it (cancel).
 AnswerAction: TypeAlias = Literal["accept", "decline", "cancel"]
 
@@ -242,6 +246,52 @@ def _url(value: object) -> str:
     return cleaned
 
 
+MAX_SAMPLING_MESSAGES: Final = 32
+MAX_SAMPLING_TEXT: Final = 16_000
+"""The longest message of a sampling request, in code points: the card shows, and the model gets, the same
+text (cut with a mark beyond this)."""
+
+
+def _sampling_messages(value: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    messages = tuple((role, _cleaned(text, MAX_SAMPLING_TEXT, newlines=True)) for role, text in value)
+    if not 0 < len(messages) <= MAX_SAMPLING_MESSAGES:
+        raise ValueError(f"a sampling request has 1 to {MAX_SAMPLING_MESSAGES} messages")
+    if any(role not in ("user", "assistant") for role, _ in messages):
+        raise ValueError("a sampling message's role is user or assistant")
+    return messages
+
+
+def _tokens(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int or value < 1:
+        raise ValueError(f"{attribute.name} must be a positive int, got {value!r}")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SamplingRequest:
+    """What an asker wants the session's model to see, as the card shows it and the model gets it: the
+    messages (role, text; anything that is not text is described in the text), the system prompt it asks
+    for, its preferred model (a hint only: the session's model answers) and its token budget."""
+
+    messages: tuple[tuple[str, str], ...] = attrs.field(converter=_sampling_messages)
+    system_prompt: str = attrs.field(default="", converter=_message)
+    model_hint: str = attrs.field(default="", converter=_label)
+    max_tokens: int = attrs.field(validator=_tokens)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Sampled:
+    """What became of a sampling request: the person's ``action``; when they accepted, the model's ``text``,
+    the ``model`` that answered and why it stopped, or the ``error`` that kept it from answering."""
+
+    action: AnswerAction
+    text: str = ""
+    model: str = ""
+    stop_reason: str = ""
+    error: str = ""
+
+
 @final
 @attrs.frozen(kw_only=True)
 class Question:
@@ -259,12 +309,15 @@ class Question:
     message: str = attrs.field(default="", converter=_message)
     fields: tuple[QuestionField, ...] = attrs.field(default=(), converter=_fields)
     url: str = attrs.field(default="", converter=_url)
+    sampling: SamplingRequest | None = None
 
     def __attrs_post_init__(self) -> None:
-        if self.kind not in ("form", "url"):
+        if self.kind not in ("form", "url", "sampling"):
             raise ValueError(f"unknown question kind {self.kind!r}")
-        if (self.kind == "url") != bool(self.url) or (self.kind == "url" and self.fields):
+        if (self.kind == "url") != bool(self.url) or (self.kind != "form" and self.fields):
             raise ValueError("a url question has a URL and no fields; a form has fields and no URL")
+        if (self.kind == "sampling") != (self.sampling is not None):
+            raise ValueError("a sampling question, and only one, carries its sampling request")
 
     @property
     def host(self) -> str:

@@ -34,7 +34,14 @@ from trioloop.loop._stream_fold import fold_text_deltas
 from trioloop.loop.document import DocumentKind
 from trioloop.loop.journal import JournalWriter, recovery_inputs
 from trioloop.loop.journal_store import StoredEntry
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS, Bound, TurnLimits, question_cap, timing_exhaustion
+from trioloop.loop.limits import (
+    DEFAULT_TURN_LIMITS,
+    Bound,
+    TurnLimits,
+    question_cap,
+    sampling_tokens,
+    timing_exhaustion,
+)
 from trioloop.loop.machine import (
     NO_STATE_CHANGE,
     Advance,
@@ -53,7 +60,8 @@ from trioloop.loop.machine import (
     TurnState,
     reduce_turn,
 )
-from trioloop.loop.questions import Answer, AnswerAction, Question, QuestionRefused
+from trioloop.loop.questions import Answer, AnswerAction, Question, QuestionRefused, Sampled
+from trioloop.loop.sampling import sampled_from, sampling_chat_request
 from trioloop.loop.tool_runtime import PreparedCall, RegisteredTool, ToolExecutionContext, ToolOutcome, ToolRegistry
 from trioloop.loop.transaction import Committed, Refused, UndoHistory, commit_tool_outcome
 from trioloop.protocol.events import (
@@ -552,6 +560,32 @@ class _Turn(Generic[D]):
         assert waiter.answer is not None
         return waiter.answer
 
+    async def sample(self, call_id: str, tool_name: str, question: Question) -> Sampled:
+        """A running call's sampling request: a question card first; once the person accepts, one request to
+        the session's model with the asker's text fenced and no tools, under the call's cancellation (Stop)
+        and the turn deadline, which runs again while the model answers."""
+        request = question.sampling
+        if request is None:
+            raise ValueError("not a sampling question")
+        # The card shows the budget the model will really get.
+        request = attrs.evolve(request, max_tokens=sampling_tokens(request.max_tokens, self.state.limits))
+        question = attrs.evolve(question, sampling=request)
+        answer = await self.ask(call_id, tool_name, question)
+        if answer.action != "accept":
+            return Sampled(action=answer.action)
+        chat = sampling_chat_request(question, self.request.model, request.max_tokens)
+        send, receive = trio.open_memory_channel[StreamEvent](math.inf)
+        scope = trio.CancelScope(deadline=self.scope_deadline)
+        self.controls._tool_scopes.add(scope)
+        try:
+            with scope:
+                await self.provider.stream(chat, send)
+        finally:
+            self.controls._tool_scopes.discard(scope)
+        if scope.cancelled_caught:
+            return Sampled(action="accept", error="The turn was stopped before the model answered.")
+        return sampled_from(receive, self.request.model)
+
     def tell_questions(self) -> None:
         hook = self.controls.on_questions
         if hook is not None:
@@ -881,12 +915,18 @@ class _Turn(Generic[D]):
             # the undo snapshot that undo restores.
             kind = self.workspace.kind
             progress = partial(self.controls._note_call_progress, call.id)
-            ask = partial(self.ask, call.id, call.tool_name)
+            ask, sample = partial(self.ask, call.id, call.tool_name), partial(self.sample, call.id, call.tool_name)
             if kind.immutable:
-                context = ToolExecutionContext(document=snapshot, cancel_scope=scope, on_progress=progress, on_ask=ask)
+                context = ToolExecutionContext(
+                    document=snapshot, cancel_scope=scope, on_progress=progress, on_ask=ask, on_sample=sample
+                )
             else:
                 context = ToolExecutionContext.deferred(
-                    partial(kind.private_copy, snapshot), cancel_scope=scope, on_progress=progress, on_ask=ask
+                    partial(kind.private_copy, snapshot),
+                    cancel_scope=scope,
+                    on_progress=progress,
+                    on_ask=ask,
+                    on_sample=sample,
                 )
             invoke = prepared.invoke
             if invoke is None:

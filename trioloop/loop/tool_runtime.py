@@ -22,7 +22,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 from trioloop.loop.canonical import input_digest
 from trioloop.loop.card import CardDetails, input_details
 from trioloop.loop.preview import Preview, PreviewFn
-from trioloop.loop.questions import Answer, Question, QuestionField, QuestionRefused
+from trioloop.loop.questions import Answer, Question, QuestionField, QuestionRefused, Sampled, SamplingRequest
 from trioloop.protocol.tools import ToolDefinition
 
 __all__ = [
@@ -73,6 +73,8 @@ class ToolOutcome(Generic[D]):
 ProgressSink: TypeAlias = Callable[[float, "float | None", str], None]
 #: Where a running call's questions go: the runner numbers the question, shows it and returns the answer.
 AskSink: TypeAlias = Callable[[Question], Awaitable[Answer]]
+#: Where a running call's sampling requests go: a question card, then (approved) the session's model.
+SampleSink: TypeAlias = Callable[[Question], Awaitable[Sampled]]
 
 
 @typing.final
@@ -86,7 +88,7 @@ class ToolExecutionContext(Generic[D]):
     every read.
     """
 
-    __slots__ = ("_cancel_scope", "_document", "_make_document", "_on_ask", "_on_progress")
+    __slots__ = ("_cancel_scope", "_document", "_make_document", "_on_ask", "_on_progress", "_on_sample")
 
     _document: D
 
@@ -97,12 +99,14 @@ class ToolExecutionContext(Generic[D]):
         cancel_scope: trio.CancelScope | None = None,
         on_progress: ProgressSink | None = None,
         on_ask: AskSink | None = None,
+        on_sample: SampleSink | None = None,
     ) -> None:
         self._document = document
         self._make_document: Callable[[], D] | None = None
         self._cancel_scope = trio.CancelScope() if cancel_scope is None else cancel_scope
         self._on_progress = on_progress
         self._on_ask = on_ask
+        self._on_sample = on_sample
 
     @classmethod
     def deferred(
@@ -112,6 +116,7 @@ class ToolExecutionContext(Generic[D]):
         cancel_scope: trio.CancelScope,
         on_progress: ProgressSink | None = None,
         on_ask: AskSink | None = None,
+        on_sample: SampleSink | None = None,
     ) -> ToolExecutionContext[D]:
         """A context whose ``document`` is ``make_document()``, called once, on the first read."""
         context = cls.__new__(cls)
@@ -119,7 +124,22 @@ class ToolExecutionContext(Generic[D]):
         context._cancel_scope = cancel_scope
         context._on_progress = on_progress
         context._on_ask = on_ask
+        context._on_sample = on_sample
         return context
+
+    async def sample(self, *, source: str, request: SamplingRequest) -> Sampled:
+        """Ask the person to let the session's model answer ``request`` on ``source``'s behalf: a card shows the
+        messages, the system prompt, the preferred model and the token budget; only if the person accepts is
+        it sent, through the session's provider, the asker's text fenced as untrusted and no tools offered.
+
+        Returns `Sampled` (the person's action; the model's text once accepted). Raises `QuestionRefused` as
+        `ask` does; the request counts against ``max_questions_per_turn``."""
+        question = Question(id="", call_id="", source=source, kind="sampling", sampling=request)
+        sink = self._on_sample
+        if sink is None:
+            await trio.lowlevel.checkpoint()
+            raise QuestionRefused("No one can be asked: the call is not running in a turn.")
+        return await sink(question)
 
     async def ask(
         self,

@@ -79,6 +79,8 @@ class StdioServer:
     """An MCP server the toolset starts as a subprocess and talks to over its stdin and stdout.
 
     ``tools`` classifies tools by the exact name the server gives them; any other tool is destructive.
+    ``sampling=True`` lets the server ask for the session's model (``sampling/createMessage``): each request
+    is then a card the person approves or declines; by default every request is refused.
     """
 
     name: str = attrs.field(validator=_server_name)
@@ -87,12 +89,13 @@ class StdioServer:
     env: Mapping[str, str] | None = None
     cwd: str | None = None
     tools: Mapping[str, ToolClass] = attrs.field(factory=dict, converter=_classes)
+    sampling: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 @final
 @attrs.frozen(kw_only=True)
 class HttpServer:
-    """An MCP server reached over streamable HTTP at ``url``; ``tools`` as for ``StdioServer``.
+    """An MCP server reached over streamable HTTP at ``url``; ``tools`` and ``sampling`` as for ``StdioServer``.
 
     ``headers`` go with every request (``{"Authorization": "Bearer ..."}`` for a server that takes a static
     token); ``auth`` is an ``httpx2.Auth`` the SDK's client runs, such as the SDK's
@@ -106,6 +109,7 @@ class HttpServer:
     tools: Mapping[str, ToolClass] = attrs.field(factory=dict, converter=_classes)
     headers: Mapping[str, str] = attrs.field(factory=dict, converter=_headers, repr=_header_names)
     auth: Any = attrs.field(default=None, repr=lambda auth: "None" if auth is None else f"<{type(auth).__name__}>")
+    sampling: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -227,9 +231,12 @@ def _one_server(name: str, table: Any, environ: Mapping[str, str]) -> McpServer:
     where = f"[servers.{name}]"
     if not isinstance(table, dict):
         raise McpConfigError(f"{where} must be a table.")
-    unknown = sorted(set(table) - {"command", "args", "env", "cwd", "url", "headers", "tools"})
+    unknown = sorted(set(table) - {"command", "args", "env", "cwd", "url", "headers", "tools", "sampling"})
     if unknown:
         raise McpConfigError(f"{where}: unknown key(s) {', '.join(unknown)}.")
+    sampling = table.get("sampling", False)
+    if not isinstance(sampling, bool):
+        raise McpConfigError(f"{where}.sampling must be true or false.")
     tools = table.get("tools", {})
     if not isinstance(tools, dict):
         raise McpConfigError(f'{where}.tools must be a table of tool name = "read" | "mutate" | "destructive".')
@@ -240,7 +247,7 @@ def _one_server(name: str, table: Any, environ: Mapping[str, str]) -> McpServer:
         if not isinstance(table["url"], str):
             raise McpConfigError(f"{where}.url must be a string.")
         headers = _config_headers(table.get("headers", {}), where, environ)
-        return HttpServer(name=name, url=table["url"], tools=tools, headers=headers)
+        return HttpServer(name=name, url=table["url"], tools=tools, headers=headers, sampling=sampling)
     if "headers" in table:
         raise McpConfigError(f"{where}.headers applies to a url server (a stdio server takes env).")
     if not isinstance(table["command"], str):
@@ -258,13 +265,15 @@ def _one_server(name: str, table: Any, environ: Mapping[str, str]) -> McpServer:
         env=env,
         cwd=cwd,
         tools=tools,
+        sampling=sampling,
     )
 
 
 def load_mcp_config(text: str, environ: Mapping[str, str] | None = None) -> tuple[McpServer, ...]:
     """Parse a TOML config: one ``[servers.NAME]`` table per server, each with ``command`` (+ ``args``,
     ``env``, ``cwd``) or ``url`` (+ ``headers``, whose ``${VAR}`` references are read from ``environ``, by
-    default the process environment), and an optional ``[servers.NAME.tools]`` table classifying tools."""
+    default the process environment), an optional ``sampling = true`` (the server may ask for the model, each
+    request a card), and an optional ``[servers.NAME.tools]`` table classifying tools."""
     environ = os.environ if environ is None else environ
     try:
         data = tomllib.loads(text)

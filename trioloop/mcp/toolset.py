@@ -44,6 +44,7 @@ from trioloop.loop.tool_runtime import RegisteredTool, ToolExecutionContext, Too
 from trioloop.loop.untrusted_text import sanitize_scalar
 from trioloop.mcp.elicitation import UnusableRequest, elicit_result, question_parts
 from trioloop.mcp.results import mcp_result_outcome
+from trioloop.mcp.sampling import sampling_request, sampling_result
 from trioloop.mcp.servers import HttpServer, McpServer
 from trioloop.mcp.tools import UnusableTool, build_mcp_tool, namespaced_name
 from trioloop.providers._redact import mask_key_in_logs
@@ -393,13 +394,44 @@ class McpToolset:
         ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
             return await self._elicit(connection, params)
 
+        async def sample(
+            context: ClientRequestContext, params: mcp_types.CreateMessageRequestParams
+        ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
+            return await self._sample(connection, params)
+
         return Client(
             _watched(transport, connection.lose, server.name),
             cache=None,
             client_info=_CLIENT_INFO,
             message_handler=self._on_server_message,
             elicitation_callback=elicit,
+            # Declared (and answered) only for a server the app allows; otherwise the SDK refuses every request.
+            sampling_callback=sample if server.sampling else None,
         )
+
+    def _asker(self, connection: _Connection) -> ToolExecutionContext[Any] | None:
+        """The call a server request belongs to: the one whose task it arrived in, else the oldest running."""
+        return _CALLING.get() or next(iter(connection.running.values()), None)
+
+    async def _sample(
+        self, connection: _Connection, params: mcp_types.CreateMessageRequestParams
+    ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
+        """A server's ``sampling/createMessage`` (allowed for this server): a sampling card, then, approved, one
+        request to the session's model; the answer goes back to the server, never into the conversation."""
+        server = self.server.name
+        ctx = self._asker(connection)
+        try:
+            if ctx is None:
+                raise QuestionRefused("This host asks the person only during one of this server's tool calls.")
+            sampled = await ctx.sample(source=f'MCP server "{server}"', request=sampling_request(params))
+        except (UnusableRequest, ValueError) as exc:
+            _log.warning("MCP server %s asked for the model with a request that cannot be shown: %s", server, exc)
+            return mcp_types.ErrorData(code=mcp_types.INVALID_PARAMS, message=f"The request cannot be shown: {exc}")
+        except QuestionRefused as exc:
+            _log.warning("MCP server %s: sampling refused: %s", server, exc)
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=str(exc))
+        _log.info("MCP server %s: its sampling request was %s", server, sampled.action)
+        return sampling_result(sampled)
 
     async def _elicit(
         self, connection: _Connection, params: mcp_types.ElicitRequestParams
@@ -409,7 +441,7 @@ class McpToolset:
         Never answered by anyone but the person: outside a call, past the turn's question limit or for a form
         that cannot be shown faithfully, the server gets an error, not an answer."""
         server = self.server.name
-        ctx = _CALLING.get() or next(iter(connection.running.values()), None)
+        ctx = self._asker(connection)
         if ctx is None:
             await trio.lowlevel.checkpoint()
             _log.warning("MCP server %s asked the person outside a tool call; refused", server)

@@ -2,9 +2,11 @@
 
 The card says who asks and during which call, shows the asker's message as that asker's words, and one input
 per field (a line for text and numbers, a check box for yes/no, a list for one choice, check boxes for several),
-each filled in with its default. A URL question shows the URL as plain text, its host on a line of its own,
-and a button that copies it; nothing opens it. The card decides nothing: Accept, Decline and Cancel report
-the click (Accept with the form's values, checked by the fields first) and the panel answers the session.
+each filled in with its default. A sampling question shows every message and the system prompt it would send
+to the model, the model it prefers and the token budget. A URL question shows the URL as plain text, its host
+on a line of its own, and a button that copies it; nothing opens it. The card decides nothing: Accept, Decline
+and Cancel report the click (Accept with the form's values, checked by the fields first) and the panel answers
+the session.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLineEdit,
+    QPlainTextEdit,
     QPushButton,
     QVBoxLayout,
     QWidget,
@@ -118,9 +121,10 @@ class QuestionCard(QFrame):
             f"{question.source} asks, during {question.tool_name}", object_name="questionSource", wrap=True
         )
         layout.addWidget(self.source_label)
-        layout.addWidget(plain_label("Its own words:", object_name="questionLabel"))
         self.message_label = plain_label(question.message or "(no message)", object_name="questionMessage", wrap=True)
-        layout.addWidget(self.message_label)
+        if question.message or question.kind != "sampling":  # a sampling request's words are its messages
+            layout.addWidget(plain_label("Its own words:", object_name="questionLabel"))
+            layout.addWidget(self.message_label)
         self.inputs: dict[str, QWidget] = {}
         self.url_label = None
         if question.kind == "url":
@@ -132,6 +136,19 @@ class QuestionCard(QFrame):
             copy.setObjectName("copyUrlButton")
             copy.clicked.connect(lambda: QApplication.clipboard().setText(question.url))
             layout.addWidget(copy)
+        elif question.sampling is not None:
+            request = question.sampling
+            layout.addWidget(plain_label("It asks the model to answer this (no tools; the answer goes to the server):"))
+            self.sampling_view = QPlainTextEdit()
+            self.sampling_view.setObjectName("samplingRequest")
+            self.sampling_view.setReadOnly(True)
+            self.sampling_view.setMaximumHeight(170)  # it scrolls; the card keeps its buttons in view
+            parts = [f"system prompt:\n{request.system_prompt}"] if request.system_prompt else []
+            parts.extend(f"{role}:\n{text}" for role, text in request.messages)
+            self.sampling_view.setPlainText("\n\n".join(parts))  # plain text: markup shown, never rendered
+            layout.addWidget(self.sampling_view)
+            hint = f"; it prefers {request.model_hint}" if request.model_hint else ""
+            layout.addWidget(plain_label(f"At most {request.max_tokens} tokens, from this session's model{hint}."))
         else:
             form = QFormLayout()
             for field in question.fields:
@@ -147,7 +164,9 @@ class QuestionCard(QFrame):
         self.error_label.setVisible(False)
         layout.addWidget(self.error_label)
         buttons = QHBoxLayout()
-        self.accept_button = QPushButton("Accept" if question.kind == "url" else "Send")
+        self.accept_button = QPushButton(
+            {"url": "Accept", "form": "Send", "sampling": "Send to the model"}[question.kind]
+        )
         self.accept_button.setObjectName("acceptButton")
         self.decline_button = QPushButton("Decline")
         self.decline_button.setObjectName("declineButton")
@@ -177,7 +196,7 @@ class QuestionCard(QFrame):
         self.error_label.setVisible(bool(text))
 
     def _accept(self) -> None:
-        if self.question.kind == "url":
+        if self.question.kind != "form":
             self._send("accept", None)
             return
         try:

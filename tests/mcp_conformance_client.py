@@ -6,8 +6,9 @@ with the scenario's name in ``MCP_CONFORMANCE_SCENARIO`` (and any scenario data 
 it connects with ``trioloop.mcp.McpToolset(HttpServer(...))`` (the SDK's client underneath, as in an app),
 and runs one real ``Session`` turn in which a scripted model calls the server's tools. A reviewer task stands
 in for the person: it approves each card and accepts each question card as shown. For the ``auth/`` scenarios
-it gives ``HttpServer(auth=...)`` the SDK's ``OAuthClientProvider`` with what an app supplies (token storage;
-the browser round trip, here a GET of the authorization page whose redirect carries the code). Where trioloop
+it gives ``HttpServer(auth=...)`` the CLI's OAuth client (``trioloop.cli.mcp_oauth``: the SDK's
+``OAuthClientProvider``, a loopback redirect URI), the browser being a task that follows the authorization page's
+redirects to that URI. Where trioloop
 lacks what a scenario needs, the scenario fails honestly: nothing here works around the host.
 
 Which tools the scripted model calls: those named in ``CALLS`` for the scenario, with those inputs; for any
@@ -18,19 +19,20 @@ Exit status: 0 when the turn ran, 1 when the toolset could not connect or list t
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import sys
 from typing import Any, Final
-from urllib.parse import parse_qs, urlsplit
 
 import httpx2
 import trio
 from mcp.client.auth import OAuthClientProvider, TokenStorage
-from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from pydantic import AnyUrl
 
 from trioloop import CallStatus, Phase, Session, define_document_kind
+from trioloop.cli.mcp_oauth import LoopbackCallback, cli_oauth
 from trioloop.loop.tool_runtime import RegisteredTool
 from trioloop.mcp import HttpServer, McpConnectionError, McpToolset
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
@@ -38,7 +40,6 @@ from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptSt
 SERVER_NAME: Final = "conformance"
 CONNECT_TIMEOUT: Final = 10.0  # the suite gives a scenario 30 s in all
 CALL_TIMEOUT: Final = 15.0
-REDIRECT_URI: Final = "http://localhost:3000/callback"  # never served: the code is read from the redirect itself
 
 #: Scenario -> {server's tool name: input}: the tools the scripted model calls, with what.
 CALLS: Final[dict[str, dict[str, dict[str, Any]]]] = {
@@ -108,50 +109,44 @@ class MemoryTokens(TokenStorage):
         self.client = client_info
 
 
-def oauth(url: str, context: dict[str, Any]) -> OAuthClientProvider:
-    """The SDK's OAuth client with the app's parts: token storage, and a person's browser round trip (the test
-    authorization server approves at once, so following its redirect to our callback URI yields the code)."""
-    answer: dict[str, str | None] = {}
+async def oauth(url: str, context: dict[str, Any]) -> OAuthClientProvider:
+    """The CLI's OAuth client (`trioloop.cli.mcp_oauth`: the SDK's provider, a loopback redirect URI), with a
+    person's browser round trip: the test authorization server approves at once, so a browser that follows its
+    redirects lands on the CLI's callback server with the code."""
+    callback = LoopbackCallback(timeout_s=CONNECT_TIMEOUT)
+    await callback.listen()
 
-    async def open_authorization_page(authorization_url: str) -> None:
-        async with httpx2.AsyncClient(follow_redirects=False) as browser:
-            response = await browser.get(authorization_url)
-        query = parse_qs(urlsplit(response.headers.get("location", "")).query)
-        answer["code"] = query.get("code", [None])[0]
-        answer["state"] = query.get("state", [None])[0]
-        log(f"authorization page answered {response.status_code}; code received: {answer['code'] is not None}")
+    async def browser(authorization_url: str) -> None:
+        async def visit() -> None:
+            async with httpx2.AsyncClient(follow_redirects=True) as client:
+                response = await client.get(authorization_url)
+            log(f"authorization page answered; the browser ended at {response.status_code}")
 
-    async def callback() -> AuthorizationCodeResult:
-        return AuthorizationCodeResult(code=answer.get("code") or "", state=answer.get("state"))
+        nursery = BROWSER.get()
+        nursery.start_soon(visit)  # the CLI waits for the callback while the browser runs
 
     registered = None
     if context.get("client_id"):  # the pre-registration scenario hands the client its credentials
         registered = OAuthClientInformationFull(
             client_id=context["client_id"],
             client_secret=context.get("client_secret"),
-            redirect_uris=[AnyUrl(REDIRECT_URI)],
+            redirect_uris=[AnyUrl(callback.redirect_uri)],
             # a confidential client authenticates at the token endpoint with HTTP Basic
             token_endpoint_auth_method="client_secret_basic" if context.get("client_secret") else "none",
         )
-    return OAuthClientProvider(
-        server_url=url,
-        client_metadata=OAuthClientMetadata(
-            client_name="trioloop conformance client",
-            redirect_uris=[AnyUrl(REDIRECT_URI)],
-            grant_types=["authorization_code", "refresh_token"],
-            response_types=["code"],
-        ),
-        storage=MemoryTokens(registered),
-        redirect_handler=open_authorization_page,
-        callback_handler=callback,
-    )
+    return cli_oauth(SERVER_NAME, url, callback, log, storage=MemoryTokens(registered), open_browser=browser)
+
+
+#: Where the stand-in browser runs: a task beside the connection, as a real browser is a process beside the CLI.
+BROWSER: contextvars.ContextVar[trio.Nursery] = contextvars.ContextVar("browser")
 
 
 async def run(url: str, scenario: str, context: dict[str, Any]) -> int:
-    auth = oauth(url, context) if scenario.startswith("auth/") else None
+    auth = await oauth(url, context) if scenario.startswith("auth/") else None
     server = HttpServer(name=SERVER_NAME, url=url, auth=auth)
     toolset = McpToolset(server, connect_timeout=CONNECT_TIMEOUT, call_timeout=CALL_TIMEOUT, errlog=sys.stderr)
     async with trio.open_nursery() as nursery:
+        BROWSER.set(nursery)
         try:
             tools: tuple[RegisteredTool[Any], ...] = await nursery.start(toolset.run)
         except McpConnectionError as exc:

@@ -55,7 +55,7 @@ def test_a_url_servers_headers_take_tokens_from_the_environment_and_never_show_t
 @pytest.mark.parametrize(
     ("text", "complaint"),
     [
-        ("[servers.a]\ncommand = 'x'\nheaders = { A = 'b' }", "headers applies to a url server"),
+        ("[servers.a]\ncommand = 'x'\nheaders = { A = 'b' }", "headers and oauth apply to a url server"),
         ("[servers.a]\nurl = 'http://h/'\nheaders = { A = 1 }", "headers must be a table of strings"),
         ("[servers.a]\ncommand = 'x'\nurl = 'http://h/'", "exactly one of command"),
         ("[servers.a]\ncommand = 'x'\n[servers.a.tools]\nt = 'trusted'", "read, mutate, destructive"),

@@ -7,8 +7,9 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
+import attrs
 import httpx
 import trio
 from rich.console import Console
@@ -33,6 +34,9 @@ from trioloop.stores import SQLiteJournalStore
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel, create_ai_tool_registry
 from trioloop.threatmodel.session import THREAT_MODEL_SYSTEM_PROMPT
 from trioloop.threatmodel.thf_file import ThfFile
+
+if TYPE_CHECKING:
+    from trioloop.mcp import HttpServer
 
 __all__ = ["DEFAULT_MODELS", "chat_session", "run_chat"]
 
@@ -435,6 +439,8 @@ async def _add_mcp_servers(session: Session[ThreatModel], mcp_servers: McpOption
             servers.append(mcp.stdio_server_from_command(command, taken=taken, env=environment))
         console = make_console()
         for server in servers:
+            if isinstance(server, mcp.HttpServer) and server.oauth and server.auth is None:
+                server = await _with_oauth(server, console)
             toolset = mcp.McpToolset(server)
             added = await session.add_toolset(toolset)
             console.print(Text(f'MCP server "{server.name}": {len(added)} tool(s)', style="dim"))
@@ -446,6 +452,17 @@ async def _add_mcp_servers(session: Session[ThreatModel], mcp_servers: McpOption
     except (mcp.McpConfigError, mcp.McpConnectionError, ValueError) as exc:
         error(f"error: {exc}")
     return False
+
+
+async def _with_oauth(server: HttpServer, console: Console) -> HttpServer:
+    """``server`` signing in with OAuth: tokens kept in the user's config directory, the authorization URL
+    printed (and opened in a browser when one can start), the code taken on a loopback redirect URI."""
+    from trioloop.cli.mcp_oauth import LoopbackCallback, cli_oauth
+
+    callback = LoopbackCallback()
+    await callback.listen()
+    auth = cli_oauth(server.name, server.url, callback, lambda text: console.print(Text(text)))
+    return attrs.evolve(server, auth=auth)
 
 
 def _usage_text(usage: Usage) -> str:

@@ -208,7 +208,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--mcp-config",
         metavar="FILE",
         help="a TOML file of [servers.NAME] (command/args, or url with optional headers whose ${VAR} come from "
-        "your environment) and [servers.NAME.tools] name = read|mutate",
+        "your environment, or oauth = true to sign in in your browser; sampling = true lets a server ask for the "
+        "model, each request a card) and [servers.NAME.tools] name = read|mutate",
     )
     chat.add_argument(
         "--out", metavar="FILE", help="save the document here (default: in place, after every turn that changed it)"

@@ -356,4 +356,5 @@ class Answer:
 
     @classmethod
     def cancelled(cls) -> Answer:
+        """The answer nobody gave: the question was closed (Stop, the call's end, the turn's end)."""
         return cls("cancel")

@@ -110,6 +110,9 @@ class HttpServer:
     headers: Mapping[str, str] = attrs.field(factory=dict, converter=_headers, repr=_header_names)
     auth: Any = attrs.field(default=None, repr=lambda auth: "None" if auth is None else f"<{type(auth).__name__}>")
     sampling: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: The config file asked for OAuth (``oauth = true``): whoever connects supplies ``auth`` (the CLI runs the
+    #: browser flow; an app passes its own ``OAuthClientProvider``). A toolset refuses it without ``auth``.
+    oauth: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -231,7 +234,7 @@ def _one_server(name: str, table: Any, environ: Mapping[str, str]) -> McpServer:
     where = f"[servers.{name}]"
     if not isinstance(table, dict):
         raise McpConfigError(f"{where} must be a table.")
-    unknown = sorted(set(table) - {"command", "args", "env", "cwd", "url", "headers", "tools", "sampling"})
+    unknown = sorted(set(table) - {"command", "args", "env", "cwd", "url", "headers", "tools", "sampling", "oauth"})
     if unknown:
         raise McpConfigError(f"{where}: unknown key(s) {', '.join(unknown)}.")
     sampling = table.get("sampling", False)
@@ -247,9 +250,12 @@ def _one_server(name: str, table: Any, environ: Mapping[str, str]) -> McpServer:
         if not isinstance(table["url"], str):
             raise McpConfigError(f"{where}.url must be a string.")
         headers = _config_headers(table.get("headers", {}), where, environ)
-        return HttpServer(name=name, url=table["url"], tools=tools, headers=headers, sampling=sampling)
-    if "headers" in table:
-        raise McpConfigError(f"{where}.headers applies to a url server (a stdio server takes env).")
+        oauth = table.get("oauth", False)
+        if not isinstance(oauth, bool):
+            raise McpConfigError(f"{where}.oauth must be true or false.")
+        return HttpServer(name=name, url=table["url"], tools=tools, headers=headers, sampling=sampling, oauth=oauth)
+    if "headers" in table or "oauth" in table:
+        raise McpConfigError(f"{where}: headers and oauth apply to a url server (a stdio server takes env).")
     if not isinstance(table["command"], str):
         raise McpConfigError(f"{where}.command must be a string.")
     env = table.get("env")
@@ -272,7 +278,8 @@ def _one_server(name: str, table: Any, environ: Mapping[str, str]) -> McpServer:
 def load_mcp_config(text: str, environ: Mapping[str, str] | None = None) -> tuple[McpServer, ...]:
     """Parse a TOML config: one ``[servers.NAME]`` table per server, each with ``command`` (+ ``args``,
     ``env``, ``cwd``) or ``url`` (+ ``headers``, whose ``${VAR}`` references are read from ``environ``, by
-    default the process environment), an optional ``sampling = true`` (the server may ask for the model, each
+    default the process environment) and ``oauth = true`` (sign in with OAuth: the CLI runs the browser flow),
+    an optional ``sampling = true`` (the server may ask for the model, each
     request a card), and an optional ``[servers.NAME.tools]`` table classifying tools."""
     environ = os.environ if environ is None else environ
     try:

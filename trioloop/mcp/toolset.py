@@ -284,6 +284,10 @@ class McpToolset:
     ) -> None:
         if not call_timeout > 0 or not connect_timeout > 0:
             raise ValueError("call_timeout and connect_timeout must be positive numbers of seconds")
+        if isinstance(server, HttpServer) and server.oauth and server.auth is None:
+            raise ValueError(
+                f'MCP server "{server.name}" signs in with OAuth: give it auth= (the SDK\'s OAuthClientProvider).'
+            )
         self.server = server
         self.call_timeout = call_timeout
         self.connect_timeout = connect_timeout

@@ -28,6 +28,11 @@ from typing import Any, Final
 import httpx2
 import trio
 from mcp.client.auth import OAuthClientProvider, TokenStorage
+from mcp.client.auth.extensions.client_credentials import (
+    ClientCredentialsOAuthProvider,
+    PrivateKeyJWTOAuthProvider,
+    SignedJWTParameters,
+)
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from pydantic import AnyUrl
 
@@ -141,8 +146,27 @@ async def oauth(url: str, context: dict[str, Any]) -> OAuthClientProvider:
 BROWSER: contextvars.ContextVar[trio.Nursery] = contextvars.ContextVar("browser")
 
 
+def machine_auth(url: str, scenario: str, context: dict[str, Any]) -> OAuthClientProvider | None:
+    """The SDK's machine-to-machine providers, as a backend app running trioloop would pass them as
+    ``HttpServer(auth=...)``: the client-credentials grant with a secret, or with a signed JWT (RFC 7523)."""
+    storage = MemoryTokens(None)
+    if scenario == "auth/client-credentials-basic":
+        return ClientCredentialsOAuthProvider(url, storage, context["client_id"], context["client_secret"])
+    if scenario == "auth/client-credentials-jwt":
+        signer = SignedJWTParameters(
+            issuer=context["client_id"],
+            subject=context["client_id"],
+            signing_key=context["private_key_pem"],
+            signing_algorithm=context.get("signing_algorithm", "ES256"),
+        )
+        return PrivateKeyJWTOAuthProvider(url, storage, context["client_id"], signer.create_assertion_provider())
+    return None
+
+
 async def run(url: str, scenario: str, context: dict[str, Any]) -> int:
-    auth = await oauth(url, context) if scenario.startswith("auth/") else None
+    auth = machine_auth(url, scenario, context)
+    if auth is None and scenario.startswith("auth/"):
+        auth = await oauth(url, context)
     server = HttpServer(name=SERVER_NAME, url=url, auth=auth)
     toolset = McpToolset(server, connect_timeout=CONNECT_TIMEOUT, call_timeout=CALL_TIMEOUT, errlog=sys.stderr)
     async with trio.open_nursery() as nursery:

@@ -70,6 +70,15 @@ PASSING: dict[str, frozenset[str]] = {
     "auth/token-endpoint-auth-basic": _FLOW | {"token-endpoint-auth-method", "resource-parameter-in-token"},
     "auth/token-endpoint-auth-none": _FLOW | {"token-endpoint-auth-method", "resource-parameter-in-token"},
     "auth/token-endpoint-auth-post": _FLOW | {"token-endpoint-auth-method", "resource-parameter-in-token"},
+    # Machine-to-machine (no person at a browser): the SDK's client-credentials providers as HttpServer(auth=...).
+    "auth/client-credentials-basic": frozenset(
+        {"prm-pathbased-requested", "authorization-server-metadata", "token-request", "client-credentials-basic-auth"}
+    )
+    | {"valid-bearer-token"},
+    "auth/client-credentials-jwt": frozenset(
+        {"prm-pathbased-requested", "authorization-server-metadata", "token-request", "client-credentials-jwt-verified"}
+    )
+    | {"valid-bearer-token"},
 }
 
 #: scenario -> why it fails today (each has at least one FAILURE check).
@@ -80,12 +89,11 @@ FAILING: dict[str, str] = {
         "'Authorization server metadata issuer mismatch'); trioloop passes the auth through and does not "
         "loosen the SDK's check"
     ),
-    # Extensions: machine-to-machine and enterprise flows (no person at the browser); the suite passes their
-    # credentials in MCP_CONFORMANCE_CONTEXT. They need an httpx2.Auth of their own (the SDK's provider does the
-    # authorization-code flow only); HttpServer(auth=...) would take one.
-    "auth/client-credentials-jwt": "no client-credentials (private_key_jwt) grant in the conformance client",
-    "auth/client-credentials-basic": "no client-credentials (client_secret_basic) grant in the conformance client",
-    "auth/cross-app-access-complete-flow": "no token exchange / JWT bearer grant (cross-app access)",
+    # An enterprise flow (SEP-990): leg 1 exchanges the person's ID token at the enterprise IdP for an ID-JAG
+    # (RFC 8693), leg 2 presents it to the MCP authorization server (RFC 7523). The SDK's
+    # IdentityAssertionOAuthProvider does leg 2 and takes an HttpServer(auth=...) like any other; leg 1 is
+    # deployment-specific (the SDK leaves it to the app, and so does trioloop's conformance client).
+    "auth/cross-app-access-complete-flow": "leg 1 (the IdP token exchange) is the app's, not the host's",
 }
 
 

@@ -153,3 +153,34 @@ def test_fence_of_sanitized_values_always_has_exactly_one_marker_pair(raw: dict[
     lines = result.splitlines()
     assert len(lines) == 3 and lines[0] == START_MARKER and lines[2] == END_MARKER
     assert json.loads(lines[1]) == payload
+
+
+@settings(max_examples=500)
+@given(
+    text=st.one_of(
+        st.text(),
+        st.text(alphabet=st.sampled_from("ab <>\\\n\t\u202e\u200b\x00\x7f\u2028é\U000e0041\ufeff")),
+    ),
+    cap=st.integers(1, 40),
+    newlines=st.booleans(),
+)
+def test_for_all_text_the_fast_path_sanitizes_exactly_as_the_code_point_walk(
+    text: str, cap: int, newlines: bool
+) -> None:
+    """For all strings, caps and modes: the C-level shortcut (taken when nothing would be stripped) gives
+    exactly what the code-point-by-code-point walk gives."""
+    from trioloop.loop.untrusted_text import _sanitize_each
+
+    assert sanitize_scalar(text, cap, newlines) == _sanitize_each(text, cap, newlines)
+
+
+def test_the_explicit_code_points_are_searched_for_when_the_database_calls_one_printable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Unicode database that counted an explicit code point as printable would not hide it: the search runs."""
+    from trioloop.loop import untrusted_text
+
+    monkeypatch.setattr(untrusted_text, "_EXPLICIT_NOT_PRINTABLE", False)
+    assert untrusted_text._nothing_stripped("plain <text>", False)
+    assert not untrusted_text._nothing_stripped("a\u202eb", False)
+    assert sanitize_scalar("a\u202eb", 10) == ("ab", False)

@@ -7,6 +7,7 @@ markers, so a raw marker in a result can only be the fence itself.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Mapping
 from typing import Any, Final
@@ -51,6 +52,20 @@ def is_stripped_code_point(char: str, allow_newlines: bool = False) -> bool:
     return ord(char) in _ALWAYS_STRIPPED or unicodedata.category(char) in _STRIPPED_CATEGORIES
 
 
+#: Whether Python's Unicode database already counts every explicit code point as non-printable (it does today):
+#: then ``str.isprintable`` alone finds them, else a search for them runs as well.
+_EXPLICIT_NOT_PRINTABLE: Final = not any(chr(c).isprintable() for c in _ALWAYS_STRIPPED)
+_ALWAYS_STRIPPED_RE: Final = re.compile("[" + "".join(re.escape(chr(c)) for c in sorted(_ALWAYS_STRIPPED)) + "]")
+
+
+def _nothing_stripped(text: str, allow_newlines: bool) -> bool:
+    """Whether no code point of ``text`` would be stripped, decided in C: every stripped category (Cc, Cf, Cs,
+    Zl, Zp) is non-printable, so a printable string (newline and tab aside, where they are kept) holding none
+    of the explicit code points loses nothing."""
+    probe = text.replace("\n", " ").replace("\t", " ") if allow_newlines else text
+    return probe.isprintable() and (_EXPLICIT_NOT_PRINTABLE or _ALWAYS_STRIPPED_RE.search(text) is None)
+
+
 def sanitize_scalar(text: str, max_code_points: int, allow_newlines: bool = False) -> tuple[str, bool]:
     """Strip, cap and escape one untrusted string; returns (escaped text, whether it was cut).
 
@@ -59,6 +74,18 @@ def sanitize_scalar(text: str, max_code_points: int, allow_newlines: bool = Fals
     """
     if max_code_points < 1:
         raise ValueError("max_code_points must be at least 1")
+    # The common case, in C: nothing to strip within the first cap + 1 code points (all the walk would read),
+    # so only cap and escape.
+    head = text[: max_code_points + 1]
+    if _nothing_stripped(head, allow_newlines):
+        if len(head) > max_code_points:
+            return _escaped(head[: max_code_points - 1] + TRUNCATION_MARK), True
+        return _escaped(head), False
+    return _sanitize_each(text, max_code_points, allow_newlines)
+
+
+def _sanitize_each(text: str, max_code_points: int, allow_newlines: bool) -> tuple[str, bool]:
+    """`sanitize_scalar` code point by code point (for text that holds something to strip)."""
     kept: list[str] = []
     # Stop one past the cap: that is enough to know the string was cut, and bounds work on huge fields.
     for char in text:
@@ -69,7 +96,12 @@ def sanitize_scalar(text: str, max_code_points: int, allow_newlines: bool = Fals
     truncated = len(kept) > max_code_points
     if truncated:
         kept[max_code_points - 1 :] = [TRUNCATION_MARK]
-    return "".join(kept).translate(_ESCAPES), truncated
+    return _escaped("".join(kept)), truncated
+
+
+def _escaped(text: str) -> str:
+    """Backslash, ``<`` and ``>`` escaped (three C-level passes: ``str.translate`` walks a dict per code point)."""
+    return text.replace("\\", "\\\\").replace("<", "\\<").replace(">", "\\>")
 
 
 def quote_untrusted(text: str, max_code_points: int) -> str:

@@ -20,9 +20,9 @@ import contextvars
 import importlib.metadata
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any, Final, Self, TextIO, final
+from typing import Any, Final, Self, TextIO, TypeVar, final
 
 import anyio
 import attrs
@@ -50,6 +50,7 @@ from trioloop.mcp.tools import UnusableTool, build_mcp_tool, namespaced_name
 from trioloop.providers._redact import mask_key_in_logs
 
 _log = logging.getLogger("trioloop.mcp")
+_R = TypeVar("_R")
 
 __all__ = ["McpConnectionError", "McpToolset", "SkippedTool"]
 
@@ -417,53 +418,53 @@ class McpToolset:
         """The call a server request belongs to: the one whose task it arrived in, else the oldest running."""
         return _CALLING.get() or next(iter(connection.running.values()), None)
 
+    async def _server_request(
+        self, connection: _Connection, what: str, put: Callable[[ToolExecutionContext[Any], str], Awaitable[_R]]
+    ) -> _R | mcp_types.ErrorData:
+        """A server's request for the person (``what``), put to them during the call it belongs to by ``put``.
+
+        Never answered by anyone but the person: outside a call, past the turn's question limit or for a request
+        that cannot be shown faithfully, the server gets an error, not an answer."""
+        server = self.server.name
+        ctx = self._asker(connection)
+        try:
+            if ctx is None:
+                await trio.lowlevel.checkpoint()
+                raise QuestionRefused("This host asks the person only during one of this server's tool calls.")
+            return await put(ctx, f'MCP server "{server}"')
+        except (UnusableRequest, ValueError) as exc:
+            _log.warning("MCP server %s sent %s that cannot be shown: %s", server, what, exc)
+            return mcp_types.ErrorData(code=mcp_types.INVALID_PARAMS, message=f"The request cannot be shown: {exc}")
+        except QuestionRefused as exc:
+            _log.warning("MCP server %s: %s refused: %s", server, what, exc)
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=str(exc))
+
     async def _sample(
         self, connection: _Connection, params: mcp_types.CreateMessageRequestParams
     ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
         """A server's ``sampling/createMessage`` (allowed for this server): a sampling card, then, approved, one
         request to the session's model; the answer goes back to the server, never into the conversation."""
-        server = self.server.name
-        ctx = self._asker(connection)
-        try:
-            if ctx is None:
-                raise QuestionRefused("This host asks the person only during one of this server's tool calls.")
-            sampled = await ctx.sample(source=f'MCP server "{server}"', request=sampling_request(params))
-        except (UnusableRequest, ValueError) as exc:
-            _log.warning("MCP server %s asked for the model with a request that cannot be shown: %s", server, exc)
-            return mcp_types.ErrorData(code=mcp_types.INVALID_PARAMS, message=f"The request cannot be shown: {exc}")
-        except QuestionRefused as exc:
-            _log.warning("MCP server %s: sampling refused: %s", server, exc)
-            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=str(exc))
-        _log.info("MCP server %s: its sampling request was %s", server, sampled.action)
-        return sampling_result(sampled)
+
+        async def put(
+            ctx: ToolExecutionContext[Any], source: str
+        ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
+            sampled = await ctx.sample(source=source, request=sampling_request(params))
+            _log.info("%s: its sampling request was %s", source, sampled.action)
+            return sampling_result(sampled)
+
+        return await self._server_request(connection, "a sampling request", put)
 
     async def _elicit(
         self, connection: _Connection, params: mcp_types.ElicitRequestParams
     ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
-        """A server's ``elicitation/create``: a question card for the person, during the call it belongs to.
+        """A server's ``elicitation/create``: a question card for the person, during the call it belongs to."""
 
-        Never answered by anyone but the person: outside a call, past the turn's question limit or for a form
-        that cannot be shown faithfully, the server gets an error, not an answer."""
-        server = self.server.name
-        ctx = self._asker(connection)
-        if ctx is None:
-            await trio.lowlevel.checkpoint()
-            _log.warning("MCP server %s asked the person outside a tool call; refused", server)
-            return mcp_types.ErrorData(
-                code=mcp_types.INVALID_REQUEST,
-                message="This host asks the person only during one of this server's tool calls.",
-            )
-        try:
-            parts = question_parts(params)
-            answer = await ctx.ask(source=f'MCP server "{server}"', **parts)
-        except (UnusableRequest, ValueError) as exc:
-            _log.warning("MCP server %s asked with a request that cannot be shown: %s", server, exc)
-            return mcp_types.ErrorData(code=mcp_types.INVALID_PARAMS, message=f"The request cannot be shown: {exc}")
-        except QuestionRefused as exc:
-            _log.warning("MCP server %s: %s", server, exc)
-            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=str(exc))
-        _log.info("MCP server %s: the person answered its question: %s", server, answer.action)
-        return elicit_result(answer)
+        async def put(ctx: ToolExecutionContext[Any], source: str) -> mcp_types.ElicitResult:
+            answer = await ctx.ask(source=source, **question_parts(params))
+            _log.info("%s: the person answered its question: %s", source, answer.action)
+            return elicit_result(answer)
+
+        return await self._server_request(connection, "a question", put)
 
     async def _listen_for_tool_changes(self, client: Client) -> None:
         """On a 2026-07-28 connection, subscribe to tool-list changes (``subscriptions/listen``) and mark the tools

@@ -653,3 +653,20 @@ async def test_nested_holds_share_one_client_that_closes_at_the_outermost_exit(
             assert isinstance((await collect(chat))[-1], MessageStop)
         assert chat._http.held_client is None and client.is_closed
         assert (len(server.requests), server.connections) == (3, 1)
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "openai"])
+async def test_a_compressed_stream_is_decoded_and_a_plain_one_read_raw_gives_the_same_events(wire: str) -> None:
+    """A server may gzip its SSE body (Content-Encoding: gzip): it reads as the plain body does, chunk for chunk."""
+    import gzip
+
+    plain = fixture(wire, "text_answer")
+    packed = gzip.compress(plain)
+    compressed = LoopbackResponse(
+        headers=(("content-type", "text/event-stream"), ("content-encoding", "gzip")),
+        body=packed,
+        chunk_size=7,  # the gzip stream cut anywhere, as a real network would
+    )
+    async with open_loopback_server(replay([LoopbackResponse(body=plain, chunk_size=7), compressed])) as server:
+        chat = provider(wire, server.url)
+        assert await collect(chat) == await collect(chat)

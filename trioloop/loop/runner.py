@@ -71,6 +71,7 @@ from trioloop.protocol.events import (
     ToolCallInputDelta,
     ToolCallStart,
     is_terminal,
+    terminal_cut,
 )
 from trioloop.protocol.messages import Message
 from trioloop.protocol.provider import ChatProvider
@@ -377,10 +378,10 @@ class _SendToInbox(trio.abc.SendChannel[StreamEvent]):
         if self.terminal_sent:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
-        cut = next((index + 1 for index, event in enumerate(events) if is_terminal(event)), len(events))
+        cut, ends = terminal_cut(events)
         if cut:
-            self.terminal_sent = is_terminal(events[cut - 1])
-            self._inbox.send_nowait(_StreamBatch(self._attempt, tuple(events[:cut])))
+            self.terminal_sent = ends
+            self._inbox.send_nowait(_StreamBatch(self._attempt, tuple(events if cut == len(events) else events[:cut])))
         self._unyielded += 1
         if not self.terminal_sent and self._unyielded >= _BATCHES_PER_YIELD:
             self._unyielded = 0

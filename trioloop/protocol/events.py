@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import TypeAlias
+from collections.abc import Sequence
+from typing import Final, TypeAlias
 
 import attrs
 
@@ -27,6 +28,7 @@ __all__ = [
     "ToolCallStart",
     "Usage",
     "is_terminal",
+    "terminal_cut",
     "usage_sum",
 ]
 
@@ -221,8 +223,23 @@ StreamEvent: TypeAlias = (
 )
 
 
+#: The events that are never terminal and make up nearly every stream: checked first, by exact type.
+_NEVER_TERMINAL: Final = frozenset({TextDelta, ThinkingDelta, ToolCallInputDelta, ToolCallStart, MessageStart, Usage})
+
+
 def is_terminal(event: StreamEvent) -> bool:
     """True for the events that end a stream: a stop, a terminal error, or an abort."""
+    if type(event) in _NEVER_TERMINAL:  # the common case, decided without an isinstance walk
+        return False
     if isinstance(event, MessageStop | Aborted):
         return True
     return isinstance(event, StreamError) and event.terminal
+
+
+def terminal_cut(events: Sequence[StreamEvent]) -> tuple[int, bool]:
+    """How many of ``events`` go on (up to and including the first terminal one), and whether that last one
+    ends the stream: one pass, for the channels that stop forwarding at a terminal event."""
+    for index, event in enumerate(events):
+        if type(event) not in _NEVER_TERMINAL and is_terminal(event):
+            return index + 1, True
+    return len(events), False

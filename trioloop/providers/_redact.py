@@ -149,6 +149,12 @@ class EventScrubber:
 
     def process(self, event: StreamEvent) -> list[StreamEvent]:
         """``event`` made safe, preceded by any held text it must not overtake (possibly none at all)."""
+        if type(event) is TextDelta and not self._thinking._pending and not self._arguments._pending:
+            # The common case: nothing of another stream held, so nothing to flush before this text.
+            text = self._text.push(event.text)
+            if text is event.text:
+                return [event]  # nothing held or replaced: the event itself, not a copy
+            return [TextDelta(text=text)] if text else []
         if isinstance(event, TextDelta):
             out = self._flush_arguments() + self._flush_thinking()
             text = self._text.push(event.text)

@@ -21,7 +21,7 @@ import httpx
 import trio
 
 from trioloop.protocol.errors import ProtocolError, ProtocolErrorCode
-from trioloop.protocol.events import Aborted, StreamError, StreamEvent, is_terminal
+from trioloop.protocol.events import Aborted, StreamError, StreamEvent, TextDelta, is_terminal, terminal_cut
 from trioloop.protocol.preflight import (
     MODEL_TABLE,
     ModelCapabilities,
@@ -414,6 +414,7 @@ class _Exchange:
         # A consumer that takes batches never waits for its reader (the runner's inbox), so forwarding a
         # read's events cannot eat into the read gap, and the gap's deadline need not be lifted meanwhile.
         self._batches = bool(getattr(send, "takes_batches", getattr(send, "send_batch", None) is not None))
+        self._send_batch = getattr(send, "send_batch", None)
 
     def scrub(self, text: str) -> str:
         """Remove the literal key from provider text before anything caps or stores it."""
@@ -440,7 +441,13 @@ class _Exchange:
                 response = await client.send(request, stream=True, follow_redirects=False)
             if waiting.cancelled_caught:
                 return self.fail(ProtocolErrorCode.TRANSPORT, Messages.READ_TIMEOUT, "no response headers")
-            chunks = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+            # A body without a content coding (SSE almost always) is read raw: aiter_bytes would pass every chunk
+            # through an identity decoder and a re-chunker on the way.
+            # (A response whose body is already in memory, as a mock transport gives, is read as such.)
+            encoding = response.headers.get("content-encoding", "").strip().lower()
+            raw = encoding in ("", "identity") and not response.is_stream_consumed
+            iterate = response.aiter_raw if raw else response.aiter_bytes
+            chunks = cast(AsyncGenerator[bytes, None], iterate())
             try:
                 if not 200 <= response.status_code < 300:
                     outcome = await self._status_failure(response, chunks)
@@ -468,12 +475,16 @@ class _Exchange:
         out: list[StreamEvent] = []
         failure: StreamError | None = None
         stopped = False
+        process = self._scrubber.process
         for event in events:
+            if type(event) is TextDelta:  # the common case: neither an error nor a terminal event
+                out += process(event)
+                continue
             if isinstance(event, StreamError) and event.terminal:
                 out += self._scrubber.flush()
                 failure = event
                 break
-            out += self._scrubber.process(event)
+            out += process(event)
             if is_terminal(event):
                 stopped = True
                 break
@@ -487,7 +498,7 @@ class _Exchange:
     async def _send_all(self, events: list[StreamEvent]) -> None:
         if not events:
             return
-        batch = getattr(self._send, "send_batch", None)
+        batch = self._send_batch
         if batch is not None:  # all of them with one checkpoint; delivered all or (cancelled first) none
             await batch(events)
             self.committed = True
@@ -626,7 +637,8 @@ class _TerminalGuard(trio.abc.SendChannel[StreamEvent]):
     def __init__(self, inner: trio.abc.SendChannel[StreamEvent]) -> None:
         self._inner = inner
         self.terminal_sent = False
-        self.takes_batches = getattr(inner, "send_batch", None) is not None  # or it forwards one event at a time
+        self._inner_batch = getattr(inner, "send_batch", None)
+        self.takes_batches = self._inner_batch is not None  # or it forwards one event at a time
 
     async def send(self, value: StreamEvent) -> None:
         if self.terminal_sent:
@@ -641,9 +653,11 @@ class _TerminalGuard(trio.abc.SendChannel[StreamEvent]):
         if self.terminal_sent:
             await trio.lowlevel.checkpoint()
             return
-        cut = next((index + 1 for index, event in enumerate(events) if is_terminal(event)), len(events))
-        await send_events(self._inner, events[:cut])
-        if cut and is_terminal(events[cut - 1]):
+        cut, ends = terminal_cut(events)
+        events = events if cut == len(events) else events[:cut]
+        batch = self._inner_batch
+        await (batch(events) if batch is not None else send_events(self._inner, events))
+        if ends:
             self.terminal_sent = True
 
     async def aclose(self) -> None:

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Self, cast, final
 
 import httpx
@@ -415,6 +415,9 @@ class _Exchange:
         # read's events cannot eat into the read gap, and the gap's deadline need not be lifted meanwhile.
         self._batches = bool(getattr(send, "takes_batches", getattr(send, "send_batch", None) is not None))
         self._send_batch = getattr(send, "send_batch", None)
+        # Our own guard in front of a batch channel: `_forward` already stops at the first terminal event, so
+        # its batches go straight to the channel behind the guard, and the guard is told when one ended it.
+        self._guarded = send if isinstance(send, _TerminalGuard) and send.inner_batch is not None else None
 
     def scrub(self, text: str) -> str:
         """Remove the literal key from provider text before anything caps or stores it."""
@@ -490,13 +493,20 @@ class _Exchange:
                 break
         if chunks is not None and (stopped or (failure is not None and failure.code not in _CONNECTION_SUSPECT)):
             await _read_tail(chunks)
-        await self._send_all(out)
+        await self._send_all(out, ends=stopped)
         if failure is not None:
             return AttemptOutcome(failure=failure, committed=self.committed)
         return AttemptOutcome(committed=True) if stopped else None
 
-    async def _send_all(self, events: list[StreamEvent]) -> None:
+    async def _send_all(self, events: list[StreamEvent], *, ends: bool = False) -> None:
+        """Send ``events`` (none after a terminal one; ``ends`` when the last one is terminal) on."""
         if not events:
+            return
+        guarded = self._guarded
+        if guarded is not None and not guarded.terminal_sent:
+            await guarded.inner_batch(events)  # type: ignore[misc]  # set only when the guard has one
+            guarded.terminal_sent = ends
+            self.committed = True
             return
         batch = self._send_batch
         if batch is not None:  # all of them with one checkpoint; delivered all or (cancelled first) none
@@ -637,8 +647,9 @@ class _TerminalGuard(trio.abc.SendChannel[StreamEvent]):
     def __init__(self, inner: trio.abc.SendChannel[StreamEvent]) -> None:
         self._inner = inner
         self.terminal_sent = False
-        self._inner_batch = getattr(inner, "send_batch", None)
-        self.takes_batches = self._inner_batch is not None  # or it forwards one event at a time
+        #: The consumer's own ``send_batch``, if it takes batches (else it forwards one event at a time).
+        self.inner_batch: Callable[[Sequence[StreamEvent]], Awaitable[None]] | None = getattr(inner, "send_batch", None)
+        self.takes_batches = self.inner_batch is not None
 
     async def send(self, value: StreamEvent) -> None:
         if self.terminal_sent:
@@ -655,7 +666,7 @@ class _TerminalGuard(trio.abc.SendChannel[StreamEvent]):
             return
         cut, ends = terminal_cut(events)
         events = events if cut == len(events) else events[:cut]
-        batch = self._inner_batch
+        batch = self.inner_batch
         await (batch(events) if batch is not None else send_events(self._inner, events))
         if ends:
             self.terminal_sent = True

@@ -285,10 +285,17 @@ class KeyLogFilter(logging.Filter):
 _KEY_FILTER: Final = KeyLogFilter()
 
 
+_LOGGERS: Final[dict[tuple[str, ...], tuple[logging.Logger, ...]]] = {}
+
+
 def mask_key_in_logs(key: str, loggers: Iterable[str] = MASKED_LOGGERS) -> None:
-    """Register ``key`` with the filter on every logger in ``loggers`` (installed once each, idempotent)."""
+    """Register ``key`` with the filter on every logger in ``loggers`` (installed once each, idempotent). Run on
+    every request, so a logging configuration made since (which may replace a logger's filters) is covered."""
     _KEY_FILTER.add(key)
-    for name in loggers:
-        logger = logging.getLogger(name)
+    names = tuple(loggers)
+    found = _LOGGERS.get(names)
+    if found is None:  # logging.getLogger always returns the same object for a name: look them up once
+        found = _LOGGERS[names] = tuple(logging.getLogger(name) for name in names)
+    for logger in found:
         if _KEY_FILTER not in logger.filters:
             logger.addFilter(_KEY_FILTER)

@@ -63,6 +63,26 @@ class SseDecoder:
         Frames that precede the bad line are always returned first (the error then comes from the next
         ``feed`` or ``close``), so what a consumer sees does not depend on how the bytes were split.
         """
+        if (
+            not self._partial
+            and not self._skip_lf
+            and chunk.endswith(b"\n")
+            and self._failure is None
+            and not self._closed
+            and len(chunk) <= self._line_cap
+            and b"\r" not in chunk
+        ):
+            # The common chunk: whole LF-terminated lines and nothing carried over, read in one pass.
+            try:
+                text = chunk.decode("utf-8")
+            except UnicodeDecodeError:
+                pass  # the general path below finds the bad line and keeps what precedes it
+            else:
+                lines = text.split("\n")
+                lines.pop()  # the empty remainder after the final LF
+                frames: list[SseFrame] = []
+                self._dispatch_lines(lines, frames)
+                return frames
         if self._failure is not None:
             raise ProtocolError(ProtocolErrorCode.MALFORMED_STREAM, self._failure)
         if self._closed:
@@ -88,7 +108,7 @@ class SseDecoder:
         complete, tail = buffer[:end], buffer[end:]
         # Only a CR that is the chunk's very last byte can be half of a CRLF split across chunks.
         self._skip_lf = not tail and complete.endswith(b"\r")
-        frames: list[SseFrame] = []
+        frames = []
         try:
             self._process_lines(complete, frames)
             self._partial += tail

@@ -253,6 +253,7 @@ class HttpTransport:
         self._wire = wire
         self._key = None if api_key is None else ApiKey(api_key)
         self._url = _endpoint_url(base_url or wire.default_base_url, wire.endpoint)
+        self._url_verdict: bool | None = None  # `_url_allowed`, once known
         # A wire written before the models list was part of the protocol has none: nothing to check then.
         models = getattr(wire, "models_endpoint", None)
         self._models_url = None if models is None else _endpoint_url(base_url or wire.default_base_url, models)
@@ -274,8 +275,12 @@ class HttpTransport:
         return _usable_key(raw)
 
     def _url_allowed(self) -> bool:
-        url = httpx.URL(self._url)
-        return url.scheme == "https" or (url.scheme == "http" and is_loopback_host(url.host))
+        """Whether the base URL is https, or http to a loopback host (decided once: the URL never changes)."""
+        allowed = self._url_verdict
+        if allowed is None:
+            url = httpx.URL(self._url)
+            allowed = self._url_verdict = url.scheme == "https" or (url.scheme == "http" and is_loopback_host(url.host))
+        return allowed
 
     async def check(self) -> StreamError | None:
         """Ask the server for its models list once, with the key: None when it answers (any status but 401 and

@@ -700,8 +700,16 @@ class _Turn(Generic[D]):
             self.handle(item)
             return
         attempt = self.attempt
+        following: _InboxItem | None = self.next_nowait()
+        if following is None and type(item) is _StreamBatch:
+            # The paced case: one batch alone (one HTTP chunk came in since the last wake-up), handled as it is.
+            if item.attempt == attempt:
+                self.handle_held(item)
+            return
         events: list[StreamEvent] = []
-        following: _InboxItem | None = item
+        if following is not None:
+            self.lookahead = following  # gathered below, in order, after ``item``
+        following = item
         while following is not None:
             if not isinstance(following, _StreamBatch | _StreamItem):
                 self.lookahead = following
@@ -712,11 +720,14 @@ class _Turn(Generic[D]):
                 else:
                     events.append(following.event)
             following = self.next_nowait()
-        if not events:
-            return
+        if events:
+            self.handle_held(_StreamBatch(attempt, tuple(events)))
+
+    def handle_held(self, batch: _StreamBatch) -> None:
+        """Handle one wake-up's events, publishing the state they make once, at the end."""
         self.holding = True
         try:
-            self.handle(_StreamBatch(attempt, tuple(events)))
+            self.handle(batch)
         finally:
             self.holding = False
         if self.held:

@@ -199,9 +199,7 @@ class TurnControls:
         #: The tool call whose input is streaming now (its tool's name and the input's length so far), for a
         #: face to show while the model writes a long input; None between calls. Not part of the state.
         self.input_streaming: tuple[str, int] | None = None
-        #: The questions running calls put to the person and not yet answered, oldest first (question id ->
-        #: question). Not part of the state: a question lives only as long as the call that asked it.
-        self.questions: dict[str, Question] = {}
+        #: The open questions' waiters by question id, oldest first (see `questions`).
         self._waiting: dict[str, _Waiter] = {}
         #: Called (synchronously) each time a question opens or closes: the session wakes its faces.
         self.on_questions: Callable[[], None] | None = None
@@ -249,6 +247,12 @@ class TurnControls:
         if self._scope is not None:
             self._scope.cancel()
         return True
+
+    @property
+    def questions(self) -> tuple[Question, ...]:
+        """The questions running calls put to the person and not yet answered, oldest first. Not part of the
+        state: a question lives only as long as the call that asked it."""
+        return tuple(waiter.question for waiter in self._waiting.values())
 
     def answer(self, question_id: str, action: AnswerAction, content: Mapping[str, Any] | None = None) -> bool:
         """Answer an open question: ``accept`` (a form's values, checked against its fields, a left-out field
@@ -527,7 +531,7 @@ class _Turn(Generic[D]):
     def person_waits(self) -> None:
         """Hold the deadline still, or let it run again, as the turn starts or stops waiting for the person:
         in review, or while a running call's question is open."""
-        waiting = self.state.phase is Phase.AWAITING_APPROVAL or bool(self.controls.questions)
+        waiting = self.state.phase is Phase.AWAITING_APPROVAL or bool(self.controls._waiting)
         if waiting is not self.waiting_for_person:
             self.pause_deadline_for_review(waiting)
 
@@ -547,7 +551,6 @@ class _Turn(Generic[D]):
         self.questions_asked += 1
         question = attrs.evolve(question, id=f"q{self.questions_asked}", call_id=call_id, tool_name=tool_name)
         waiter = _Waiter(question)
-        controls.questions[question.id] = question
         controls._waiting[question.id] = waiter
         self.person_waits()
         self.tell_questions()
@@ -555,7 +558,7 @@ class _Turn(Generic[D]):
             await waiter.done.wait()
         finally:
             waiter.give(Answer.cancelled())
-            del controls.questions[question.id], controls._waiting[question.id]
+            del controls._waiting[question.id]
             self.person_waits()
             self.tell_questions()
         assert waiter.answer is not None

@@ -313,7 +313,7 @@ class Session(Generic[D]):
         """The questions running calls put to the person and not yet answered, oldest first (each is a card:
         answer it with `answer`). `states` yields the state again each time one opens or closes."""
         controls = self._controls
-        return () if controls is None else tuple(controls.questions.values())
+        return () if controls is None else controls.questions
 
     def answer(self, question_id: str, action: AnswerAction, content: Mapping[str, Any] | None = None) -> bool:
         """Answer an open question: ``"accept"`` with the form's values (a left-out field takes its default),

@@ -153,9 +153,9 @@ class _Connection:
     client: Client
 
     def __init__(self) -> None:
-        self.calls: set[trio.CancelScope] = set()
-        #: The calls in flight on this connection, oldest first: a server request that arrives outside any
-        #: call's task (a 2025 server's own JSON-RPC request) is put to the person for the oldest.
+        #: The calls in flight on this connection (each one's timeout scope -> its context), oldest first: a
+        #: server request that arrives outside any call's task (a 2025 server's own JSON-RPC request) is put to
+        #: the person for the oldest.
         self.running: dict[trio.CancelScope, ToolExecutionContext[Any]] = {}
         self.lost = False
         self.scope = trio.CancelScope()
@@ -163,7 +163,7 @@ class _Connection:
     def lose(self) -> None:
         """Mark the connection unusable: end its in-flight calls and close it (its task unwinds)."""
         self.lost = True
-        for call in self.calls:
+        for call in self.running:
             call.cancel()
         self.scope.cancel()
 
@@ -601,7 +601,6 @@ class McpToolset:
             reason = str(exc) if isinstance(exc, McpConnectionError) else late
             return ToolOutcome.failure(f'The MCP tool "{shown}" was not called: {reason}')
         watch = trio.CancelScope(deadline=trio.current_time() + self.call_timeout)
-        connection.calls.add(watch)
         connection.running[watch] = ctx
         calling = _CALLING.set(ctx)
         result: mcp_types.CallToolResult | None = None
@@ -618,7 +617,6 @@ class McpToolset:
             failure = f"the call failed ({_describe(exc)}). Whether it took effect is unknown"
         finally:
             _CALLING.reset(calling)
-            connection.calls.discard(watch)
             connection.running.pop(watch, None)
         timed_out = watch.cancelled_caught and not connection.lost
         if timed_out:

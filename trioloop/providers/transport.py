@@ -422,7 +422,9 @@ class _Exchange:
         self._send_batch = getattr(send, "send_batch", None)
         # Our own guard in front of a batch channel: `_forward` already stops at the first terminal event, so
         # its batches go straight to the channel behind the guard, and the guard is told when one ended it.
-        self._guarded = send if isinstance(send, _TerminalGuard) and send.inner_batch is not None else None
+        guard = send if isinstance(send, _TerminalGuard) else None
+        self._guard = guard
+        self._guard_batch = None if guard is None else guard.inner_batch
 
     def scrub(self, text: str) -> str:
         """Remove the literal key from provider text before anything caps or stores it."""
@@ -507,10 +509,10 @@ class _Exchange:
         """Send ``events`` (none after a terminal one; ``ends`` when the last one is terminal) on."""
         if not events:
             return
-        guarded = self._guarded
-        if guarded is not None and not guarded.terminal_sent:
-            await guarded.inner_batch(events)  # type: ignore[misc]  # set only when the guard has one
-            guarded.terminal_sent = ends
+        guard, direct = self._guard, self._guard_batch
+        if guard is not None and direct is not None and not guard.terminal_sent:
+            await direct(events)
+            guard.terminal_sent = ends
             self.committed = True
             return
         batch = self._send_batch

@@ -48,10 +48,7 @@ def parse_field(field: QuestionField, typed: str) -> Any:
         return None
     value: Any = typed
     if field.kind in ("number", "integer"):
-        try:
-            value = float(typed) if field.kind == "number" or "." in typed else int(typed)
-        except ValueError:
-            raise AnswerError(f'"{field.label}" takes a number') from None
+        value = field.number(typed)
     elif field.kind == "boolean":
         low = typed.lower()
         if low not in _YES | _NO:

@@ -195,6 +195,15 @@ class QuestionField:
             raise AnswerError(f"{where} takes {_FORMAT_NAMES[self.format]}")
         return value
 
+    def number(self, typed: str) -> float | int:
+        """The number a person typed for this (number or integer) field, as a face reads a text input; the
+        value is checked by `check` afterwards. `AnswerError` if it is not a number."""
+        text = typed.strip()
+        try:
+            return float(text) if self.kind == "number" or "." in text else int(text)
+        except ValueError:
+            raise AnswerError(f'"{self.label}" takes a number') from None
+
     def _in_range(self, where: str, amount: float, unit: str) -> None:
         if self.minimum is not None and amount < self.minimum:
             raise AnswerError(f"{where} takes at least {self.minimum:g}{unit}")

@@ -97,12 +97,7 @@ def _value(field: QuestionField, widget: QWidget) -> Any:
     text = widget.text().strip()
     if not text:
         return None
-    if field.kind in ("number", "integer"):
-        try:
-            return float(text) if field.kind == "number" or "." in text else int(text)
-        except ValueError:
-            raise AnswerError(f'"{field.label}" takes a number') from None
-    return text
+    return field.number(text) if field.kind in ("number", "integer") else text
 
 
 @final

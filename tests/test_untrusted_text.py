@@ -169,9 +169,11 @@ def test_for_all_text_the_fast_path_sanitizes_exactly_as_the_code_point_walk(
 ) -> None:
     """For all strings, caps and modes: the C-level shortcut (taken when nothing would be stripped) gives
     exactly what the code-point-by-code-point walk gives."""
-    from trioloop.loop.untrusted_text import _sanitize_each
+    from trioloop.loop.untrusted_text import _escaped, _strip_each, strip_and_cap
 
-    assert sanitize_scalar(text, cap, newlines) == _sanitize_each(text, cap, newlines)
+    walked, cut = _strip_each(text, cap, newlines)
+    assert strip_and_cap(text, cap, newlines) == (walked, cut)
+    assert sanitize_scalar(text, cap, newlines) == (_escaped(walked), cut)
 
 
 def test_the_explicit_code_points_are_searched_for_when_the_database_calls_one_printable(

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from trioloop.loop.untrusted_text import TRUNCATION_MARK, is_stripped_code_point
+from trioloop.loop.untrusted_text import strip_and_cap
 
 __all__ = [
     "MAX_SAMPLING_MESSAGES",
@@ -77,14 +77,7 @@ def _cleaned(value: object, limit: int, newlines: bool = False) -> str:
     is escaped (a face shows plain text), so cleaning twice changes nothing."""
     if not isinstance(value, str):
         value = "" if value is None else str(value)
-    kept: list[str] = []
-    for char in value:
-        if not is_stripped_code_point(char, newlines):
-            kept.append(char)
-            if len(kept) > limit:
-                kept[limit - 1 :] = [TRUNCATION_MARK]
-                break
-    return "".join(kept)
+    return strip_and_cap(value, limit, newlines)[0]
 
 
 def _label(value: object) -> str:

@@ -22,6 +22,7 @@ __all__ = [
     "is_stripped_code_point",
     "quote_untrusted",
     "sanitize_scalar",
+    "strip_and_cap",
 ]
 
 START_MARKER: Final = "<<<UNTRUSTED_DOCUMENT_DATA>>>"
@@ -39,7 +40,6 @@ _ALWAYS_STRIPPED: Final = frozenset(
     | set(range(0xE0000, 0xE0080))
 )
 _DESCRIPTION_WHITESPACE: Final = frozenset({"\n", "\t"})
-_ESCAPES: Final = str.maketrans({"\\": "\\\\", "<": "\\<", ">": "\\>"})
 
 
 def is_stripped_code_point(char: str, allow_newlines: bool = False) -> bool:
@@ -71,20 +71,27 @@ def sanitize_scalar(text: str, max_code_points: int, allow_newlines: bool = Fals
     Capping counts code points after stripping and before escaping, so the escaped text can be longer
     than the cap. A cut string keeps `max_code_points - 1` code points and ends in "…".
     """
+    clean, truncated = strip_and_cap(text, max_code_points, allow_newlines)
+    return _escaped(clean), truncated
+
+
+def strip_and_cap(text: str, max_code_points: int, allow_newlines: bool = False) -> tuple[str, bool]:
+    """`sanitize_scalar` without the escaping, for text shown as plain text (a face's card): the stripped and
+    capped text, and whether it was cut. Cleaning its result again changes nothing."""
     if max_code_points < 1:
         raise ValueError("max_code_points must be at least 1")
     # The common case, in C: nothing to strip within the first cap + 1 code points (all the walk would read),
-    # so only cap and escape.
+    # so only cap.
     head = text[: max_code_points + 1]
     if _nothing_stripped(head, allow_newlines):
         if len(head) > max_code_points:
-            return _escaped(head[: max_code_points - 1] + TRUNCATION_MARK), True
-        return _escaped(head), False
-    return _sanitize_each(text, max_code_points, allow_newlines)
+            return head[: max_code_points - 1] + TRUNCATION_MARK, True
+        return head, False
+    return _strip_each(text, max_code_points, allow_newlines)
 
 
-def _sanitize_each(text: str, max_code_points: int, allow_newlines: bool) -> tuple[str, bool]:
-    """`sanitize_scalar` code point by code point (for text that holds something to strip)."""
+def _strip_each(text: str, max_code_points: int, allow_newlines: bool) -> tuple[str, bool]:
+    """`strip_and_cap` code point by code point (for text that holds something to strip)."""
     kept: list[str] = []
     # Stop one past the cap: that is enough to know the string was cut, and bounds work on huge fields.
     for char in text:
@@ -95,7 +102,7 @@ def _sanitize_each(text: str, max_code_points: int, allow_newlines: bool) -> tup
     truncated = len(kept) > max_code_points
     if truncated:
         kept[max_code_points - 1 :] = [TRUNCATION_MARK]
-    return _escaped("".join(kept)), truncated
+    return "".join(kept), truncated
 
 
 def _escaped(text: str) -> str:

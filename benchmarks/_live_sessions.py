@@ -156,9 +156,9 @@ class _DraftWatch:
 async def _trioloop(
     base: str, n: int, turns: int, stagger: float, pool: str, latencies: _Latencies | None
 ) -> list[float]:
-    from trioloop.loop import Outcome
-    from trioloop.loop.session import Session
+    from trioloop.machine.reducer import Outcome
     from trioloop.providers import AnthropicProvider
+    from trioloop.runtime.session import Session
     from trioloop.threatmodel import THREAT_MODEL, ThreatModel
 
     client = None if pool == "held" else app_client(pool)

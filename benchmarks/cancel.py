@@ -45,24 +45,16 @@ from benchmarks._common import (
     wire_events,
 )
 from benchmarks._sse_server import MODEL, TABLE, server_stats, spawned_server
-from trioloop.loop import (
-    CallStatus,
-    Cancel,
-    Outcome,
-    ToolExecutionContext,
-    ToolOutcome,
-    TurnLimits,
-    TurnState,
-    create_tool_registry,
-    define_executable_tool,
-    reduce_turn,
-    tool_field,
-)
-from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import CallStatus, Cancel, Outcome, TurnState, reduce_turn
+from trioloop.machine.tool_input import tool_field
+from trioloop.machine.tools import ToolOutcome, create_tool_registry
 from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers import AnthropicProvider
 from trioloop.providers.base import ChatProvider
+from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel, load_thf
 from trioloop.threatmodel.model import detached_copy
 

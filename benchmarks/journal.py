@@ -26,10 +26,10 @@ import trio
 from benchmarks import loop
 from benchmarks._common import PAYMENT_THF, InProcessProvider, case_record, emit, print_table, summarize
 from benchmarks._sse_server import MODEL, TABLE, spawned_server
-from trioloop.loop import CallStatus, Outcome
-from trioloop.loop.journal_store import JournalStore, MemoryJournalStore
-from trioloop.loop.session import Session
+from trioloop.durable.store import JournalStore, MemoryJournalStore
+from trioloop.machine.reducer import CallStatus, Outcome
 from trioloop.providers import AnthropicProvider
+from trioloop.runtime.session import Session
 from trioloop.stores import SQLiteJournalStore
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel, load_thf, threat_model_session
 from trioloop.threatmodel.session import THREAT_MODEL_SYSTEM_PROMPT

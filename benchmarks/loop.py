@@ -43,20 +43,15 @@ from benchmarks._common import (
     wire_events,
 )
 from benchmarks._sse_server import MODEL, TABLE, server_stats, spawned_server
-from trioloop.loop import (
-    CallStatus,
-    Outcome,
-    ToolExecutionContext,
-    ToolOutcome,
-    TurnLimits,
-    create_tool_registry,
-    define_executable_tool,
-    tool_field,
-)
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import CallStatus, Outcome
+from trioloop.machine.tool_input import tool_field
+from trioloop.machine.tools import ToolOutcome, create_tool_registry
 from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers import AnthropicProvider
 from trioloop.providers.base import ChatProvider
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 
 K = 8

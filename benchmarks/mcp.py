@@ -18,7 +18,8 @@ from typing import Any
 import trio
 
 from benchmarks._common import case_record, emit, print_table, summarize
-from trioloop.loop.tool_runtime import PreparedCall, ToolExecutionContext
+from trioloop.machine.tools import PreparedCall
+from trioloop.runtime.tools import ToolExecutionContext
 
 SERVER = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "mcp_server.py"
 

@@ -21,7 +21,7 @@ import trio
 
 from benchmarks import loop
 from benchmarks._common import PAYMENT_THF, InProcessProvider, case_record, emit, print_table, summarize
-from trioloop.loop import CallStatus, Outcome
+from trioloop.machine.reducer import CallStatus, Outcome
 from trioloop.otel import instrument
 from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 

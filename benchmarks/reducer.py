@@ -19,21 +19,20 @@ from typing import Any
 
 import attrs
 
-from trioloop.loop import (
+from trioloop.machine.reducer import (
     Advance,
     ApproveBatch,
     CallSettled,
     StartCall,
     Submit,
-    ToolOutcome,
     TurnInput,
     TurnState,
-    create_tool_registry,
-    define_executable_tool,
     reduce_turn,
-    tool_field,
 )
+from trioloop.machine.tool_input import tool_field
+from trioloop.machine.tools import ToolOutcome, create_tool_registry
 from trioloop.protocol import MessageStart, MessageStop, TextDelta, ToolCallComplete
+from trioloop.runtime.tools import define_executable_tool
 
 
 @attrs.frozen(kw_only=True)

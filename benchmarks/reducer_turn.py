@@ -20,7 +20,8 @@ import trio
 
 from benchmarks import loop
 from benchmarks._common import case_record, emit, print_table, summarize
-from trioloop.loop import TurnInput, TurnState, reduce_turn, runner
+from trioloop.machine.reducer import TurnInput, TurnState, reduce_turn
+from trioloop.runtime import runner
 from trioloop.threatmodel import load_thf
 
 

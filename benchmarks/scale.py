@@ -42,10 +42,10 @@ from benchmarks._common import (
     summarize,
     wire_events,
 )
-from trioloop.loop import Outcome
-from trioloop.loop.session import Session
+from trioloop.machine.reducer import Outcome
 from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
+from trioloop.runtime.session import Session
 from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 
 SIZES = (10, 100, 1000)

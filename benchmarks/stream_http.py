@@ -38,13 +38,14 @@ import trio
 from benchmarks._common import case_record, emit, print_table
 from benchmarks._sse_server import MODEL, TABLE, WORDS, server_stats, spawned_server
 from benchmarks.stream import _body, run_anthropic_sdk
-from trioloop.loop import TurnLimits, create_tool_registry
-from trioloop.loop._stream_fold import fold_text_deltas
-from trioloop.loop.machine import Outcome, Submit, TurnState, reduce_turn
-from trioloop.loop.runner import TurnRequest, Workspace, run_turn
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import Outcome, Submit, TurnState, reduce_turn
+from trioloop.machine.stream_fold import fold_text_deltas
+from trioloop.machine.tools import create_tool_registry
 from trioloop.providers import AnthropicProvider
 from trioloop.providers.anthropic import AnthropicStreamMapper
 from trioloop.providers.sse import SseDecoder
+from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel
 
 READ = 16 * 1024

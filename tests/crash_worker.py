@@ -39,13 +39,13 @@ from trioloop import (
     define_document_kind,
     function_tool,
 )
-from trioloop.loop.journal import call_card, decode_entries
-from trioloop.loop.journal_store import JournalLease, StoredEntry
+from trioloop.durable.journal import call_card, decode_entries
+from trioloop.durable.sqlite import SQLiteJournalStore
+from trioloop.durable.store import JournalLease, StoredEntry
 from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.messages import assert_tool_pairing
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
-from trioloop.stores.sqlite import SQLiteJournalStore
 
 SESSION_ID: Final = "crash"
 MODEL: Final = "scripted-1"

@@ -38,7 +38,7 @@ from pydantic import AnyUrl
 
 from trioloop import CallStatus, Phase, Session, define_document_kind
 from trioloop.cli.mcp_oauth import LoopbackCallback, cli_oauth
-from trioloop.loop.tool_runtime import RegisteredTool
+from trioloop.machine.tools import RegisteredTool
 from trioloop.mcp import HttpServer, McpConnectionError, McpToolset
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 

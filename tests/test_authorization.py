@@ -9,29 +9,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trioloop.loop import (
-    ApproveCall,
-    CallStatus,
+from trioloop.machine.authorization import (
     Denial,
     Grant,
-    Phase,
-    RegisteredTool,
-    Submit,
-    ToolOutcome,
-    TurnInput,
-    TurnState,
     Violation,
     authorize_start,
     auto_grant_read_only,
-    create_tool_registry,
-    define_executable_tool,
     grant_for_batch,
     grant_for_call,
-    input_digest,
-    reduce_turn,
-    tool_field,
 )
+from trioloop.machine.canonical import input_digest
+from trioloop.machine.reducer import ApproveCall, CallStatus, Phase, Submit, TurnInput, TurnState, reduce_turn
+from trioloop.machine.tool_input import tool_field
+from trioloop.machine.tools import RegisteredTool, ToolOutcome, create_tool_registry
 from trioloop.protocol import MessageStart, MessageStop, ToolCallComplete
+from trioloop.runtime.tools import define_executable_tool
 
 
 @attrs.frozen(kw_only=True)

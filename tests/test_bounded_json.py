@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.loop import _bounded_json
-from trioloop.loop._bounded_json import MEMORY_ALLOWANCE, MEMORY_RATIO, parse_bounded_json
+from trioloop.durable import bounded_json as _bounded_json
+from trioloop.durable.bounded_json import MEMORY_ALLOWANCE, MEMORY_RATIO, parse_bounded_json
 
 MAX_BYTES = 64 * 1024 * 1024
 

@@ -14,7 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_machine import REGISTRY
 
-from trioloop.loop import (
+from trioloop.machine.authorization import Violation
+from trioloop.machine.ids import fresh_call_id
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import (
     Advance,
     ApproveCall,
     CallSettled,
@@ -22,13 +25,10 @@ from trioloop.loop import (
     Phase,
     StartCall,
     Submit,
-    ToolOutcome,
-    TurnLimits,
     TurnState,
-    Violation,
     reduce_turn,
 )
-from trioloop.loop._call_ids import fresh_call_id
+from trioloop.machine.tools import ToolOutcome
 from trioloop.protocol import (
     Message,
     MessageStart,

@@ -7,8 +7,8 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.loop import canonical
-from trioloop.loop.canonical import canonical_json, input_digest
+from trioloop.machine import canonical
+from trioloop.machine.canonical import canonical_json, input_digest
 
 json_values = st.recursive(
     st.none()

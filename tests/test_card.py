@@ -12,16 +12,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from strategies_document import models_with_actions
 
-from trioloop.loop.canonical import canonical_json
-from trioloop.loop.card import _is_number, changed_fields, input_details, one_line, plain_value
-from trioloop.loop.tool_runtime import (
-    PreparedCall,
-    ToolExecutionContext,
-    ToolOutcome,
-    define_executable_tool,
-    tool_field,
-    unstructure_input,
-)
+from trioloop.machine.canonical import canonical_json
+from trioloop.machine.card import _is_number, changed_fields, input_details, one_line, plain_value
+from trioloop.machine.tool_input import tool_field, unstructure_input
+from trioloop.machine.tools import PreparedCall, ToolOutcome
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel.graph_tools import GRAPH_ACTION_TOOLS
 
 TOOLS = {tool.name: tool for tool in GRAPH_ACTION_TOOLS}

@@ -121,12 +121,12 @@ async def test_a_failed_save_is_reported_and_leaves_the_file(
 async def test_a_failed_folder_sync_says_the_new_content_is_in_place(
     thf: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trioloop.files
+    import trioloop.durable.files
 
     def failing(folder: Path) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(trioloop.files, "_fsync_folder", failing)
+    monkeypatch.setattr(trioloop.durable.files, "_fsync_folder", failing)
     async with ScriptedProvider([add_threat("c1", "First"), ScriptStep(text="ok")]) as provider:
         assert await chat_session(thf, provider, "scripted-1", "safe", answers("add"), journal=None) == 0
     monkeypatch.undo()

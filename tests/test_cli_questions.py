@@ -14,8 +14,8 @@ from trioloop import Answer, QuestionField, Session, ToolExecutionContext, ToolO
 from trioloop.cli.common import one_turn
 from trioloop.cli.questions import parse_field
 from trioloop.cli.view import ApproveMode, TurnView
-from trioloop.loop.document import define_document_kind
-from trioloop.loop.machine import Outcome, TurnState
+from trioloop.machine.document import define_document_kind
+from trioloop.machine.reducer import Outcome, TurnState
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.tools import function_tool
 

@@ -24,8 +24,8 @@ from trioloop import (
     function_tool,
     text_diff,
 )
-from trioloop.loop.transaction import UndoHistory
 from trioloop.lowlevel import Refusal, Refused, commit_tool_outcome
+from trioloop.machine.transaction import UndoHistory
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 
 

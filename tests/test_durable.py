@@ -26,12 +26,12 @@ from trioloop import (
     define_document_kind,
     function_tool,
 )
-from trioloop.loop.authorization import Violation
-from trioloop.loop.journal import INTERRUPTED_CALL_TEXT, JournalError, decode_entries
-from trioloop.loop.journal_store import MemoryJournalStore, SessionLocked, StoredEntry
-from trioloop.loop.limits import TurnLimits
-from trioloop.loop.session import SessionBusy, SessionJournalError
+from trioloop.durable.journal import INTERRUPTED_CALL_TEXT, JournalError, decode_entries
+from trioloop.durable.store import MemoryJournalStore, SessionLocked, StoredEntry
+from trioloop.machine.authorization import Violation
+from trioloop.machine.limits import TurnLimits
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
+from trioloop.runtime.session import SessionBusy, SessionJournalError
 
 NOTE = define_document_kind("note", dump=lambda text: text, load=lambda text: text)
 RUNS: list[str] = []

@@ -10,7 +10,9 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.loop import (
+from trioloop.machine.authorization import Violation
+from trioloop.machine.canonical import input_digest
+from trioloop.machine.reducer import (
     Advance,
     ApproveBatch,
     ApproveCall,
@@ -19,20 +21,16 @@ from trioloop.loop import (
     Phase,
     StartCall,
     Submit,
-    ToolExecutionContext,
-    ToolOutcome,
     TurnInput,
     TurnState,
-    Violation,
-    create_tool_registry,
-    define_executable_tool,
-    input_digest,
     reduce_turn,
-    tool_field,
 )
-from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.machine.tool_input import tool_field
+from trioloop.machine.tools import ToolOutcome, create_tool_registry
 from trioloop.protocol import MessageStart, MessageStop, ToolCallComplete, ToolResultBlock
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import THREAT_MODEL, load_thf
 
 PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
@@ -104,7 +102,7 @@ def test_the_model_is_told_exactly_which_fields_changed() -> None:
         ("id", "web", "api"),
         ("name", "Web", "Store<<<front>>>\\u{202E}"),
     )
-    from trioloop.loop import CallSettled
+    from trioloop.machine.reducer import CallSettled
 
     state = run(
         [

@@ -252,7 +252,8 @@ def test_version_matches_the_project_metadata() -> None:
         "trioloop.lowlevel",
         "trioloop.protocol",
         "trioloop.threatmodel",
-        "trioloop.loop",
+        "trioloop.stores",
+        "trioloop.audit",
         "trioloop.tools",
         "trioloop.providers",
     ],
@@ -275,3 +276,52 @@ def test_embedding_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     runpy.run_path(str(example), run_name="__main__")
     out = capsys.readouterr().out
     assert "review: Add threat" in out and "completed 1 threat added" in out and "undone: True" in out
+
+
+def test_each_lazy_name_loads_from_the_module_the_type_checker_sees() -> None:
+    # trioloop/__init__.py names every public name twice: imported under TYPE_CHECKING (what mypy and the docs
+    # read) and in _HOMES (what loads it at run time). The two must agree, name for name and module for module.
+    import ast
+
+    source = Path(trioloop.__file__).read_text(encoding="utf-8")
+    guarded = next(
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+    )
+    seen = {
+        alias.name: node.module
+        for node in guarded.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert seen == trioloop._HOMES
+    assert set(trioloop.__all__) == {*seen, "__version__"}
+    for name, home in seen.items():
+        assert getattr(trioloop, name) is getattr(importlib.import_module(home), name)
+
+
+LIGHT_IMPORT_PROBE = """
+import sys
+import trioloop
+heavy = ("yaml", "trioloop.threatmodel", "mcp", "trioloop.mcp", "opentelemetry", "trioloop.otel", "psycopg",
+         "PySide6", "trioloop.ui", "rich", "httpx", "trioloop.providers", "sqlite3", "jsonschema")
+print(",".join(sorted(m for m in sys.modules if m.split(".")[0] in heavy or m in heavy)))
+from trioloop import Session, MemoryJournalStore, function_tool
+optional = ("yaml", "mcp", "PySide6", "psycopg", "opentelemetry", "trioloop.threatmodel", "trioloop.mcp",
+            "trioloop.otel")
+print(",".join(sorted(m for m in sys.modules if m.split(".")[0] in optional or m in optional)))
+"""
+
+
+def test_import_trioloop_is_light() -> None:
+    # `import trioloop` loads no optional layer, no domain and no provider; a core name loads the core only.
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", LIGHT_IMPORT_PROBE], capture_output=True, text=True, check=True, timeout=60
+    )
+    at_import, after_core_names = done.stdout.splitlines()
+    assert at_import == ""
+    assert after_core_names == ""

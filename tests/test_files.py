@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from trioloop.files import write_atomic
+from trioloop.durable.files import write_atomic
 
 ORIGINAL = b"version: 1\n# the user's comment\n" * 50
 NEW = b"version: 2\n" * 400

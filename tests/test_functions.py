@@ -28,8 +28,8 @@ from trioloop import (
     define_document_kind,
     function_tool,
 )
-from trioloop.loop.machine import TurnState
 from trioloop.lowlevel import Submit, reduce_turn
+from trioloop.machine.reducer import TurnState
 from trioloop.protocol import MessageStart, ToolCallComplete
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 from trioloop.tools import ToolError, parse_docstring

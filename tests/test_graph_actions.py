@@ -7,13 +7,9 @@ import pytest
 from hypothesis import given, settings
 from strategies_document import models_with_actions
 
-from trioloop.loop.tool_runtime import (
-    PreparedCall,
-    PrepareFailure,
-    ToolExecutionContext,
-    ToolOutcome,
-    unstructure_input,
-)
+from trioloop.machine.tool_input import unstructure_input
+from trioloop.machine.tools import PreparedCall, PrepareFailure, ToolOutcome
+from trioloop.runtime.tools import ToolExecutionContext
 from trioloop.threatmodel import ThreatModel, load_thf, validate_threat_model
 from trioloop.threatmodel.graph_tools import GRAPH_ACTION_TOOLS
 

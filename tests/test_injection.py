@@ -20,7 +20,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from trioloop.loop import (
+from trioloop.machine.authorization import Grant, Violation, authorize_start
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import (
     CALL_STATUS_EDGES,
     Advance,
     ApproveBatch,
@@ -29,31 +31,20 @@ from trioloop.loop import (
     CallStatus,
     Cancel,
     DenyCall,
-    Grant,
     Phase,
-    PreparedCall,
-    Refusal,
-    Refused,
-    RegisteredTool,
     Retry,
     StartCall,
     Submit,
-    ToolOutcome,
     TurnInput,
-    TurnLimits,
     TurnState,
-    UndoHistory,
     UndoTurn,
-    Violation,
-    authorize_start,
-    commit_tool_outcome,
-    create_tool_registry,
-    define_executable_tool,
     reduce_turn,
-    tool_field,
 )
-from trioloop.loop._machine_tables import INITIAL_CALL_STATUSES
-from trioloop.loop.untrusted_text import END_MARKER, START_MARKER, fence, sanitize_scalar
+from trioloop.machine.tables import INITIAL_CALL_STATUSES
+from trioloop.machine.tool_input import tool_field
+from trioloop.machine.tools import PreparedCall, RegisteredTool, ToolOutcome, create_tool_registry
+from trioloop.machine.transaction import Refusal, Refused, UndoHistory, commit_tool_outcome
+from trioloop.machine.untrusted_text import END_MARKER, START_MARKER, fence, sanitize_scalar
 from trioloop.protocol import (
     Aborted,
     Message,
@@ -67,6 +58,7 @@ from trioloop.protocol import (
     ToolResultBlock,
     assert_tool_pairing,
 )
+from trioloop.runtime.tools import define_executable_tool
 from trioloop.threatmodel import THREAT_MODEL
 from trioloop.threatmodel.model import Element, Metadata, ThreatModel
 

@@ -15,7 +15,21 @@ from hypothesis import strategies as st
 from test_bounded_json import _bound, _peak  # the bounded reader's own measure of a decode's peak
 from test_machine_stateful import REGISTRY  # the three tools the stateful machine test drives the reducer with
 
-from trioloop.loop import (
+from trioloop.durable.journal import (
+    GENESIS,
+    JournalError,
+    JournalWriter,
+    decode_entries,
+    decode_entry,
+    encode_entry,
+    recovery_inputs,
+    replay_journal,
+    verify_chain,
+)
+from trioloop.durable.session_file import SessionSnapshot, UndoRecord
+from trioloop.durable.store import StoredEntry
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import (
     Advance,
     ApproveBatch,
     ApproveCall,
@@ -27,27 +41,13 @@ from trioloop.loop import (
     Revoke,
     StartCall,
     Submit,
-    ToolOutcome,
     TurnInput,
-    TurnLimits,
     TurnState,
     UndoTurn,
     reduce_turn,
 )
-from trioloop.loop.journal import (
-    GENESIS,
-    JournalError,
-    JournalWriter,
-    decode_entries,
-    decode_entry,
-    encode_entry,
-    recovery_inputs,
-    replay_journal,
-    verify_chain,
-)
-from trioloop.loop.journal_store import StoredEntry
-from trioloop.loop.session_file import SessionSnapshot, UndoRecord
-from trioloop.loop.transaction import UndoEntry, UndoHistory, redo_step, undo_step, undo_turn
+from trioloop.machine.tools import ToolOutcome
+from trioloop.machine.transaction import UndoEntry, UndoHistory, redo_step, undo_step, undo_turn
 from trioloop.protocol import (
     Aborted,
     MessageStart,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trioloop.loop.limits import (
+from trioloop.machine.limits import (
     DEFAULT_TURN_LIMITS,
     Bound,
     TurnBudget,

@@ -13,8 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.loop import (
+from trioloop.machine.authorization import Grant, Violation
+from trioloop.machine.canonical import input_digest
+from trioloop.machine.limits import TurnBudget, TurnLimits
+from trioloop.machine.reducer import (
     CALL_STATUS_EDGES,
+    NO_STATE_CHANGE,
     PHASE_TRANSITIONS,
     Advance,
     ApproveBatch,
@@ -24,32 +28,23 @@ from trioloop.loop import (
     Cancel,
     DenialReason,
     DenyCall,
-    Grant,
     InputKind,
     Outcome,
     Phase,
-    RegisteredTool,
     Retry,
     Revoke,
     StartCall,
     Submit,
-    ToolOutcome,
-    TurnBudget,
     TurnInput,
-    TurnLimits,
     TurnState,
     UndoTurn,
-    Violation,
-    create_tool_registry,
-    define_executable_tool,
-    input_digest,
     reduce_turn,
-    tool_field,
 )
-from trioloop.loop._machine_state import CallRecord, Log
-from trioloop.loop._machine_tables import INITIAL_CALL_STATUSES
-from trioloop.loop._machine_text import NOT_RUN_TEXT
-from trioloop.loop.machine import NO_STATE_CHANGE
+from trioloop.machine.state import CallRecord, Log
+from trioloop.machine.tables import INITIAL_CALL_STATUSES
+from trioloop.machine.texts import NOT_RUN_TEXT
+from trioloop.machine.tool_input import tool_field
+from trioloop.machine.tools import RegisteredTool, ToolOutcome, create_tool_registry
 from trioloop.protocol import (
     Aborted,
     Message,
@@ -73,6 +68,7 @@ from trioloop.protocol import (
     assert_tool_pairing,
 )
 from trioloop.providers.base import Messages
+from trioloop.runtime.tools import define_executable_tool
 
 # -- fixtures: three tools, a few drivers -----------------------------------------------------------
 
@@ -276,7 +272,7 @@ def test_every_transition_in_the_table_is_reachable() -> None:
 
 
 def test_the_table_wins_over_a_handler_that_disagrees(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trioloop.loop import machine
+    from trioloop.machine import reducer as machine
 
     def rogue(state: TurnState, item: object) -> TurnState:
         return attrs.evolve(state, phase=Phase.SETTLED)

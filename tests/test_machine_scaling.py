@@ -18,18 +18,12 @@ import attrs
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from trioloop.loop import (
-    Submit,
-    ToolOutcome,
-    TurnState,
-    create_tool_registry,
-    define_executable_tool,
-    reduce_turn,
-    tool_field,
-)
-from trioloop.loop._machine_state import CallRecord, CallTable
-from trioloop.loop.machine import CallStatus, DenialReason
+from trioloop.machine.reducer import CallStatus, DenialReason, Submit, TurnState, reduce_turn
+from trioloop.machine.state import CallRecord, CallTable
+from trioloop.machine.tool_input import tool_field
+from trioloop.machine.tools import ToolOutcome, create_tool_registry
 from trioloop.protocol import MessageStart, MessageStop, ToolCallComplete
+from trioloop.runtime.tools import define_executable_tool
 
 
 @attrs.frozen(kw_only=True)
@@ -198,8 +192,10 @@ def test_every_version_of_a_call_table_reads_as_the_tuple_it_was_made_from(opera
 def test_a_long_answer_keeps_no_tracked_object_per_delta() -> None:
     """The draft's text is one shared list of (untracked) strings, not a chain of nodes: a state holding a long
     answer keeps a bounded number of objects the garbage collector tracks, however many deltas it took."""
-    from trioloop.loop import Submit, TurnLimits, create_tool_registry, reduce_turn
-    from trioloop.loop._machine_state import TurnState
+    from trioloop.machine.limits import TurnLimits
+    from trioloop.machine.reducer import Submit, reduce_turn
+    from trioloop.machine.state import TurnState
+    from trioloop.machine.tools import create_tool_registry
     from trioloop.protocol import MessageStart, TextDelta
 
     def tracked_after(deltas: int) -> int:

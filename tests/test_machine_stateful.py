@@ -16,7 +16,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from trioloop.loop import (
+from trioloop.machine.authorization import Violation
+from trioloop.machine.inputs import classify
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import (
     CALL_STATUS_EDGES,
     PHASE_TRANSITIONS,
     Advance,
@@ -26,23 +29,17 @@ from trioloop.loop import (
     Cancel,
     DenyCall,
     Phase,
-    RegisteredTool,
     Retry,
     StartCall,
     Submit,
-    ToolOutcome,
     TurnInput,
-    TurnLimits,
     TurnState,
     UndoTurn,
-    Violation,
-    create_tool_registry,
-    define_executable_tool,
     reduce_turn,
-    tool_field,
 )
-from trioloop.loop._machine_inputs import classify
-from trioloop.loop._machine_tables import INITIAL_CALL_STATUSES
+from trioloop.machine.tables import INITIAL_CALL_STATUSES
+from trioloop.machine.tool_input import tool_field
+from trioloop.machine.tools import RegisteredTool, ToolOutcome, create_tool_registry
 from trioloop.protocol import (
     Aborted,
     MessageStart,
@@ -56,6 +53,7 @@ from trioloop.protocol import (
     Usage,
     assert_tool_pairing,
 )
+from trioloop.runtime.tools import define_executable_tool
 
 SCALE = max(1, int(os.environ.get("TRIOLOOP_TORTURE_SCALE", "1")))
 

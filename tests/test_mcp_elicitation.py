@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from trioloop import Question, QuestionField, Session
-from trioloop.loop.machine import CallRecord, Outcome, Phase, TurnState
+from trioloop.machine.reducer import CallRecord, Outcome, Phase, TurnState
 from trioloop.mcp import HttpServer, McpServer, McpToolset, StdioServer
 from trioloop.mcp.elicitation import UnusableRequest, question_parts
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep

@@ -13,12 +13,12 @@ import pytest
 import trio
 
 from trioloop import Question, Session, TurnLimits
-from trioloop.loop.machine import CallRecord, Outcome, Phase, TurnState
-from trioloop.loop.questions import SamplingRequest
-from trioloop.loop.sampling import sampling_chat_request
-from trioloop.loop.untrusted_text import END_MARKER, START_MARKER
+from trioloop.machine.questions import SamplingRequest
+from trioloop.machine.reducer import CallRecord, Outcome, Phase, TurnState
+from trioloop.machine.untrusted_text import END_MARKER, START_MARKER
 from trioloop.mcp import McpToolset, StdioServer, load_mcp_config
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.runtime.sampling import sampling_chat_request
 from trioloop.threatmodel import load_thf, threat_model_session
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -163,7 +163,7 @@ def test_mcp_package_surface_and_layering() -> None:
     names = list(trioloop.mcp.__all__)
     assert names == sorted(names) and all(hasattr(trioloop.mcp, name) for name in names)
     core = Path(trioloop.__file__).resolve().parent
-    for package in ("loop", "protocol", "providers", "tools", "threatmodel"):
+    for package in ("machine", "durable", "runtime", "protocol", "providers", "tools", "threatmodel"):
         for source in (core / package).rglob("*.py"):
             text = source.read_text(encoding="utf-8")
             assert "trioloop.mcp" not in text and "import mcp" not in text, source

@@ -14,17 +14,13 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.loop.canonical import input_digest
-from trioloop.loop.tool_runtime import (
-    PreparedCall,
-    PrepareFailure,
-    ToolExecutionContext,
-    ToolOutcome,
-)
-from trioloop.loop.untrusted_text import END_MARKER, START_MARKER, sanitize_scalar
+from trioloop.machine.canonical import input_digest
+from trioloop.machine.tools import PreparedCall, PrepareFailure, ToolOutcome
+from trioloop.machine.untrusted_text import END_MARKER, START_MARKER, sanitize_scalar
 from trioloop.mcp.results import mcp_result_outcome
 from trioloop.mcp.servers import ToolClass
 from trioloop.mcp.tools import TOOL_NAME_PATTERN, UnusableTool, build_mcp_tool, namespaced_name
+from trioloop.runtime.tools import ToolExecutionContext
 from trioloop.tools.read_result import READ_RESULT_MAX_BYTES
 
 SCHEMA: dict[str, Any] = {

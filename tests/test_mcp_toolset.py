@@ -20,20 +20,14 @@ import pytest
 import trio
 import trio.testing
 
-from trioloop.loop.limits import TurnLimits
-from trioloop.loop.machine import CallStatus, Outcome, Phase
-from trioloop.loop.tool_runtime import (
-    PreparedCall,
-    PrepareFailure,
-    RegisteredTool,
-    ToolExecutionContext,
-    ToolOutcome,
-    create_tool_registry,
-)
-from trioloop.loop.untrusted_text import END_MARKER, START_MARKER
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import CallStatus, Outcome, Phase
+from trioloop.machine.tools import PreparedCall, PrepareFailure, RegisteredTool, ToolOutcome, create_tool_registry
+from trioloop.machine.untrusted_text import END_MARKER, START_MARKER
 from trioloop.mcp import HttpServer, McpConnectionError, McpToolset, StdioServer, ToolClass, namespaced_name
 from trioloop.mcp.tools import TOOL_NAME_PATTERN
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.runtime.tools import ToolExecutionContext
 from trioloop.threatmodel import load_thf, threat_model_session
 from trioloop.tools.read_result import READ_RESULT_MAX_BYTES
 

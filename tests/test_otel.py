@@ -44,7 +44,7 @@ from trioloop import (
     function_tool,
     otel,
 )
-from trioloop.loop.journal_store import MemoryJournalStore
+from trioloop.durable.store import MemoryJournalStore
 from trioloop.lowlevel import Submit, reduce_turn
 from trioloop.otel import OtelObserver, gen_ai_provider_name, instrument
 from trioloop.protocol.events import MessageStart, MessageStop, StopReason, StreamEvent, TextDelta, Usage

@@ -12,15 +12,10 @@ import trio
 from hypothesis import given, settings
 from strategies_document import models_with_actions
 
-from trioloop.loop.preview import EntityChange, FieldChange, Preview, preview_call
-from trioloop.loop.tool_runtime import (
-    PreparedCall,
-    ToolExecutionContext,
-    ToolOutcome,
-    define_executable_tool,
-    tool_field,
-    unstructure_input,
-)
+from trioloop.machine.preview import EntityChange, FieldChange, Preview, preview_call
+from trioloop.machine.tool_input import tool_field, unstructure_input
+from trioloop.machine.tools import PreparedCall, ToolOutcome
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import ThreatModel, load_thf, validate_threat_model
 from trioloop.threatmodel.graph_tools import GRAPH_ACTION_TOOLS
 from trioloop.threatmodel.model import SECTION_NAMES

@@ -23,17 +23,9 @@ from test_machine import run, submit
 from test_provider_contract import collect
 from torture_support import check_stream
 
-from trioloop.loop import (
-    CallStatus,
-    Outcome,
-    Phase,
-    ToolExecutionContext,
-    ToolOutcome,
-    create_tool_registry,
-    define_executable_tool,
-    tool_field,
-)
-from trioloop.loop.runner import TurnRequest, Workspace, run_turn
+from trioloop.machine.reducer import CallStatus, Outcome, Phase
+from trioloop.machine.tool_input import tool_field
+from trioloop.machine.tools import ToolOutcome, create_tool_registry
 from trioloop.protocol import (
     ChatRequest,
     Message,
@@ -71,6 +63,8 @@ from trioloop.providers.anthropic import (
 )
 from trioloop.providers.base import Messages, WireResponse, map_chunks
 from trioloop.providers.sse import SseFrame
+from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import THREAT_MODEL, load_thf
 
 SERVER = Path(__file__).parent / "fixtures" / "providers" / "anthropic_server"

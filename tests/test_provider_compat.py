@@ -20,8 +20,8 @@ import trio
 import trio.testing
 from test_machine import run, submit
 
-from trioloop.loop import CallStatus, Phase
-from trioloop.loop.authorization import Violation
+from trioloop.machine.authorization import Violation
+from trioloop.machine.reducer import CallStatus, Phase
 from trioloop.protocol import (
     ChatRequest,
     Message,

@@ -23,8 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torture_support import payment
 
-from trioloop.loop import CallStatus, Outcome, Phase
-from trioloop.loop.machine import TurnState
+from trioloop.machine.reducer import CallStatus, Outcome, Phase, TurnState
 from trioloop.protocol import (
     ChatRequest,
     Message,

@@ -24,9 +24,7 @@ from trioloop import OpenAIResponsesProvider as TopLevelProvider
 from trioloop import define_document_kind, function_tool
 from trioloop.cli.chat import _chat
 from trioloop.cli.parser import _build_parser
-from trioloop.loop.machine import Outcome
-from trioloop.loop.session import Session
-from trioloop.loop.tool_runtime import ToolExecutionContext
+from trioloop.machine.reducer import Outcome
 from trioloop.protocol import (
     ChatRequest,
     Message,
@@ -67,6 +65,8 @@ from trioloop.providers.openai_responses import (
 )
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.providers.sse import SseFrame
+from trioloop.runtime.session import Session
+from trioloop.runtime.tools import ToolExecutionContext
 
 FIXTURES = Path(__file__).parent / "fixtures" / "providers"
 RESPONSES = FIXTURES / "responses"

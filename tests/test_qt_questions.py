@@ -20,14 +20,10 @@ from PySide6.QtWidgets import QApplication, QCheckBox, QComboBox, QLineEdit
 from test_qt_review import PAYMENT, NoInput, click, review_panel, save_screenshot
 
 from trioloop import Answer, QuestionField, SamplingRequest
-from trioloop.loop.machine import CallStatus, Outcome
-from trioloop.loop.tool_runtime import (
-    ToolExecutionContext,
-    ToolOutcome,
-    create_tool_registry,
-    define_executable_tool,
-)
+from trioloop.machine.reducer import CallStatus, Outcome
+from trioloop.machine.tools import ToolOutcome, create_tool_registry
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import ThreatModel, load_thf
 from trioloop.ui._qt_questions import QuestionCard
 

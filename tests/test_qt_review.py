@@ -33,18 +33,13 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QAbstractButton, QApplication, QLabel, QWidget
 from strategies_document import json_values
 
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
-from trioloop.loop.machine import CallRecord, CallStatus, DenialReason, Outcome, Phase, TurnState
-from trioloop.loop.tool_runtime import (
-    ToolExecutionContext,
-    ToolOutcome,
-    ToolRegistry,
-    create_tool_registry,
-    define_executable_tool,
-    tool_field,
-)
+from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.machine.reducer import CallRecord, CallStatus, DenialReason, Outcome, Phase, TurnState
+from trioloop.machine.tool_input import tool_field
+from trioloop.machine.tools import ToolOutcome, ToolRegistry, create_tool_registry
 from trioloop.protocol.messages import ToolResultBlock
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop.ui._qt_cards import _input_text
@@ -938,8 +933,8 @@ def test_undo_steps_back_turn_by_turn_and_redo_applies_again(app: QApplication, 
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=300))
 def test_a_declined_reason_is_shown_without_control_or_bidi_code_points(reason: str) -> None:
-    from trioloop.loop.machine import DENY_REASON_MAX
-    from trioloop.loop.untrusted_text import is_stripped_code_point
+    from trioloop.machine.reducer import DENY_REASON_MAX
+    from trioloop.machine.untrusted_text import is_stripped_code_point
     from trioloop.ui.qt import shown_reason
 
     shown = shown_reason(reason)

@@ -24,9 +24,9 @@ from trioloop import (
     ToolOutcome,
     TurnLimits,
 )
-from trioloop.loop.document import define_document_kind
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS
-from trioloop.loop.machine import Outcome, TurnState
+from trioloop.machine.document import define_document_kind
+from trioloop.machine.limits import DEFAULT_TURN_LIMITS
+from trioloop.machine.reducer import Outcome, TurnState
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.tools import function_tool
 
@@ -279,8 +279,8 @@ def test_for_all_answers_accepted_content_fits_every_field(fields: list[Question
 def test_for_all_asker_text_a_card_shows_no_control_or_bidi_code_point(message: str, label: str, option: str) -> None:
     """For all text an asker sends: what the faces get has no stripped code point, stays within its cap,
     and cleaning it again changes nothing (a question renumbered by the runner reads the same)."""
-    from trioloop.loop.questions import MAX_MESSAGE
-    from trioloop.loop.untrusted_text import is_stripped_code_point
+    from trioloop.machine.questions import MAX_MESSAGE
+    from trioloop.machine.untrusted_text import is_stripped_code_point
 
     field = QuestionField(name="f", kind="choice", title=label, description=label, options=(("v", option),))
     question = Question(id="", call_id="", source=label, message=message, fields=(field,))

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.loop.canonical import canonical_json
-from trioloop.loop.untrusted_text import END_MARKER, START_MARKER
+from trioloop.machine.canonical import canonical_json
+from trioloop.machine.untrusted_text import END_MARKER, START_MARKER
 from trioloop.tools.read_result import (
     DEFAULT_PAGE_LIMIT,
     ECHO_MAX_CODE_POINTS,

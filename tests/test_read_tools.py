@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies_document import threat_models
 
-from trioloop.loop.tool_runtime import PreparedCall, PrepareFailure, ToolExecutionContext, ToolOutcome
-from trioloop.loop.untrusted_text import END_MARKER, START_MARKER
+from trioloop.machine.tools import PreparedCall, PrepareFailure, ToolOutcome
+from trioloop.machine.untrusted_text import END_MARKER, START_MARKER
+from trioloop.runtime.tools import ToolExecutionContext
 from trioloop.threatmodel.catalog import CATALOG
 from trioloop.threatmodel.model import (
     SECTION_NAMES,
@@ -789,7 +790,7 @@ def test_hostile_and_oversized_documents_still_give_bounded_results(data: st.Dat
 # The modules themselves
 
 READ_MODULES = [
-    "trioloop/loop/untrusted_text.py",
+    "trioloop/machine/untrusted_text.py",
     "trioloop/tools/read_result.py",
     "trioloop/threatmodel/read_tools.py",
     "trioloop/threatmodel/catalog.py",
@@ -806,16 +807,17 @@ ALLOWED_IMPORTS = {
     "trioloop.threatmodel.action_inputs",
     "trioloop.threatmodel.catalog",
     "trioloop.threatmodel.model",
-    "trioloop.loop.canonical",
-    "trioloop.loop.tool_runtime",
+    "trioloop.machine.canonical",
+    "trioloop.machine.tools",
+    "trioloop.runtime.tools",
     "trioloop.tools.read_result",
-    "trioloop.loop.untrusted_text",
+    "trioloop.machine.untrusted_text",
 }
 FORBIDDEN_IMPORTS = {
     "os", "sys", "io", "pathlib", "socket", "ssl", "http", "urllib", "httpx", "requests", "subprocess", "shutil",
     "tempfile", "glob", "importlib", "ctypes", "threading", "multiprocessing", "asyncio", "signal", "time",
-    "datetime", "random", "secrets", "pickle", "shelve", "sqlite3", "logging", "yaml", "trioloop.loop.session",
-    "trioloop.loop.transaction", "trioloop.loop.runner", "trioloop.providers", "trioloop.threatmodel.thf",
+    "datetime", "random", "secrets", "pickle", "shelve", "sqlite3", "logging", "yaml", "trioloop.runtime.session",
+    "trioloop.machine.transaction", "trioloop.runtime.runner", "trioloop.providers", "trioloop.threatmodel.thf",
 }  # fmt: skip
 FORBIDDEN_NAMES = {"open", "exec", "eval", "compile", "__import__", "input", "breakpoint", "globals", "getenv"}
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from trioloop.loop.tool_runtime import PreparedCall, ToolExecutionContext, ToolOutcome
-from trioloop.loop.untrusted_text import END_MARKER, START_MARKER, is_stripped_code_point
+from trioloop.machine.tools import PreparedCall, ToolOutcome
+from trioloop.machine.untrusted_text import END_MARKER, START_MARKER, is_stripped_code_point
+from trioloop.runtime.tools import ToolExecutionContext
 from trioloop.threatmodel import create_ai_tool_registry
 from trioloop.threatmodel.model import (
     DataFlow,

@@ -9,12 +9,13 @@ import pytest
 import trio
 import trio.testing
 
-from trioloop.loop.limits import Bound, TurnLimits, bound_notice
-from trioloop.loop.machine import CallStatus, DenialReason, Outcome, Phase, TurnState
-from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
-from trioloop.loop.tool_runtime import ToolExecutionContext, ToolOutcome, create_tool_registry, define_executable_tool
+from trioloop.machine.limits import Bound, TurnLimits, bound_notice
+from trioloop.machine.reducer import CallStatus, DenialReason, Outcome, Phase, TurnState
+from trioloop.machine.tools import ToolOutcome, create_tool_registry
 from trioloop.protocol import assert_tool_pairing
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import THREAT_MODEL, load_thf
 
 PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"

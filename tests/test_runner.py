@@ -12,20 +12,15 @@ import pytest
 import trio
 import trio.testing
 
-from trioloop.loop.document import define_document_kind
-from trioloop.loop.limits import TurnLimits
-from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
-from trioloop.loop.runner import TOOL_CANCELLED_ITSELF, TurnControls, TurnRequest, Workspace, run_turn
-from trioloop.loop.tool_runtime import (
-    ToolExecutionContext,
-    ToolOutcome,
-    ToolRegistry,
-    create_tool_registry,
-    define_executable_tool,
-)
-from trioloop.loop.transaction import turn_undo_availability, undo_turn
+from trioloop.machine.document import define_document_kind
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import CallStatus, Outcome, Phase, TurnState
+from trioloop.machine.tools import ToolOutcome, ToolRegistry, create_tool_registry
+from trioloop.machine.transaction import turn_undo_availability, undo_turn
 from trioloop.protocol import assert_tool_pairing, flatten_text
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.runtime.runner import TOOL_CANCELLED_ITSELF, TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel, create_ai_tool_registry, load_thf
 
 PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"

@@ -10,13 +10,14 @@ import pytest
 import trio
 import trio.testing
 
-from trioloop.loop.document import define_document_kind
-from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
-from trioloop.loop.session import Session, SessionBusy, TranscriptError
-from trioloop.loop.tool_runtime import ToolExecutionContext, ToolOutcome
-from trioloop.loop.transaction import UndoAvailability
+from trioloop.machine.document import define_document_kind
+from trioloop.machine.reducer import CallStatus, Outcome, Phase, TurnState
+from trioloop.machine.tools import ToolOutcome
+from trioloop.machine.transaction import UndoAvailability
 from trioloop.protocol import Message, ToolCallBlock, assert_tool_pairing
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.runtime.session import Session, SessionBusy, TranscriptError
+from trioloop.runtime.tools import ToolExecutionContext
 from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 from trioloop.tools import function_tool
 

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_bounded_json import _bound, _peak  # one measure of a decode's peak memory
 
-from trioloop.files import write_atomic
-from trioloop.loop.session_file import (
+from trioloop.durable.files import write_atomic
+from trioloop.durable.session_file import (
     MAX_JSON_DEPTH,
     MAX_UNDO_ENTRIES,
     SessionFileError,
@@ -27,7 +27,7 @@ from trioloop.loop.session_file import (
     decode_session,
     encode_session,
 )
-from trioloop.loop.transaction import UndoEntry, UndoHistory, undo_turn
+from trioloop.machine.transaction import UndoEntry, UndoHistory, undo_turn
 from trioloop.protocol import (
     Message,
     ProviderBlock,

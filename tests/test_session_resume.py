@@ -20,7 +20,7 @@ from trioloop import (
     define_document_kind,
     function_tool,
 )
-from trioloop.loop.session_file import SessionFileError
+from trioloop.durable.session_file import SessionFileError
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel, create_ai_tool_registry, load_thf
 

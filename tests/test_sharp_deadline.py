@@ -22,20 +22,21 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.loop import _sharp_deadline
-from trioloop.loop._sharp_deadline import (
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import CallStatus, Outcome, TurnState
+from trioloop.machine.tools import ToolOutcome, create_tool_registry
+from trioloop.protocol import flatten_text
+from trioloop.protocol.events import MessageStart, MessageStop, StopReason, StreamEvent, TextDelta, ToolCallComplete
+from trioloop.runtime import sharpener as _sharp_deadline
+from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.sharpener import (
     LEAD_S,
     THREADS,
     DeadlineSharpener,
     sharpener_limiter,
     sleep_in_thread_until,
 )
-from trioloop.loop.limits import TurnLimits
-from trioloop.loop.machine import CallStatus, Outcome, TurnState
-from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
-from trioloop.loop.tool_runtime import ToolExecutionContext, ToolOutcome, create_tool_registry, define_executable_tool
-from trioloop.protocol import flatten_text
-from trioloop.protocol.events import MessageStart, MessageStop, StopReason, StreamEvent, TextDelta, ToolCallComplete
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import THREAT_MODEL, load_thf
 
 PAYMENT = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"

@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pg_support import postgres_url  # noqa: F401 -- the session fixture, reached by name (getfixturevalue)
 
-import trioloop.stores.sqlite
-from trioloop.loop.journal_store import (
+import trioloop.durable.sqlite
+from trioloop.durable.store import (
     JournalConflict,
     JournalLease,
     JournalStore,
@@ -466,7 +466,7 @@ async def test_sqlite_disk_full_mid_batch_writes_nothing(tmp_path: Path) -> None
 
 
 async def test_sqlite_busy_database_is_a_journal_store_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trioloop.stores.sqlite, "BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(trioloop.durable.sqlite, "BUSY_TIMEOUT_S", 0.2)
     path = tmp_path / "j.db"
     async with SQLiteJournalStore(path) as store, await store.acquire("s") as lease:
         await lease.append(batch(1))
@@ -504,7 +504,7 @@ async def test_sqlite_stores_in_one_process_share_the_lease_lock(tmp_path: Path)
 
 HOLDER = """
 import sys, trio
-from trioloop.loop.journal_store import StoredEntry
+from trioloop.durable.store import StoredEntry
 from trioloop.stores import open_store
 
 async def main():
@@ -519,7 +519,7 @@ trio.run(main)
 
 PROBE = """
 import sys, trio
-from trioloop.loop.journal_store import SessionLocked
+from trioloop.durable.store import SessionLocked
 from trioloop.stores import open_store
 
 async def main():
@@ -597,7 +597,7 @@ async def test_postgres_lease_excludes_another_process_and_ends_with_it(pg_url: 
 
 COMPETITOR = """
 import json, sys, time, trio
-from trioloop.loop.journal_store import JournalConflict, StoredEntry
+from trioloop.durable.store import JournalConflict, StoredEntry
 from trioloop.stores import open_store
 
 async def main():

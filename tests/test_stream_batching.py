@@ -17,10 +17,10 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.loop import TurnLimits, create_tool_registry
-from trioloop.loop._stream_fold import fold_text_deltas
-from trioloop.loop.machine import Cancel, Phase, Submit, TurnInput, TurnState, reduce_turn
-from trioloop.loop.runner import _BATCHES_PER_YIELD, TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import Cancel, Phase, Submit, TurnInput, TurnState, reduce_turn
+from trioloop.machine.stream_fold import fold_text_deltas
+from trioloop.machine.tools import create_tool_registry
 from trioloop.protocol import (
     MessageStart,
     MessageStop,
@@ -39,6 +39,7 @@ from trioloop.providers._loopback import LoopbackResponse, open_loopback_server,
 from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.base import WireResponse
 from trioloop.providers.scripted import ScriptedProvider, ScriptStep
+from trioloop.runtime.runner import _BATCHES_PER_YIELD, TurnControls, TurnRequest, Workspace, run_turn
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel
 
 # -- folding: a pure function, checked against the reducer --------------------------------------------

@@ -2,7 +2,7 @@ import attrs
 import pytest
 
 import trioloop.tools
-from trioloop.loop.tool_runtime import ToolRegistry
+from trioloop.machine.tools import ToolRegistry
 from trioloop.threatmodel import GRAPH_ACTION_TOOLS, READ_TOOLS, create_ai_tool_registry
 from trioloop.threatmodel import registry as registry_module
 from trioloop.tools import END_MARKER, START_MARKER, fence

@@ -8,15 +8,9 @@ import trio.lowlevel
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trioloop.loop.tool_runtime import (
-    PreparedCall,
-    PrepareFailure,
-    ToolExecutionContext,
-    ToolOutcome,
-    create_tool_registry,
-    define_executable_tool,
-    tool_field,
-)
+from trioloop.machine.tool_input import tool_field
+from trioloop.machine.tools import PreparedCall, PrepareFailure, ToolOutcome, create_tool_registry
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import ThreatModel
 
 

@@ -27,16 +27,16 @@ import trio
 import trio.testing
 from torture_support import RunLog, WireReplayProvider, approver, evenly, payment, probe_tools, record, response, scaled
 
-from trioloop.loop.limits import TurnLimits
-from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
-from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
-from trioloop.loop.tool_runtime import create_tool_registry
-from trioloop.loop.transaction import undo_turn
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import CallStatus, Outcome, Phase, TurnState
+from trioloop.machine.tools import create_tool_registry
+from trioloop.machine.transaction import undo_turn
 from trioloop.protocol import assert_tool_pairing
 from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.base import WireFormat
 from trioloop.providers.openai import OPENAI_WIRE
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel
 
 WIRES: dict[str, WireFormat] = {"anthropic": ANTHROPIC_WIRE, "openai": OPENAI_WIRE}

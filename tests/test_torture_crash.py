@@ -41,9 +41,9 @@ import pytest
 from crash_worker import CALLS, DENIALS, INITIAL, NOTE, READS, SESSION_ID, TOOLS, apply_call
 from torture_support import SCALE, record
 
-from trioloop.loop.journal import INTERRUPTED_CALL_TEXT, JournalEntry, decode_entries, replay_journal, verify_chain
-from trioloop.loop.journal_store import StoredEntry
-from trioloop.loop.tool_runtime import create_tool_registry
+from trioloop.durable.journal import INTERRUPTED_CALL_TEXT, JournalEntry, decode_entries, replay_journal, verify_chain
+from trioloop.durable.store import StoredEntry
+from trioloop.machine.tools import create_tool_registry
 
 WORKER = Path(__file__).resolve().parent / "crash_worker.py"
 #: Kill points in the default run: the deterministic ones, then random instants up to this (at least 400 of them).

@@ -24,11 +24,10 @@ import trio
 import trio.testing
 from torture_support import FIXTURES, evenly, payment, record, scaled
 
-from trioloop.loop.authorization import Violation
-from trioloop.loop.limits import TurnLimits
-from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
-from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
-from trioloop.loop.tool_runtime import ToolRegistry
+from trioloop.machine.authorization import Violation
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import CallStatus, Outcome, Phase, TurnState
+from trioloop.machine.tools import ToolRegistry
 from trioloop.protocol import (
     ChatRequest,
     Message,
@@ -53,6 +52,7 @@ from trioloop.providers.openai import OPENAI_WIRE
 from trioloop.providers.retry import RetryPolicy
 from trioloop.providers.sse import INVALID_UTF8_MESSAGE, LINE_TOO_LONG_MESSAGE, SseDecoder
 from trioloop.providers.transport import HttpChatProvider
+from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
 from trioloop.threatmodel import THREAT_MODEL, create_ai_tool_registry, threat_model_session
 
 T = TypeVar("T")

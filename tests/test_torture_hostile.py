@@ -26,12 +26,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torture_support import WireReplayProvider, payment, record, response, scaled
 
-from trioloop.loop.authorization import Violation
-from trioloop.loop.machine import CallStatus, Submit, TurnState, reduce_turn
-from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
-from trioloop.loop.tool_runtime import PreparedCall, PrepareFailure, ToolExecutionContext
-from trioloop.loop.untrusted_text import is_stripped_code_point
+from trioloop.machine.authorization import Violation
+from trioloop.machine.reducer import CallStatus, Submit, TurnState, reduce_turn
+from trioloop.machine.tools import PreparedCall, PrepareFailure
+from trioloop.machine.untrusted_text import is_stripped_code_point
 from trioloop.protocol.events import MessageStart, ToolCallComplete
+from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.tools import ToolExecutionContext
 from trioloop.threatmodel import (
     THREAT_MODEL,
     CircularGroupNesting,

@@ -18,20 +18,15 @@ import trio
 import trio.testing
 from torture_support import PAYMENT, payment, record
 
-from trioloop.loop.limits import TurnLimits
-from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
-from trioloop.loop.runner import TOOL_CANCEL_GRACE_S, TurnControls, TurnRequest, Workspace, run_turn
-from trioloop.loop.session import Session
-from trioloop.loop.tool_runtime import (
-    RegisteredTool,
-    ToolExecutionContext,
-    ToolOutcome,
-    create_tool_registry,
-    define_executable_tool,
-)
-from trioloop.loop.transaction import undo_turn
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import CallStatus, Outcome, Phase, TurnState
+from trioloop.machine.tools import RegisteredTool, ToolOutcome, create_tool_registry
+from trioloop.machine.transaction import undo_turn
 from trioloop.protocol import assert_tool_pairing
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.runtime.runner import TOOL_CANCEL_GRACE_S, TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.session import Session
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import THREAT_MODEL, Element, Threat, ThreatModel, dump_thf, load_thf, threat_model_session
 
 FAILED_RUNNING = "The tool failed while running ({})."

@@ -22,8 +22,8 @@ import attrs
 import pytest
 from torture_support import PAYMENT, payment, record
 
-from trioloop.files import write_atomic
-from trioloop.loop.session_file import SessionSnapshot, UndoRecord, encode_session
+from trioloop.durable.files import write_atomic
+from trioloop.durable.session_file import SessionSnapshot, UndoRecord, encode_session
 from trioloop.protocol import Message
 from trioloop.threatmodel import dump_thf, load_thf_file, save_thf
 

@@ -7,21 +7,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.loop import (
+from trioloop.machine.tools import RegisteredTool, ToolOutcome
+from trioloop.machine.transaction import (
     Committed,
     Refusal,
     Refused,
-    RegisteredTool,
-    ToolOutcome,
     Unchanged,
     UndoAvailability,
     UndoEntry,
     UndoHistory,
     commit_tool_outcome,
-    define_executable_tool,
     turn_undo_availability,
     undo_turn,
 )
+from trioloop.runtime.tools import define_executable_tool
 from trioloop.threatmodel import THREAT_MODEL
 from trioloop.threatmodel.model import DataFlow, Element, Metadata, ThreatModel
 
@@ -264,7 +263,7 @@ def test_availability_agrees_with_a_list_model(ops: list[tuple[str, int]], cap: 
 def test_undo_and_redo_steps_agree_with_a_model_of_two_stacks(ops: list[str], cap: int) -> None:
     """For any run of commits, undo steps and redo steps: the document is what a plain model of the two
     stacks says, undo reaches back as far as the cap, and a commit clears what could be redone."""
-    from trioloop.loop.transaction import redo_step, undo_step
+    from trioloop.machine.transaction import redo_step, undo_step
 
     history: UndoHistory[str] = UndoHistory(max_entries=cap)
     document = "d0"

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioloop.loop.untrusted_text import (
+from trioloop.machine.untrusted_text import (
     END_MARKER,
     START_MARKER,
     TRUNCATION_MARK,
@@ -169,7 +169,7 @@ def test_for_all_text_the_fast_path_sanitizes_exactly_as_the_code_point_walk(
 ) -> None:
     """For all strings, caps and modes: the C-level shortcut (taken when nothing would be stripped) gives
     exactly what the code-point-by-code-point walk gives."""
-    from trioloop.loop.untrusted_text import _escaped, _strip_each, strip_and_cap
+    from trioloop.machine.untrusted_text import _escaped, _strip_each, strip_and_cap
 
     walked, cut = _strip_each(text, cap, newlines)
     assert strip_and_cap(text, cap, newlines) == (walked, cut)
@@ -180,7 +180,7 @@ def test_the_explicit_code_points_are_searched_for_when_the_database_calls_one_p
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A Unicode database that counted an explicit code point as printable would not hide it: the search runs."""
-    from trioloop.loop import untrusted_text
+    from trioloop.machine import untrusted_text
 
     monkeypatch.setattr(untrusted_text, "_EXPLICIT_NOT_PRINTABLE", False)
     assert untrusted_text._nothing_stripped("plain <text>", False)

@@ -18,16 +18,10 @@ from typing import Any, Final
 import attrs
 import trio
 
-from trioloop.loop.canonical import input_digest
-from trioloop.loop.machine import CallStatus, Phase, TurnState
-from trioloop.loop.runner import TurnControls
-from trioloop.loop.tool_runtime import (
-    RegisteredTool,
-    ToolExecutionContext,
-    ToolOutcome,
-    define_executable_tool,
-    unstructure_input,
-)
+from trioloop.machine.canonical import input_digest
+from trioloop.machine.reducer import CallStatus, Phase, TurnState
+from trioloop.machine.tool_input import unstructure_input
+from trioloop.machine.tools import RegisteredTool, ToolOutcome
 from trioloop.protocol.events import Aborted, StreamEvent, is_terminal
 from trioloop.protocol.messages import ToolCallBlock
 from trioloop.protocol.provider import send_events
@@ -35,6 +29,8 @@ from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.base import WireFormat, WireResponse
 from trioloop.providers.sse import SseDecoder
+from trioloop.runtime.runner import TurnControls
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import Threat, ThreatModel, load_thf
 
 __all__ = [

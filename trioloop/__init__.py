@@ -7,102 +7,232 @@ model, the first shipped domain, is re-exported for convenience (`trioloop.threa
 The reducer, its commands, grants and tables live in `trioloop.lowlevel`, for those who drive the machine
 themselves.
 
-Layers (a lower one never imports a higher one): `protocol` (vocabulary, `ChatProvider`) -> `providers`
-(wire formats, HTTP) and `loop` (document interface, limits, authorization, tool runtime, reducer,
-transaction, runner, session; generic over the document) -> `tools` (domain-free tool helpers) -> domains
-(`threatmodel`) -> faces (`cli`, `ui`). A test walks the imports and enforces it.
+The code is in layers (a lower one never imports a higher one; a test walks the imports): `protocol`
+(vocabulary, `ChatProvider`) -> `machine` (the pure turn machine: decides) -> `durable` (journals and stores:
+outlives a process) -> `runtime` (the Trio shell: waits), beside `providers` (wire formats, HTTP) -> `tools`
+(domain-free tool helpers) -> domains (`threatmodel`) -> faces (`cli`, `ui`).
+
+Importing ``trioloop`` loads none of them: each name below is imported the first time it is used (PEP 562),
+so an app that needs the core never pays for the threat-model domain, YAML or a provider it does not use.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
 
-from trioloop.loop.card import CardDetails, one_line
-from trioloop.loop.document import (
-    DocumentKind,
-    SimpleDocumentKind,
-    TextDocumentKind,
-    define_document_kind,
-    text_diff,
-)
-from trioloop.loop.journal import JournalError
-from trioloop.loop.journal_store import (
-    JournalConflict,
-    JournalStore,
-    JournalStoreError,
-    MemoryJournalStore,
-    SessionLocked,
-)
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
-from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnState
-from trioloop.loop.preview import EntityChange, FieldChange, Preview, preview_call
-from trioloop.loop.questions import (
-    Answer,
-    AnswerError,
-    Question,
-    QuestionField,
-    QuestionRefused,
-    Sampled,
-    SamplingRequest,
-)
-from trioloop.loop.runner import TurnControls, TurnRequest, Workspace, run_turn
-from trioloop.loop.session import Session, SessionBusy, SessionClosed, SessionJournalError, Toolset, TranscriptError
-from trioloop.loop.session_file import SessionFileError
-from trioloop.loop.tool_runtime import (
-    Effect,
-    PreparedCall,
-    PrepareFailure,
-    RegisteredTool,
-    ToolExecutionContext,
-    ToolOutcome,
-    ToolRegistry,
-    create_tool_registry,
-    define_executable_tool,
-    tool_field,
-)
-from trioloop.loop.transaction import UndoAvailability, UndoHistory
-from trioloop.protocol import (
-    Aborted,
-    ChatProvider,
-    ChatRequest,
-    Message,
-    MessageStart,
-    MessageStop,
-    ProtocolError,
-    ProtocolErrorCode,
-    StreamError,
-    StreamEvent,
-    TextBlock,
-    TextDelta,
-    ToolCallBlock,
-    ToolCallComplete,
-    ToolCallInputDelta,
-    ToolCallStart,
-    ToolDefinition,
-    ToolResultBlock,
-    Usage,
-    assert_tool_pairing,
-    redact_provider_detail,
-)
-from trioloop.providers.anthropic import AnthropicProvider
-from trioloop.providers.openai import OpenAIProvider
-from trioloop.providers.openai_responses import OpenAIResponsesProvider
-from trioloop.providers.scripted import ScriptedProvider
-from trioloop.threatmodel import (
-    THREAT_MODEL,
-    ThfError,
-    ThreatModel,
-    apply_action,
-    create_ai_tool_registry,
-    dump_thf,
-    load_thf,
-    threat_model_session,
-    validate_threat_model,
-)
-from trioloop.tools.functions import ToolError, function_tool
+import importlib
+from typing import TYPE_CHECKING, Final
 
-try:
-    __version__ = version("trioloop")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name loads on first use (below)
+    from trioloop.durable.journal import JournalError
+    from trioloop.durable.session_file import SessionFileError
+    from trioloop.durable.store import (
+        JournalConflict,
+        JournalStore,
+        JournalStoreError,
+        MemoryJournalStore,
+        SessionLocked,
+    )
+    from trioloop.machine.card import CardDetails, one_line
+    from trioloop.machine.document import (
+        DocumentKind,
+        SimpleDocumentKind,
+        TextDocumentKind,
+        define_document_kind,
+        text_diff,
+    )
+    from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+    from trioloop.machine.preview import EntityChange, FieldChange, Preview, preview_call
+    from trioloop.machine.questions import (
+        Answer,
+        AnswerError,
+        Question,
+        QuestionField,
+        QuestionRefused,
+        Sampled,
+        SamplingRequest,
+    )
+    from trioloop.machine.reducer import CallRecord, CallStatus, Outcome, Phase, TurnState
+    from trioloop.machine.tool_input import tool_field
+    from trioloop.machine.tools import (
+        Effect,
+        PreparedCall,
+        PrepareFailure,
+        RegisteredTool,
+        ToolOutcome,
+        ToolRegistry,
+        create_tool_registry,
+    )
+    from trioloop.machine.transaction import UndoAvailability, UndoHistory
+    from trioloop.protocol import (
+        Aborted,
+        ChatProvider,
+        ChatRequest,
+        Message,
+        MessageStart,
+        MessageStop,
+        ProtocolError,
+        ProtocolErrorCode,
+        StreamError,
+        StreamEvent,
+        TextBlock,
+        TextDelta,
+        ToolCallBlock,
+        ToolCallComplete,
+        ToolCallInputDelta,
+        ToolCallStart,
+        ToolDefinition,
+        ToolResultBlock,
+        Usage,
+        assert_tool_pairing,
+        redact_provider_detail,
+    )
+    from trioloop.providers.anthropic import AnthropicProvider
+    from trioloop.providers.openai import OpenAIProvider
+    from trioloop.providers.openai_responses import OpenAIResponsesProvider
+    from trioloop.providers.scripted import ScriptedProvider
+    from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
+    from trioloop.runtime.session import (
+        Session,
+        SessionBusy,
+        SessionClosed,
+        SessionJournalError,
+        Toolset,
+        TranscriptError,
+    )
+    from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
+    from trioloop.threatmodel import (
+        THREAT_MODEL,
+        ThfError,
+        ThreatModel,
+        apply_action,
+        create_ai_tool_registry,
+        dump_thf,
+        load_thf,
+        threat_model_session,
+        validate_threat_model,
+    )
+    from trioloop.tools.functions import ToolError, function_tool
+
+    __version__: str
+
+#: Where each public name lives (a test holds it to the imports above).
+_HOMES: Final[dict[str, str]] = {
+    "Aborted": "trioloop.protocol",
+    "Answer": "trioloop.machine.questions",
+    "AnswerError": "trioloop.machine.questions",
+    "AnthropicProvider": "trioloop.providers.anthropic",
+    "CallRecord": "trioloop.machine.reducer",
+    "CallStatus": "trioloop.machine.reducer",
+    "CardDetails": "trioloop.machine.card",
+    "ChatProvider": "trioloop.protocol",
+    "ChatRequest": "trioloop.protocol",
+    "DEFAULT_TURN_LIMITS": "trioloop.machine.limits",
+    "DocumentKind": "trioloop.machine.document",
+    "Effect": "trioloop.machine.tools",
+    "EntityChange": "trioloop.machine.preview",
+    "FieldChange": "trioloop.machine.preview",
+    "JournalConflict": "trioloop.durable.store",
+    "JournalError": "trioloop.durable.journal",
+    "JournalStore": "trioloop.durable.store",
+    "JournalStoreError": "trioloop.durable.store",
+    "MemoryJournalStore": "trioloop.durable.store",
+    "Message": "trioloop.protocol",
+    "MessageStart": "trioloop.protocol",
+    "MessageStop": "trioloop.protocol",
+    "OpenAIProvider": "trioloop.providers.openai",
+    "OpenAIResponsesProvider": "trioloop.providers.openai_responses",
+    "Outcome": "trioloop.machine.reducer",
+    "Phase": "trioloop.machine.reducer",
+    "PrepareFailure": "trioloop.machine.tools",
+    "PreparedCall": "trioloop.machine.tools",
+    "Preview": "trioloop.machine.preview",
+    "ProtocolError": "trioloop.protocol",
+    "ProtocolErrorCode": "trioloop.protocol",
+    "Question": "trioloop.machine.questions",
+    "QuestionField": "trioloop.machine.questions",
+    "QuestionRefused": "trioloop.machine.questions",
+    "RegisteredTool": "trioloop.machine.tools",
+    "Sampled": "trioloop.machine.questions",
+    "SamplingRequest": "trioloop.machine.questions",
+    "ScriptedProvider": "trioloop.providers.scripted",
+    "Session": "trioloop.runtime.session",
+    "SessionBusy": "trioloop.runtime.session",
+    "SessionClosed": "trioloop.runtime.session",
+    "SessionFileError": "trioloop.durable.session_file",
+    "SessionJournalError": "trioloop.runtime.session",
+    "SessionLocked": "trioloop.durable.store",
+    "SimpleDocumentKind": "trioloop.machine.document",
+    "StreamError": "trioloop.protocol",
+    "StreamEvent": "trioloop.protocol",
+    "THREAT_MODEL": "trioloop.threatmodel",
+    "TextBlock": "trioloop.protocol",
+    "TextDelta": "trioloop.protocol",
+    "TextDocumentKind": "trioloop.machine.document",
+    "ThfError": "trioloop.threatmodel",
+    "ThreatModel": "trioloop.threatmodel",
+    "ToolCallBlock": "trioloop.protocol",
+    "ToolCallComplete": "trioloop.protocol",
+    "ToolCallInputDelta": "trioloop.protocol",
+    "ToolCallStart": "trioloop.protocol",
+    "ToolDefinition": "trioloop.protocol",
+    "ToolError": "trioloop.tools.functions",
+    "ToolExecutionContext": "trioloop.runtime.tools",
+    "ToolOutcome": "trioloop.machine.tools",
+    "ToolRegistry": "trioloop.machine.tools",
+    "ToolResultBlock": "trioloop.protocol",
+    "Toolset": "trioloop.runtime.session",
+    "TranscriptError": "trioloop.runtime.session",
+    "TurnControls": "trioloop.runtime.runner",
+    "TurnLimits": "trioloop.machine.limits",
+    "TurnRequest": "trioloop.runtime.runner",
+    "TurnState": "trioloop.machine.reducer",
+    "UndoAvailability": "trioloop.machine.transaction",
+    "UndoHistory": "trioloop.machine.transaction",
+    "Usage": "trioloop.protocol",
+    "Workspace": "trioloop.runtime.runner",
+    "apply_action": "trioloop.threatmodel",
+    "assert_tool_pairing": "trioloop.protocol",
+    "create_ai_tool_registry": "trioloop.threatmodel",
+    "create_tool_registry": "trioloop.machine.tools",
+    "define_document_kind": "trioloop.machine.document",
+    "define_executable_tool": "trioloop.runtime.tools",
+    "dump_thf": "trioloop.threatmodel",
+    "function_tool": "trioloop.tools.functions",
+    "load_thf": "trioloop.threatmodel",
+    "one_line": "trioloop.machine.card",
+    "preview_call": "trioloop.machine.preview",
+    "redact_provider_detail": "trioloop.protocol",
+    "run_turn": "trioloop.runtime.runner",
+    "text_diff": "trioloop.machine.document",
+    "threat_model_session": "trioloop.threatmodel",
+    "tool_field": "trioloop.machine.tool_input",
+    "validate_threat_model": "trioloop.threatmodel",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home), name)
+    elif name == "__version__":
+        value = _version()
+    else:
+        raise AttributeError(f"module 'trioloop' has no attribute {name!r}")
+    globals()[name] = value  # the next lookup is a plain module attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES, "__version__"})
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trioloop")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
 
 __all__ = [
     "DEFAULT_TURN_LIMITS",

@@ -6,7 +6,7 @@ what it allows. Everything here is pure and document-free except `commit_tool_ou
 which are generic over the document type.
 """
 
-from trioloop.loop.authorization import (
+from trioloop.machine.authorization import (
     Denial,
     Grant,
     Violation,
@@ -15,9 +15,9 @@ from trioloop.loop.authorization import (
     grant_for_batch,
     grant_for_call,
 )
-from trioloop.loop.canonical import canonical_json, input_digest
-from trioloop.loop.limits import Bound, TurnBudget, bound_notice, budget_exhaustion, tool_call_cap
-from trioloop.loop.machine import (
+from trioloop.machine.canonical import canonical_json, input_digest
+from trioloop.machine.limits import Bound, TurnBudget, bound_notice, budget_exhaustion, tool_call_cap
+from trioloop.machine.reducer import (
     CALL_STATUS_EDGES,
     PHASE_TRANSITIONS,
     Advance,
@@ -38,7 +38,7 @@ from trioloop.loop.machine import (
     ViolationRecord,
     reduce_turn,
 )
-from trioloop.loop.transaction import (
+from trioloop.machine.transaction import (
     Committed,
     Refusal,
     Refused,

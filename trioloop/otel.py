@@ -32,9 +32,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by te
     ) from exc
 
 from trioloop import __version__
-from trioloop.loop.limits import Bound, bound_notice
-from trioloop.loop.machine import CallRecord, CallStatus, DenialReason, Outcome, Phase, TurnState
-from trioloop.loop.session import Session
+from trioloop.machine.limits import Bound, bound_notice
+from trioloop.machine.reducer import CallRecord, CallStatus, DenialReason, Outcome, Phase, TurnState
 from trioloop.protocol.events import Usage
 from trioloop.protocol.messages import (
     Message,
@@ -47,6 +46,7 @@ from trioloop.protocol.messages import (
 from trioloop.providers.anthropic import AnthropicProvider
 from trioloop.providers.openai import OpenAIProvider
 from trioloop.providers.openai_responses import OpenAIResponsesProvider
+from trioloop.runtime.session import Session
 
 __all__ = ["OtelObserver", "gen_ai_provider_name", "instrument"]
 

@@ -21,10 +21,10 @@ def run_audit(target: str, session: str | None, *, as_json: bool) -> int:
 
 
 async def _audit(target: str, session: str | None, as_json: bool) -> int:
-    from trioloop.audit import audit_lines, audit_records
-    from trioloop.loop.journal import JournalError
-    from trioloop.loop.journal_store import JournalStoreError
-    from trioloop.stores import open_store
+    from trioloop.durable.audit import audit_lines, audit_records
+    from trioloop.durable.journal import JournalError
+    from trioloop.durable.store import JournalStoreError
+    from trioloop.durable.targets import open_store
 
     try:
         store = open_store(target)

@@ -19,18 +19,18 @@ from trioloop.cli.common import Saver, error, interruptible, load_document, make
 from trioloop.cli.parser import EXIT_TURN_FAILED, EXIT_USAGE
 from trioloop.cli.review import LinePrompt
 from trioloop.cli.view import ApproveMode, TurnView
-from trioloop.loop.journal import JournalError
-from trioloop.loop.journal_store import JournalStoreError, SessionLocked
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
-from trioloop.loop.machine import Outcome, TurnState
-from trioloop.loop.session import Session, SessionBusy
-from trioloop.loop.session_file import SessionFileError
+from trioloop.durable.journal import JournalError
+from trioloop.durable.session_file import SessionFileError
+from trioloop.durable.sqlite import SQLiteJournalStore
+from trioloop.durable.store import JournalStoreError, SessionLocked
+from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.machine.reducer import Outcome, TurnState
 from trioloop.protocol.events import StreamError, Usage, usage_sum
 from trioloop.protocol.preflight import lookup_model, unknown_model_warning
 from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.retry import RetryNotice
 from trioloop.providers.transport import is_loopback_host
-from trioloop.stores import SQLiteJournalStore
+from trioloop.runtime.session import Session, SessionBusy
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel, create_ai_tool_registry
 from trioloop.threatmodel.session import THREAT_MODEL_SYSTEM_PROMPT
 from trioloop.threatmodel.thf_file import ThfFile

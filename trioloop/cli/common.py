@@ -15,8 +15,8 @@ from rich.text import Text
 
 from trioloop.cli.parser import EXIT_INVALID, EXIT_USAGE
 from trioloop.cli.view import TurnView, outcome_line
-from trioloop.loop.machine import TurnState
-from trioloop.loop.session import Session
+from trioloop.machine.reducer import TurnState
+from trioloop.runtime.session import Session
 from trioloop.threatmodel import ThfError, ThfFile, ThreatModel, load_thf_file, save_thf
 
 

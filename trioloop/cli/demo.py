@@ -12,8 +12,8 @@ from rich.text import Text
 from trioloop.cli.common import interruptible, load_document, make_console, one_turn, report
 from trioloop.cli.review import LinePrompt
 from trioloop.cli.view import ApproveMode, TurnView
-from trioloop.loop.session import Session
 from trioloop.providers.scripted import ScriptedProvider
+from trioloop.runtime.session import Session
 from trioloop.threatmodel import ThreatModel, save_thf
 from trioloop.threatmodel.demo import DEMO_EDITS, DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop.threatmodel.session import threat_model_session

@@ -14,8 +14,8 @@ from rich.panel import Panel
 from rich.text import Text
 
 from trioloop.cli.review import LinePrompt
-from trioloop.loop.questions import AnswerError, Question, QuestionField
-from trioloop.loop.session import Session
+from trioloop.machine.questions import AnswerError, Question, QuestionField
+from trioloop.runtime.session import Session
 
 __all__ = ["QuestionCards", "parse_field"]
 

@@ -19,13 +19,13 @@ from rich.text import Text
 
 from trioloop.cli.questions import QuestionCards
 from trioloop.cli.review import HELP, KEYS, LinePrompt, edit_in_editor, editable_json, parse_answer
-from trioloop.loop.card import changed_fields, one_line
-from trioloop.loop.machine import CallRecord, CallStatus, Outcome, Phase, TurnState
-from trioloop.loop.preview import preview_call
-from trioloop.loop.session import Session
-from trioloop.loop.tool_runtime import PrepareFailure
-from trioloop.loop.untrusted_text import START_MARKER, sanitize_scalar
+from trioloop.machine.card import changed_fields, one_line
+from trioloop.machine.preview import preview_call
+from trioloop.machine.reducer import CallRecord, CallStatus, Outcome, Phase, TurnState
+from trioloop.machine.tools import PrepareFailure
+from trioloop.machine.untrusted_text import START_MARKER, sanitize_scalar
 from trioloop.protocol.messages import ToolCallBlock
+from trioloop.runtime.session import Session
 from trioloop.threatmodel import ThreatModel
 
 __all__ = ["ApproveMode", "TurnView", "outcome_line"]

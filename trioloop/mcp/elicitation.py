@@ -15,8 +15,8 @@ from typing import Any, Final
 
 import mcp_types
 
-from trioloop.loop.questions import MAX_FIELDS, Answer, FieldKind, QuestionField
-from trioloop.loop.untrusted_text import sanitize_scalar
+from trioloop.machine.questions import MAX_FIELDS, Answer, FieldKind, QuestionField
+from trioloop.machine.untrusted_text import sanitize_scalar
 
 __all__ = ["UnusableRequest", "elicit_result", "question_parts"]
 

@@ -15,9 +15,9 @@ from typing import Any, Final
 
 import mcp_types
 
-from trioloop.loop.canonical import canonical_json
-from trioloop.loop.tool_runtime import ToolOutcome
-from trioloop.loop.untrusted_text import fence, sanitize_scalar
+from trioloop.machine.canonical import canonical_json
+from trioloop.machine.tools import ToolOutcome
+from trioloop.machine.untrusted_text import fence, sanitize_scalar
 from trioloop.tools.read_result import READ_RESULT_MAX_BYTES, SCALAR_MAX_CODE_POINTS, payload_bytes
 
 __all__ = ["mcp_result_outcome"]

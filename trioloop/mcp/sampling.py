@@ -11,7 +11,7 @@ from typing import Any, Final
 
 import mcp_types
 
-from trioloop.loop.questions import MAX_SAMPLING_MESSAGES, Sampled, SamplingRequest
+from trioloop.machine.questions import MAX_SAMPLING_MESSAGES, Sampled, SamplingRequest
 from trioloop.mcp.elicitation import UnusableRequest
 
 __all__ = ["REJECTED", "sampling_request", "sampling_result"]

@@ -18,18 +18,13 @@ import mcp_types
 from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
 
-from trioloop.loop.canonical import canonical_json, input_digest
-from trioloop.loop.card import input_details, visible_char
-from trioloop.loop.tool_runtime import (
-    PreparedCall,
-    PrepareFailure,
-    RegisteredTool,
-    ToolExecutionContext,
-    ToolOutcome,
-)
-from trioloop.loop.untrusted_text import TRUNCATION_MARK, is_stripped_code_point, sanitize_scalar
+from trioloop.machine.canonical import canonical_json, input_digest
+from trioloop.machine.card import input_details, visible_char
+from trioloop.machine.tools import PreparedCall, PrepareFailure, RegisteredTool, ToolOutcome
+from trioloop.machine.untrusted_text import TRUNCATION_MARK, is_stripped_code_point, sanitize_scalar
 from trioloop.mcp._patterns import PatternTimeout, bounded_validator_class, pattern_budget, uses_unbounded_regex
 from trioloop.mcp.servers import ToolClass
+from trioloop.runtime.tools import ToolExecutionContext
 
 __all__ = [
     "MAX_SCHEMA_BYTES",

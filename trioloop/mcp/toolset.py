@@ -39,15 +39,16 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
-from trioloop.loop.questions import QuestionRefused
-from trioloop.loop.tool_runtime import RegisteredTool, ToolExecutionContext, ToolOutcome
-from trioloop.loop.untrusted_text import sanitize_scalar
+from trioloop.machine.questions import QuestionRefused
+from trioloop.machine.tools import RegisteredTool, ToolOutcome
+from trioloop.machine.untrusted_text import sanitize_scalar
 from trioloop.mcp.elicitation import UnusableRequest, elicit_result, question_parts
 from trioloop.mcp.results import mcp_result_outcome
 from trioloop.mcp.sampling import sampling_request, sampling_result
 from trioloop.mcp.servers import HttpServer, McpServer
 from trioloop.mcp.tools import UnusableTool, build_mcp_tool, namespaced_name
 from trioloop.providers._redact import mask_key_in_logs
+from trioloop.runtime.tools import ToolExecutionContext
 
 _log = logging.getLogger("trioloop.mcp")
 _R = TypeVar("_R")

@@ -28,6 +28,7 @@ __all__ = [
     "ToolCallStart",
     "Usage",
     "is_terminal",
+    "retry_label",
     "terminal_cut",
     "usage_sum",
 ]
@@ -200,6 +201,14 @@ class StreamError:
     def _notice_is_malformed(self, attribute: attrs.Attribute[bool], value: bool) -> None:
         if not value and self.code is not ProtocolErrorCode.MALFORMED_STREAM:
             raise ValueError("only malformed_stream errors can be non-terminal notices")
+
+
+def retry_label(failure: StreamError) -> str:
+    """The short name of a failure: ``HTTP 529`` from its detail, else the network cause, else its message."""
+    detail = failure.provider_detail or ""
+    if detail.startswith("HTTP "):
+        return detail.split(":", 1)[0]
+    return detail or failure.message
 
 
 @attrs.frozen(kw_only=True)

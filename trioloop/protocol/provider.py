@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol, runtime_checkable
-
-import trio
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
+
+if TYPE_CHECKING:  # only the annotations name Trio: the vocabulary loads without it
+    import trio
 
 __all__ = ["BatchSendChannel", "ChatProvider", "HoldsConnections", "send_events"]
 

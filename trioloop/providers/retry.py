@@ -16,7 +16,7 @@ from typing import Final, final
 import attrs
 import trio
 
-from trioloop.protocol.events import StreamError, StreamEvent
+from trioloop.protocol.events import StreamError, StreamEvent, retry_label
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import AttemptOutcome, Transport, is_retriable
 
@@ -75,14 +75,6 @@ class RetryNotice:
         """E.g. ``HTTP 529, retrying in 2 s, attempt 2 of 4``."""
         label = retry_label(self.failure)
         return f"{label}, retrying in {self.wait:g} s, attempt {self.next_attempt} of {self.max_attempts}"
-
-
-def retry_label(failure: StreamError) -> str:
-    """The short name of a failure: ``HTTP 529`` from its detail, else the network cause, else its message."""
-    detail = failure.provider_detail or ""
-    if detail.startswith("HTTP "):
-        return detail.split(":", 1)[0]
-    return detail or failure.message
 
 
 @final

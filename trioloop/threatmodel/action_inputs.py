@@ -2,7 +2,7 @@
 
 Each class is what one tool accepts; there is no `action` discriminator field, because the tool name
 (and the class) already says which edit it is. Field constraints are declared with the same metadata
-`trioloop.loop.tool_runtime.tool_field` writes, so the JSON schema a model sees and the validation of
+`trioloop.runtime.tools.tool_field` writes, so the JSON schema a model sees and the validation of
 what it sends both come from here; this module only writes that metadata, so `document` does not
 import the higher `loop` layer. In every `*Updates` class each field is optional and None means
 "leave unchanged"; for optional text fields an empty string clears the field.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from trioloop.loop.limits import TurnLimits
+from trioloop.machine.limits import TurnLimits
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 
 __all__ = ["DEMO_EDITS", "DEMO_LIMITS", "DEMO_PROMPT", "DEMO_SCRIPT"]

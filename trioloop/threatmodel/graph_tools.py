@@ -15,7 +15,8 @@ from typing import Any, Final, TypeVar
 
 import attrs
 
-from trioloop.loop.tool_runtime import RegisteredTool, ToolExecutionContext, ToolOutcome, define_executable_tool
+from trioloop.machine.tools import RegisteredTool, ToolOutcome
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel.action_inputs import (
     AddDataFlow,
     AddElement,

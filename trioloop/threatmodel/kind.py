@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import final
 
-from trioloop.loop.document import text_diff
+from trioloop.machine.document import text_diff
 from trioloop.threatmodel.model import ThreatModel, detached_copy
 from trioloop.threatmodel.thf import dump_thf, load_thf
 from trioloop.threatmodel.validation import validate_threat_model

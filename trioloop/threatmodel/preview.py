@@ -15,8 +15,8 @@ from typing import Any, Final
 
 import attrs
 
-from trioloop.loop.card import input_details
-from trioloop.loop.preview import EntityChange, FieldChange, Preview
+from trioloop.machine.card import input_details
+from trioloop.machine.preview import EntityChange, FieldChange, Preview
 from trioloop.threatmodel.action_inputs import GraphAction
 from trioloop.threatmodel.actions import ActionFailure, apply_action
 from trioloop.threatmodel.model import SECTION_NAMES, ThreatModel

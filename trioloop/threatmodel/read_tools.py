@@ -13,14 +13,10 @@ from typing import Any, Final, Literal, TypeAlias
 
 import attrs
 
-from trioloop.loop.tool_runtime import (
-    RegisteredTool,
-    ToolExecutionContext,
-    ToolOutcome,
-    define_executable_tool,
-    tool_field,
-)
-from trioloop.loop.untrusted_text import END_MARKER, START_MARKER, quote_untrusted, sanitize_scalar
+from trioloop.machine.tool_input import tool_field
+from trioloop.machine.tools import RegisteredTool, ToolOutcome
+from trioloop.machine.untrusted_text import END_MARKER, START_MARKER, quote_untrusted, sanitize_scalar
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel.action_inputs import SeverityName, StrideCategory
 from trioloop.threatmodel.catalog import CatalogEntry, CategoryName, ProviderName, search_catalog
 from trioloop.threatmodel.model import (

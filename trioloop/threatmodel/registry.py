@@ -6,7 +6,7 @@ resolves names only by exact match.
 
 from __future__ import annotations
 
-from trioloop.loop.tool_runtime import ToolRegistry, create_tool_registry
+from trioloop.machine.tools import ToolRegistry, create_tool_registry
 from trioloop.threatmodel.graph_tools import GRAPH_ACTION_TOOLS
 from trioloop.threatmodel.model import ThreatModel
 from trioloop.threatmodel.read_tools import READ_TOOLS

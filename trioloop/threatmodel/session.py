@@ -7,11 +7,11 @@ from typing import Final
 
 import trio
 
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
-from trioloop.loop.session import Session
-from trioloop.loop.tool_runtime import RegisteredTool, ToolRegistry
+from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.machine.tools import RegisteredTool, ToolRegistry
 from trioloop.protocol.messages import Message
 from trioloop.protocol.provider import ChatProvider
+from trioloop.runtime.session import Session
 from trioloop.threatmodel.kind import THREAT_MODEL
 from trioloop.threatmodel.model import ThreatModel
 from trioloop.threatmodel.registry import create_ai_tool_registry

@@ -8,7 +8,7 @@ differ (an edited entity keeps its key order; its own comments go with it). An u
 gives the original text byte for byte. A file the layout cannot patch safely (anchors or aliases,
 a top-level mapping in flow style) is written whole, as `dump_thf` writes it.
 
-Saving is `save_thf(path, model, original)`: atomic (`trioloop.files.write_atomic`), and it returns
+Saving is `save_thf(path, model, original)`: atomic (`trioloop.durable.files.write_atomic`), and it returns
 the `ThfFile` of what was written, so the next save patches against it. Cost: an unchanged entity is
 found by identity (the models are immutable, so an edit shares every untouched entity), so a save
 after a one-entity edit renders one entity and joins the lines, instead of rendering the document.
@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import attrs
 
-from trioloop.files import write_atomic
+from trioloop.durable.files import write_atomic
 from trioloop.threatmodel._safe_yaml import MAX_DOCUMENT_BYTES, dump_yaml, parse_yaml
 from trioloop.threatmodel._thf_layout import Field, Item, Layout, LayoutRecorder, Top
 from trioloop.threatmodel.errors import UnsafeYaml

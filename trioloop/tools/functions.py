@@ -26,16 +26,10 @@ from typing import Any, Final, Literal, Protocol, TypeVar, overload
 import attrs
 import trio
 
-from trioloop.loop.card import input_details, one_line
-from trioloop.loop.tool_runtime import (
-    Effect,
-    RegisteredTool,
-    ToolExecutionContext,
-    ToolOutcome,
-    define_executable_tool,
-    json_schema_for,
-    unstructure_input,
-)
+from trioloop.machine.card import input_details, one_line
+from trioloop.machine.tool_input import json_schema_for, unstructure_input
+from trioloop.machine.tools import Effect, RegisteredTool, ToolOutcome
+from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 
 __all__ = ["ToolError", "function_tool", "parse_docstring"]
 

@@ -12,9 +12,9 @@ import enum
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal, TypeAlias, TypeVar, final
 
-from trioloop.loop.canonical import canonical_json
-from trioloop.loop.tool_runtime import ToolOutcome
-from trioloop.loop.untrusted_text import fence_canonical, quote_untrusted, sanitize_scalar
+from trioloop.machine.canonical import canonical_json
+from trioloop.machine.tools import ToolOutcome
+from trioloop.machine.untrusted_text import fence_canonical, quote_untrusted, sanitize_scalar
 
 __all__ = [
     "DEFAULT_PAGE_LIMIT",

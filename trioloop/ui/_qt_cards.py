@@ -32,8 +32,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from trioloop.loop.machine import DENY_REASON_MAX, CallRecord, CallStatus, DenialReason
-from trioloop.loop.untrusted_text import is_stripped_code_point, sanitize_scalar
+from trioloop.machine.reducer import DENY_REASON_MAX, CallRecord, CallStatus, DenialReason
+from trioloop.machine.untrusted_text import is_stripped_code_point, sanitize_scalar
 
 __all__ = ["CallCard", "call_status_text", "plain_label", "shown_reason"]
 

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from trioloop.loop.questions import AnswerError, Question, QuestionField
+from trioloop.machine.questions import AnswerError, Question, QuestionField
 from trioloop.ui._qt_cards import plain_label
 
 __all__ = ["QUESTION_STYLE", "QuestionCard"]

@@ -54,11 +54,11 @@ try:
 except ImportError as exc:  # the extra, or a system library Qt links to: say what to install
     raise ImportError(qt_import_failure(exc)) from exc
 
-from trioloop.loop.machine import CallStatus, Outcome, Phase, TurnState
-from trioloop.loop.preview import preview_call
-from trioloop.loop.questions import AnswerAction, AnswerError
-from trioloop.loop.session import Session, SessionBusy
+from trioloop.machine.preview import preview_call
+from trioloop.machine.questions import AnswerAction, AnswerError
+from trioloop.machine.reducer import CallStatus, Outcome, Phase, TurnState
 from trioloop.protocol.messages import JsonValue, ToolCallBlock, flatten_text
+from trioloop.runtime.session import Session, SessionBusy
 from trioloop.ui._qt_cards import CallCard, call_status_text, plain_label, shown_reason
 from trioloop.ui._qt_guest import TrioGuestHost, run_trio_guest
 from trioloop.ui._qt_questions import QUESTION_STYLE, QuestionCard

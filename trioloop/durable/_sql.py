@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Self, TypeVar
 
 import trio
 
-from trioloop.loop.journal_store import StoredEntry
+from trioloop.durable.store import StoredEntry
 
 __all__ = ["SqlJournals"]
 

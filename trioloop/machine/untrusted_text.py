@@ -11,7 +11,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any, Final
 
-from trioloop.loop.canonical import canonical_json
+from trioloop.machine.canonical import canonical_json
 
 __all__ = [
     "END_MARKER",

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from trioloop.loop._machine_inputs import InputKind
-from trioloop.loop._machine_state import CallStatus, Phase
+from trioloop.machine.inputs import InputKind
+from trioloop.machine.state import CallStatus, Phase
 
 __all__ = ["CALL_STATUS_EDGES", "INITIAL_CALL_STATUSES", "PHASE_TRANSITIONS"]
 

@@ -19,8 +19,18 @@ from typing import Any, Final, TypeAlias
 
 import attrs
 
-from trioloop.loop._call_ids import fresh_call_id
-from trioloop.loop._machine_inputs import (
+from trioloop.machine.authorization import (
+    Denial,
+    Grant,
+    Violation,
+    authorize_start,
+    auto_grant_read_only,
+    grant_for_batch,
+    grant_for_call,
+)
+from trioloop.machine.card import changed_fields
+from trioloop.machine.ids import fresh_call_id
+from trioloop.machine.inputs import (
     INPUT_TYPE_KINDS,
     Advance,
     ApproveBatch,
@@ -38,7 +48,8 @@ from trioloop.loop._machine_inputs import (
     UndoTurn,
     classify,
 )
-from trioloop.loop._machine_state import (
+from trioloop.machine.limits import Bound, TurnBudget, bound_notice, budget_exhaustion, tool_call_cap
+from trioloop.machine.state import (
     CallRecord,
     CallStatus,
     DenialReason,
@@ -48,8 +59,8 @@ from trioloop.loop._machine_state import (
     TurnState,
     ViolationRecord,
 )
-from trioloop.loop._machine_tables import CALL_STATUS_EDGES, INITIAL_CALL_STATUSES, PHASE_TRANSITIONS
-from trioloop.loop._machine_text import (
+from trioloop.machine.tables import CALL_STATUS_EDGES, INITIAL_CALL_STATUSES, PHASE_TRANSITIONS
+from trioloop.machine.texts import (
     DENY_REASON_MAX,
     DUPLICATE_NOTICE,
     INTERRUPTED_TEXT,
@@ -71,18 +82,7 @@ from trioloop.loop._machine_text import (
     unreadable_input_notice,
     unreadable_input_text,
 )
-from trioloop.loop.authorization import (
-    Denial,
-    Grant,
-    Violation,
-    authorize_start,
-    auto_grant_read_only,
-    grant_for_batch,
-    grant_for_call,
-)
-from trioloop.loop.card import changed_fields
-from trioloop.loop.limits import Bound, TurnBudget, bound_notice, budget_exhaustion, tool_call_cap
-from trioloop.loop.tool_runtime import PrepareFailure
+from trioloop.machine.tools import PrepareFailure
 from trioloop.protocol.events import (
     MessageStart,
     MessageStop,

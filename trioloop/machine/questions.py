@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from trioloop.loop.untrusted_text import strip_and_cap
+from trioloop.machine.untrusted_text import strip_and_cap
 
 __all__ = [
     "MAX_SAMPLING_MESSAGES",

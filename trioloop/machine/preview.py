@@ -14,7 +14,7 @@ from typing import Any, Final, TypeAlias, final
 
 import attrs
 
-from trioloop.loop.card import plain_value
+from trioloop.machine.card import plain_value
 
 __all__ = ["EntityChange", "FieldChange", "Preview", "PreviewFn", "preview_call"]
 

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
-from trioloop.loop._machine_state import CallStatus
+from trioloop.machine.state import CallStatus
 
 if TYPE_CHECKING:
-    from trioloop.loop._machine_state import CallRecord, TurnState
-    from trioloop.loop.tool_runtime import RegisteredTool
+    from trioloop.machine.state import CallRecord, TurnState
+    from trioloop.machine.tools import RegisteredTool
 
 __all__ = [
     "Denial",

@@ -14,8 +14,8 @@ from typing import Final, Generic, TypeVar, final
 
 import attrs
 
-from trioloop.loop.document import DocumentKind
-from trioloop.loop.tool_runtime import RegisteredTool, ToolOutcome
+from trioloop.machine.document import DocumentKind
+from trioloop.machine.tools import RegisteredTool, ToolOutcome
 
 __all__ = [
     "DEFAULT_UNDO_ENTRIES",

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import trio
 
-from trioloop.loop.journal_store import SessionLocked
+from trioloop.durable.store import SessionLocked
 
 __all__ = ["POLL_INTERVAL_S", "check_session_id", "wait_for_lease"]
 

@@ -42,8 +42,10 @@ from typing import Any, Final, Generic, TypeVar, final
 
 import attrs
 
-from trioloop.loop._bounded_json import parse_bounded_json
-from trioloop.loop._machine_inputs import (
+from trioloop.durable.bounded_json import parse_bounded_json
+from trioloop.durable.session_file import SessionFileError, SessionSnapshot, session_from_json, session_to_json
+from trioloop.durable.store import StoredEntry
+from trioloop.machine.inputs import (
     Advance,
     ApproveBatch,
     ApproveCall,
@@ -57,13 +59,11 @@ from trioloop.loop._machine_inputs import (
     TurnInput,
     UndoTurn,
 )
-from trioloop.loop._machine_state import CallRecord, CallStatus, Phase, TurnState
-from trioloop.loop.journal_store import StoredEntry
-from trioloop.loop.limits import TurnLimits
-from trioloop.loop.machine import reduce_turn
-from trioloop.loop.session_file import SessionFileError, SessionSnapshot, session_from_json, session_to_json
-from trioloop.loop.tool_runtime import ToolOutcome, ToolRegistry
-from trioloop.loop.transaction import UndoEntry, UndoHistory, redo_step, undo_step
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import reduce_turn
+from trioloop.machine.state import CallRecord, CallStatus, Phase, TurnState
+from trioloop.machine.tools import ToolOutcome, ToolRegistry
+from trioloop.machine.transaction import UndoEntry, UndoHistory, redo_step, undo_step
 from trioloop.protocol.events import StreamError, StreamEvent, TextDelta, is_terminal
 from trioloop.protocol.serialization import SerializationError, event_from_json, event_to_json
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeAlias
 
-from trioloop.loop.canonical import canonical_json
-from trioloop.loop.untrusted_text import TRUNCATION_MARK, is_stripped_code_point
+from trioloop.machine.canonical import canonical_json
+from trioloop.machine.untrusted_text import TRUNCATION_MARK, is_stripped_code_point
 
 __all__ = ["CardDetails", "changed_fields", "input_details", "one_line", "plain_value", "visible_char"]
 

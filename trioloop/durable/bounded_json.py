@@ -29,7 +29,7 @@ one object shows as a dict with fewer entries than the census counted keys; one 
 (a stack of at most ``max_depth`` iterators) counts them.
 
 Measured on CPython 3.11 (tracemalloc peak during the call over ``len(data)``, bytes input, through
-`trioloop.loop.session_file.decode_session`; in brackets, the decoder before this module:
+`trioloop.durable.session_file.decode_session`; in brackets, the decoder before this module:
 ``json.loads`` with a pairs hook, then a depth walk). Refused: a million ``{}`` (2.9 MiB) 1.0
 (46.6), a million ``[]`` 1.0 (44.0), 400,000 ``{"a":0}`` 1.0 (33.0), a million ``"ab"`` 1.0
 (25.8), 300,000 distinct keys 7.1 (16.8: the census holds the distinct keys until it refuses),
@@ -45,7 +45,7 @@ priced at about 5.6 times its size (4.6 for its objects, 1 for the decoded text)
 many small objects really costs about 8.5 times its size and is refused above about 2 MiB. Raw
 non-ASCII text costs more than the same text written with ``ensure_ascii=True`` (its decoded
 ``str`` takes 2 or 4 bytes for every character), so write what this reads with
-``ensure_ascii=True``, as `trioloop.loop.session_file` does. Time: the census is a Python loop over
+``ensure_ascii=True``, as `trioloop.durable.session_file` does. Time: the census is a Python loop over
 the tokens, about 0.2 microseconds each (a 2.6 MiB session file: 0.37 s to decode, 0.18 s before);
 a text without strings is priced from counts of its brackets, commas and dots at C speed.
 """

@@ -11,11 +11,10 @@ import json
 import unicodedata
 from typing import Final
 
-from trioloop.loop.authorization import Violation
-from trioloop.loop.tool_runtime import PrepareFailure
-from trioloop.loop.untrusted_text import quote_untrusted
-from trioloop.protocol.events import StreamError
-from trioloop.providers.retry import retry_label
+from trioloop.machine.authorization import Violation
+from trioloop.machine.tools import PrepareFailure
+from trioloop.machine.untrusted_text import quote_untrusted
+from trioloop.protocol.events import StreamError, retry_label
 
 __all__ = [
     "DECLINED_TEXT",

@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
 
-from trioloop.loop.journal_store import (
+from trioloop.durable._sql import SqlJournals
+from trioloop.durable._waiting import check_session_id, wait_for_lease
+from trioloop.durable.store import (
     JournalConflict,
     JournalLease,
     JournalStoreError,
     StoredEntry,
     check_batch,
 )
-from trioloop.stores._sql import SqlJournals
-from trioloop.stores._waiting import check_session_id, wait_for_lease
 
 if TYPE_CHECKING:
     import psycopg

@@ -11,8 +11,8 @@ from typing import Final
 
 import trio
 
-from trioloop.loop.questions import Question, Sampled
-from trioloop.loop.untrusted_text import END_MARKER, START_MARKER, fence, sanitize_scalar
+from trioloop.machine.questions import Question, Sampled
+from trioloop.machine.untrusted_text import END_MARKER, START_MARKER, fence, sanitize_scalar
 from trioloop.protocol.events import Aborted, MessageStart, MessageStop, StreamError, StreamEvent, TextDelta
 from trioloop.protocol.messages import Message
 from trioloop.protocol.tools import ChatRequest

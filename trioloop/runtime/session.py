@@ -25,16 +25,8 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import trio
 
-from trioloop.loop.document import DocumentKind, TextDocumentKind
-from trioloop.loop.journal import GENESIS, JournalWriter, decode_entries, replay_journal
-from trioloop.loop.journal_store import JournalLease, JournalStore
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
-from trioloop.loop.machine import Phase, TurnState, UndoTurn, reduce_turn
-from trioloop.loop.observer import TurnObserver
-from trioloop.loop.observer import log as observer_log
-from trioloop.loop.questions import AnswerAction, Question
-from trioloop.loop.runner import ResumePoint, TurnControls, TurnJournal, TurnRequest, Workspace, run_turn
-from trioloop.loop.session_file import (
+from trioloop.durable.journal import GENESIS, JournalWriter, decode_entries, replay_journal
+from trioloop.durable.session_file import (
     MAX_SESSION_BYTES,
     SessionFileError,
     SessionSnapshot,
@@ -42,8 +34,13 @@ from trioloop.loop.session_file import (
     decode_session,
     encode_session,
 )
-from trioloop.loop.tool_runtime import RegisteredTool, ToolRegistry, create_tool_registry
-from trioloop.loop.transaction import (
+from trioloop.durable.store import JournalLease, JournalStore
+from trioloop.machine.document import DocumentKind, TextDocumentKind
+from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.machine.questions import AnswerAction, Question
+from trioloop.machine.reducer import Phase, TurnState, UndoTurn, reduce_turn
+from trioloop.machine.tools import RegisteredTool, ToolRegistry, create_tool_registry
+from trioloop.machine.transaction import (
     UndoAvailability,
     UndoHistory,
     redo_step,
@@ -54,6 +51,9 @@ from trioloop.loop.transaction import (
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.provider import ChatProvider, HoldsConnections
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
+from trioloop.runtime.observer import TurnObserver
+from trioloop.runtime.observer import log as observer_log
+from trioloop.runtime.runner import ResumePoint, TurnControls, TurnJournal, TurnRequest, Workspace, run_turn
 
 __all__ = [
     "Session",
@@ -360,7 +360,7 @@ class Session(Generic[D]):
                 self._observers = tuple(o for o in self._observers if o is not observer)
 
     def observe(self, observer: TurnObserver) -> None:
-        """Tell ``observer`` of every state published from now on (see `trioloop.loop.observer`)."""
+        """Tell ``observer`` of every state published from now on (see `trioloop.runtime.observer`)."""
         self._observers = (*self._observers, observer)
 
     def _publish(self, state: TurnState) -> None:
@@ -601,7 +601,7 @@ class Session(Generic[D]):
         """Write the session to ``path`` atomically (the previous file survives any failure), so
         `Session.resume` can continue the conversation on the same document, undo of the last turn
         included. Needs a kind with a text form (`TextDocumentKind`); refused while a turn runs."""
-        from trioloop.files import write_atomic
+        from trioloop.durable.files import write_atomic
 
         if self._controls is not None or self._resume is not None:
             raise SessionBusy(
@@ -816,7 +816,7 @@ class Session(Generic[D]):
 
     def save_transcript(self, path: str | os.PathLike[str]) -> None:
         """Write the transcript atomically: on any failure the file at ``path`` is left as it was."""
-        from trioloop.files import write_atomic  # imported here to keep this change inside the method
+        from trioloop.durable.files import write_atomic  # imported here to keep this change inside the method
 
         text = json.dumps(self.transcript(), ensure_ascii=False, indent=2) + "\n"
         write_atomic(path, text.encode("utf-8"))

@@ -5,7 +5,7 @@ Pure functions: `encode_session(snapshot, dump_document=...) -> bytes` and
 `decode_session(data, load_document=...) -> SessionSnapshot`. The document type is the caller's:
 it passes ``dump_document`` (D -> str) and ``load_document`` (str -> D; it must refuse hostile text
 itself, as `load_thf` does, and raise on anything invalid). Write the bytes with
-`trioloop.files.write_atomic`.
+`trioloop.durable.files.write_atomic`.
 
 Format (version 1), one JSON object with exactly these keys::
 
@@ -25,7 +25,7 @@ file whose JSON values would take more than 8 times its size plus 1 MiB of memor
 that do not deserialize or whose tool calls and results do not pair, more than `MAX_UNDO_ENTRIES`
 undo entries or duplicate turn ids among them, and any document text ``load_document`` refuses.
 
-Memory: the JSON is read by `trioloop.loop._bounded_json.parse_bounded_json`, which prices what
+Memory: the JSON is read by `trioloop.durable.bounded_json.parse_bounded_json`, which prices what
 the parse would build before building it, so reading the JSON never holds more than 8 times the
 file's size plus 1 MiB (a file `encode_session` wrote holds about 5.5 times its size while it is
 read; see that module for the prices and measurements). Then ``load_document`` runs once per
@@ -41,8 +41,8 @@ from typing import Any, Final, Generic, TypeVar, final
 
 import attrs
 
-from trioloop.loop._bounded_json import parse_bounded_json
-from trioloop.loop.transaction import UndoEntry, UndoHistory
+from trioloop.durable.bounded_json import parse_bounded_json
+from trioloop.machine.transaction import UndoEntry, UndoHistory
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
 

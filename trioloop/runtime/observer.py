@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol, runtime_checkable
 
-from trioloop.loop.machine import TurnState
+from trioloop.machine.reducer import TurnState
 
 __all__ = ["TurnObserver"]
 

@@ -1,15 +1,9 @@
-"""Journal stores: where a durable session's journal lives, outside the core (DESIGN.md's ``stores/``).
-
-`SQLiteJournalStore` (stdlib ``sqlite3``) is the embedded default: one file, any number of sessions.
-`PostgresJournalStore` (psycopg 3, the ``trioloop[postgres]`` extra) is for a fleet of processes sharing one
-database. Both keep `trioloop.loop.journal_store`'s promises exactly as `MemoryJournalStore` does; `open_store`
-picks one from a target string.
-"""
+"""A journal store named by a target string: a PostgreSQL URL, a ``sqlite:///`` URL or a file path."""
 
 from __future__ import annotations
 
-from trioloop.stores.postgres import PostgresJournalStore
-from trioloop.stores.sqlite import SQLiteJournalStore
+from trioloop.durable.postgres import PostgresJournalStore
+from trioloop.durable.sqlite import SQLiteJournalStore
 
 __all__ = ["PostgresJournalStore", "SQLiteJournalStore", "open_store"]
 

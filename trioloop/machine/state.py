@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, final, overload
 
 import attrs
 
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnBudget, TurnLimits
-from trioloop.loop.tool_runtime import Effect, PreparedCall, ToolRegistry, create_tool_registry
+from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnBudget, TurnLimits
+from trioloop.machine.tools import Effect, PreparedCall, ToolRegistry, create_tool_registry
 from trioloop.protocol.events import StopReason, StreamError, Usage
 from trioloop.protocol.messages import ContentBlock, Message, TextBlock, ToolCallBlock
 
 if TYPE_CHECKING:
-    from trioloop.loop.authorization import Denial, Grant, Violation
+    from trioloop.machine.authorization import Denial, Grant, Violation
 
 __all__ = [
     "CallRecord",

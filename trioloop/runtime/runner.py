@@ -27,14 +27,10 @@ from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 import attrs
 import trio
 
-from trioloop.loop._machine_text import NOT_TEXT_RESULT
-from trioloop.loop._sharp_deadline import LEAD_S as SHARPEN_LEAD_S
-from trioloop.loop._sharp_deadline import DeadlineSharpener
-from trioloop.loop._stream_fold import fold_text_deltas
-from trioloop.loop.document import DocumentKind
-from trioloop.loop.journal import JournalWriter, recovery_inputs
-from trioloop.loop.journal_store import StoredEntry
-from trioloop.loop.limits import (
+from trioloop.durable.journal import JournalWriter, recovery_inputs
+from trioloop.durable.store import StoredEntry
+from trioloop.machine.document import DocumentKind
+from trioloop.machine.limits import (
     DEFAULT_TURN_LIMITS,
     Bound,
     TurnLimits,
@@ -42,7 +38,8 @@ from trioloop.loop.limits import (
     sampling_tokens,
     timing_exhaustion,
 )
-from trioloop.loop.machine import (
+from trioloop.machine.questions import Answer, AnswerAction, Question, QuestionRefused, Sampled
+from trioloop.machine.reducer import (
     NO_STATE_CHANGE,
     Advance,
     ApproveBatch,
@@ -60,10 +57,10 @@ from trioloop.loop.machine import (
     TurnState,
     reduce_turn,
 )
-from trioloop.loop.questions import Answer, AnswerAction, Question, QuestionRefused, Sampled
-from trioloop.loop.sampling import sampled_from, sampling_chat_request
-from trioloop.loop.tool_runtime import PreparedCall, RegisteredTool, ToolExecutionContext, ToolOutcome, ToolRegistry
-from trioloop.loop.transaction import Committed, Refused, UndoHistory, commit_tool_outcome
+from trioloop.machine.stream_fold import fold_text_deltas
+from trioloop.machine.texts import NOT_TEXT_RESULT
+from trioloop.machine.tools import PreparedCall, RegisteredTool, ToolOutcome, ToolRegistry
+from trioloop.machine.transaction import Committed, Refused, UndoHistory, commit_tool_outcome
 from trioloop.protocol.events import (
     StreamError,
     StreamEvent,
@@ -77,6 +74,10 @@ from trioloop.protocol.messages import Message
 from trioloop.protocol.provider import ChatProvider
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import is_retriable
+from trioloop.runtime.sampling import sampled_from, sampling_chat_request
+from trioloop.runtime.sharpener import LEAD_S as SHARPEN_LEAD_S
+from trioloop.runtime.sharpener import DeadlineSharpener
+from trioloop.runtime.tools import ToolExecutionContext
 
 __all__ = ["TOOL_CANCEL_GRACE_S", "ResumePoint", "TurnControls", "TurnJournal", "TurnRequest", "Workspace", "run_turn"]
 

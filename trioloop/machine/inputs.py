@@ -15,8 +15,8 @@ from typing import Any, Final, Literal, TypeAlias, final
 
 import attrs
 
-from trioloop.loop.limits import DEFAULT_TURN_LIMITS, TurnLimits
-from trioloop.loop.tool_runtime import ToolOutcome, ToolRegistry
+from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.machine.tools import ToolOutcome, ToolRegistry
 from trioloop.protocol.events import (
     Aborted,
     MessageStart,

@@ -1,0 +1,189 @@
+"""The audit trail of a journaled session: who approved which exact input, when, what the card showed, what
+changed; and whether the journal is the one that was written (its hash chain).
+
+`audit_session` reads a session's entries from a store (no lease: a running session can be audited) and
+yields printable lines; `audit_records` gives the same as JSON-ready dicts (``trioloop audit --json`` prints
+one per line). Both verify numbering and the hash chain as they go and stop at the first entry that does not
+match, raising `JournalError` naming it, after yielding every entry before it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, decode_entry
+from trioloop.durable.store import JournalStore, StoredEntry
+from trioloop.machine.untrusted_text import sanitize_scalar
+
+__all__ = ["audit_lines", "audit_records", "audit_session", "verified_entries"]
+
+_VALUE_MAX = 200
+
+
+def verified_entries(stored: Sequence[StoredEntry]) -> Iterator[JournalEntry]:
+    """Decode and verify ``stored`` in order; `JournalError` at the first entry that does not match."""
+    prev: str | None = GENESIS
+    expected: int | None = None
+    for item in stored:
+        entry = decode_entry(item.data)
+        if entry.seq != item.seq:
+            raise JournalError(f"entry {item.seq} says it is entry {entry.seq}", seq=item.seq)
+        if expected is None:
+            expected = entry.seq
+            prev = GENESIS if entry.seq == 1 else None  # compacted: the chain starts at the first kept entry
+        if entry.seq != expected:
+            raise JournalError(f"entry {entry.seq} follows entry {expected - 1}: an entry is missing", seq=entry.seq)
+        if prev is not None and entry.prev != prev:
+            raise JournalError(
+                f"entry {entry.seq} does not carry the SHA-256 of the entry before it: "
+                "this entry or an earlier one was changed",
+                seq=entry.seq,
+            )
+        yield entry
+        prev = entry.hash
+        expected += 1
+
+
+def _when(at_ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(at_ms / 1000, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{at_ms % 1000:03d}Z"
+
+
+def _show(value: Any) -> str:
+    """A value from the journal as one safe line: control and bidi characters stripped, capped."""
+    text = value if isinstance(value, str) else repr(value)
+    shown, cut = sanitize_scalar(text, _VALUE_MAX)
+    return shown + "…" if cut else shown
+
+
+def _card_lines(card: Any, indent: str) -> list[str]:
+    if not isinstance(card, Mapping):
+        return []
+    if "tool" not in card:  # approved by the read-only policy: never shown, its digest kept
+        call_id, digest = _show(card.get("call_id")), _show(card.get("digest"))
+        return [f"{indent}call {call_id} approved by the read-only policy, digest {digest}"]
+    head = (
+        f"{indent}card {_show(card.get('call_id'))}: {_show(card.get('tool'))} "
+        f"({'destructive ' if card.get('destructive') else ''}{_show(card.get('effect'))}), "
+        f"digest {_show(card.get('digest'))}"
+    )
+    lines = [head, f"{indent}  {_show(card.get('summary'))}"]
+    for pair in card.get("details") or ():
+        if isinstance(pair, list) and len(pair) == 2:
+            lines.append(f"{indent}  {_show(pair[0])}: {_show(pair[1])}")
+    return lines
+
+
+def _describe(entry: JournalEntry) -> list[str]:
+    data = entry.data
+    kind = entry.kind
+    by = f" by {_show(data.get('by'))}" if data.get("by") else ""
+    if kind == "snapshot":
+        session = data.get("session")
+        if not isinstance(session, Mapping):
+            return ["session snapshot (not readable)"]
+        document = session.get("document")
+        sha = hashlib.sha256(document.encode("utf-8", "replace")).hexdigest()[:16] if isinstance(document, str) else ""
+        messages = session.get("messages")
+        count = len(messages) if isinstance(messages, list) else 0
+        return [f"session snapshot: {count} messages, {_show(session.get('turn_count'))} turns, document sha256 {sha}…"]
+    if kind == "submit":
+        tools = ", ".join(_show(t) for t in data.get("tools") or ())
+        return [f"turn {_show(data.get('turn_id'))} starts: {_show(data.get('text'))}", f"  tools offered: {tools}"]
+    if kind == "stream":
+        events = data.get("events") or ()
+        calls = [e for e in events if isinstance(e, Mapping) and e.get("type") == "tool_call_complete"]
+        stops = [e.get("stop_reason") for e in events if isinstance(e, Mapping) and e.get("type") == "message_stop"]
+        errors = [e.get("message") for e in events if isinstance(e, Mapping) and e.get("type") == "error"]
+        text = "".join(e.get("text", "") for e in events if isinstance(e, Mapping) and e.get("type") == "text_delta")
+        head = f"model answered: {len(text)} characters of text, {len(calls)} tool call(s)"
+        if stops:
+            head += f", stop {_show(stops[-1])}"
+        if errors:
+            head += f", error {_show(errors[-1])}"
+        lines = [head]
+        for card in data.get("cards") or ():
+            lines.extend(_card_lines(card, "  "))
+        return lines
+    if kind == "approve":
+        lines = [f"approved {_show(data.get('call_id'))}{by}"]
+        lines.extend(_card_lines(data.get("card"), "  "))
+        for edit in data.get("edits") or ():
+            if isinstance(edit, list) and len(edit) == 3:
+                lines.append(f"  edited {_show(edit[0])}: {_show(edit[1])} -> {_show(edit[2])}")
+        return lines
+    if kind == "approve_batch":
+        ids = ", ".join(_show(i) for i in data.get("call_ids") or ())
+        lines = [f"approved together{by}: {ids}"]
+        for card in data.get("cards") or ():
+            lines.extend(_card_lines(card, "  "))
+        return lines
+    if kind == "deny":
+        reason = data.get("reason")
+        lines = [f"declined {_show(data.get('call_id'))}{by}" + (f": {_show(reason)}" if reason else "")]
+        lines.extend(_card_lines(data.get("card"), "  "))
+        return lines
+    if kind == "start":
+        return [f"call {_show(data.get('call_id'))} started"]
+    if kind == "settled":
+        status = "succeeded" if data.get("ok") else "failed"
+        document = data.get("document")
+        committed = ""
+        if isinstance(document, str):
+            digest = hashlib.sha256(document.encode("utf-8", "replace")).hexdigest()[:16]
+            committed = f", committed the document (sha256 {digest}…)"
+        return [f"call {_show(data.get('call_id'))} {status}{committed}: {_show(data.get('result'))}"]
+    if kind == "advance":
+        return ["iteration done: the model is asked again (or the turn ends at a limit)"]
+    if kind == "retry":
+        failure = data.get("failure")
+        message = failure.get("message") if isinstance(failure, Mapping) else None
+        return [f"request retried after {data.get('wait_ms')} ms" + (f": {_show(message)}" if message else "")]
+    if kind == "cancel":
+        reason = data.get("reason")
+        return ["Stop: the turn was cancelled" if reason == "stop" else f"the turn ended at a limit: {_show(reason)}"]
+    if kind == "revoke":
+        return [f"call {_show(data.get('call_id'))} refused: its tool changed ({_show(data.get('detail'))})"]
+    if kind == "undo":
+        return [f"turn {_show(data.get('turn_id'))} undone{by}"]
+    if kind == "redo":
+        return [f"turn {_show(data.get('turn_id'))} redone{by}"]
+    if kind == "suspend":
+        return [
+            f"suspended in review (machine time {data.get('machine_ms')} ms, review waited "
+            f"{data.get('review_waited_ms')} ms)"
+        ]
+    if kind == "resume":
+        return [f"turn {_show(data.get('turn_id'))} taken up again{by}"]
+    return [kind]
+
+
+def audit_lines(stored: Sequence[StoredEntry]) -> Iterator[str]:
+    """The trail as text: one block per entry, each headed by its number, time and hash."""
+    for entry in verified_entries(stored):
+        head, *rest = _describe(entry)
+        yield f"#{entry.seq} {_when(entry.at_ms)} {entry.hash[:12]} {entry.kind}: {head}"
+        for line in rest:
+            yield f"    {line}"
+
+
+def audit_records(stored: Sequence[StoredEntry]) -> Iterator[dict[str, Any]]:
+    """The trail as JSON-ready records: each entry's number, kind, time, hashes and data, verified."""
+    for entry in verified_entries(stored):
+        yield {
+            "seq": entry.seq,
+            "kind": entry.kind,
+            "at": _when(entry.at_ms),
+            "at_ms": entry.at_ms,
+            "prev": entry.prev,
+            "hash": entry.hash,
+            "data": entry.data,
+        }
+
+
+async def audit_session(store: JournalStore, session_id: str) -> Sequence[StoredEntry]:
+    """A session's stored entries, read without a lease."""
+    return await store.read(session_id)

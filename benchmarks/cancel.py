@@ -53,7 +53,8 @@ from trioloop.protocol.events import StreamEvent
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers import AnthropicProvider
 from trioloop.providers.base import ChatProvider
-from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.controls import TurnControls
+from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
 from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel, load_thf
 from trioloop.threatmodel.model import detached_copy

@@ -29,7 +29,8 @@ from trioloop.machine.tool_input import tool_field
 from trioloop.machine.tools import ToolOutcome, create_tool_registry
 from trioloop.protocol import MessageStart, MessageStop, ToolCallComplete, ToolResultBlock
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
-from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.controls import TurnControls
+from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
 from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import THREAT_MODEL, load_thf
 

@@ -290,10 +290,7 @@ def test_each_lazy_name_loads_from_the_module_the_type_checker_sees() -> None:
         if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
     )
     seen = {
-        alias.name: node.module
-        for node in guarded.body
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
+        alias.name: node.module for node in guarded.body if isinstance(node, ast.ImportFrom) for alias in node.names
     }
     assert seen == trioloop._HOMES
     assert set(trioloop.__all__) == {*seen, "__version__"}

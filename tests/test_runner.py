@@ -19,7 +19,9 @@ from trioloop.machine.tools import ToolOutcome, ToolRegistry, create_tool_regist
 from trioloop.machine.transaction import turn_undo_availability, undo_turn
 from trioloop.protocol import assert_tool_pairing, flatten_text
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
-from trioloop.runtime.runner import TOOL_CANCELLED_ITSELF, TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.controls import TurnControls
+from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
+from trioloop.runtime.tool_calls import TOOL_CANCELLED_ITSELF
 from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel, create_ai_tool_registry, load_thf
 

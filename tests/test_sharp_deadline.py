@@ -28,7 +28,8 @@ from trioloop.machine.tools import ToolOutcome, create_tool_registry
 from trioloop.protocol import flatten_text
 from trioloop.protocol.events import MessageStart, MessageStop, StopReason, StreamEvent, TextDelta, ToolCallComplete
 from trioloop.runtime import sharpener as _sharp_deadline
-from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.controls import TurnControls
+from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
 from trioloop.runtime.sharpener import (
     LEAD_S,
     THREADS,

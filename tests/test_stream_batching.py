@@ -39,7 +39,9 @@ from trioloop.providers._loopback import LoopbackResponse, open_loopback_server,
 from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.base import WireResponse
 from trioloop.providers.scripted import ScriptedProvider, ScriptStep
-from trioloop.runtime.runner import _BATCHES_PER_YIELD, TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.controls import TurnControls
+from trioloop.runtime.requests import BATCHES_PER_YIELD
+from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel
 
 # -- folding: a pure function, checked against the reducer --------------------------------------------
@@ -247,11 +249,11 @@ async def test_the_chunks_of_one_read_reach_the_reducer_in_one_wakeup_and_one_st
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Ten reads of 12 one-delta chunks: one published state per read (plus one per forced yield of a provider
-    that forwarded _BATCHES_PER_YIELD batches without waiting), not one per chunk; the text whole, in order."""
+    that forwarded BATCHES_PER_YIELD batches without waiting), not one per chunk; the text whole, in order."""
     state, seen = await _published(_Reads(reads=10, per_read=12, per_batch=1))
     assert state.draft is not None and state.draft.plain_text == "".join(str(r) * 12 for r in range(10))
     streaming = [s for s in seen if s.phase is Phase.STREAMING and s.draft is not None and s.draft.plain_text]
-    assert 10 <= len(streaming) <= 10 + 120 // _BATCHES_PER_YIELD  # was 120: one per chunk
+    assert 10 <= len(streaming) <= 10 + 120 // BATCHES_PER_YIELD  # was 120: one per chunk
 
 
 async def test_a_provider_that_never_waits_still_yields_every_few_batches(
@@ -262,7 +264,7 @@ async def test_a_provider_that_never_waits_still_yields_every_few_batches(
     state, seen = await _published(_Reads(reads=1, per_read=200, per_batch=1))
     assert state.draft is not None and state.draft.plain_text == "0" * 200
     partial = [s for s in seen if s.draft is not None and 0 < len(s.draft.plain_text) < 200]
-    assert 200 // _BATCHES_PER_YIELD // 2 <= len(partial) <= 200 // _BATCHES_PER_YIELD + 1
+    assert 200 // BATCHES_PER_YIELD // 2 <= len(partial) <= 200 // BATCHES_PER_YIELD + 1
 
 
 async def test_stop_from_an_observer_lands_before_the_next_wakeups_events(

@@ -52,7 +52,8 @@ from trioloop.providers.openai import OPENAI_WIRE
 from trioloop.providers.retry import RetryPolicy
 from trioloop.providers.sse import INVALID_UTF8_MESSAGE, LINE_TOO_LONG_MESSAGE, SseDecoder
 from trioloop.providers.transport import HttpChatProvider
-from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.controls import TurnControls
+from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
 from trioloop.threatmodel import THREAT_MODEL, create_ai_tool_registry, threat_model_session
 
 T = TypeVar("T")

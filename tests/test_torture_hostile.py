@@ -31,7 +31,8 @@ from trioloop.machine.reducer import CallStatus, Submit, TurnState, reduce_turn
 from trioloop.machine.tools import PreparedCall, PrepareFailure
 from trioloop.machine.untrusted_text import is_stripped_code_point
 from trioloop.protocol.events import MessageStart, ToolCallComplete
-from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.controls import TurnControls
+from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
 from trioloop.runtime.tools import ToolExecutionContext
 from trioloop.threatmodel import (
     THREAT_MODEL,

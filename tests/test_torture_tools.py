@@ -24,8 +24,10 @@ from trioloop.machine.tools import RegisteredTool, ToolOutcome, create_tool_regi
 from trioloop.machine.transaction import undo_turn
 from trioloop.protocol import assert_tool_pairing
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
-from trioloop.runtime.runner import TOOL_CANCEL_GRACE_S, TurnControls, TurnRequest, Workspace, run_turn
+from trioloop.runtime.controls import TurnControls
+from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
 from trioloop.runtime.session import Session
+from trioloop.runtime.tool_calls import TOOL_CANCEL_GRACE_S
 from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import THREAT_MODEL, Element, Threat, ThreatModel, dump_thf, load_thf, threat_model_session
 

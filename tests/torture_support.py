@@ -29,7 +29,7 @@ from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.base import WireFormat, WireResponse
 from trioloop.providers.sse import SseDecoder
-from trioloop.runtime.runner import TurnControls
+from trioloop.runtime.controls import TurnControls
 from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import Threat, ThreatModel, load_thf
 

@@ -89,7 +89,8 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
     from trioloop.providers.openai import OpenAIProvider
     from trioloop.providers.openai_responses import OpenAIResponsesProvider
     from trioloop.providers.scripted import ScriptedProvider
-    from trioloop.runtime.runner import TurnControls, TurnRequest, Workspace, run_turn
+    from trioloop.runtime.controls import TurnControls
+    from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
     from trioloop.runtime.session import (
         Session,
         SessionBusy,
@@ -181,7 +182,7 @@ _HOMES: Final[dict[str, str]] = {
     "ToolResultBlock": "trioloop.protocol",
     "Toolset": "trioloop.runtime.session",
     "TranscriptError": "trioloop.runtime.session",
-    "TurnControls": "trioloop.runtime.runner",
+    "TurnControls": "trioloop.runtime.controls",
     "TurnLimits": "trioloop.machine.limits",
     "TurnRequest": "trioloop.runtime.runner",
     "TurnState": "trioloop.machine.reducer",

@@ -51,9 +51,11 @@ from trioloop.machine.transaction import (
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.provider import ChatProvider, HoldsConnections
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
+from trioloop.runtime.controls import TurnControls
+from trioloop.runtime.journaling import ResumePoint, TurnJournal
 from trioloop.runtime.observer import TurnObserver
 from trioloop.runtime.observer import log as observer_log
-from trioloop.runtime.runner import ResumePoint, TurnControls, TurnJournal, TurnRequest, Workspace, run_turn
+from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
 
 __all__ = [
     "Session",

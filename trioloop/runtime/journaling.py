@@ -1,0 +1,58 @@
+"""Where a journaled turn writes (`TurnJournal`), and a live turn taken up again from its journal (`ResumePoint`).
+
+The runner appends what is ready before its effect is visible outside the process; what to write is the
+`JournalWriter`'s (`trioloop.durable.journal`), where it goes is the store's lease: this is the hook between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+import attrs
+import trio
+
+from trioloop.durable.journal import JournalWriter
+from trioloop.durable.store import StoredEntry
+from trioloop.machine.state import TurnState
+
+__all__ = ["ResumePoint", "TurnJournal"]
+
+
+class TurnJournal:
+    """Where a journaled turn writes: the entries `JournalWriter` makes, appended through ``append``.
+
+    The runner appends what is ready before its effect is visible outside the process: every start (and
+    the decisions before it) before any tool of that pass runs, a commit before its state is published or
+    another call starts, the cards before the review is shown, a turn before its first request; the rest
+    rides along with the next of these, or the end of the turn. An append that fails stops the turn
+    (nothing runs that could not be recorded); ``error`` keeps the failure, and later entries are dropped.
+    """
+
+    def __init__(self, writer: JournalWriter, append: Callable[[Sequence[StoredEntry]], Awaitable[None]]) -> None:
+        self.writer = writer
+        self._append = append
+        self.error: Exception | None = None
+
+    async def flush(self) -> bool:
+        """Append what is ready (shielded: a half-known append is worse than a late Stop); False on failure."""
+        entries = self.writer.take()
+        if not entries or self.error is not None:
+            return self.error is None
+        try:
+            with trio.CancelScope(shield=True):
+                await self._append(entries)
+        except Exception as exc:
+            self.error = exc
+            return False
+        return True
+
+
+@attrs.frozen(kw_only=True)
+class ResumePoint:
+    """A live turn taken up again from its journal: its state, the machine time it had spent, and how long
+    its review had waited (when it was suspended in review)."""
+
+    state: TurnState
+    machine_ms: int = 0
+    review_waited_ms: int = 0
+    card_digests: Mapping[str, str] = attrs.field(factory=dict)

@@ -1,0 +1,259 @@
+"""Tool execution: starting what the reducer moved to ``running``, each run in its own cancel scope, and settling
+it (the outcome checked, committed to the workspace, reported to the reducer) unless the call is no longer wanted.
+
+Reads run concurrently; mutations one at a time, each from the document as the previous one left it. An ``async``
+tool is a child task of the tool nursery the caller owns (the `Session` passes its own), so a tool that ignores
+cancellation can be abandoned after a bounded grace without leaving the structured-concurrency tree. A plain
+``def`` tool has no checkpoint to be cancelled at, so it runs in place, in the consumer, where its call starts.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import trio
+
+from trioloop.machine.document import DocumentKind
+from trioloop.machine.inputs import CallSettled, StartCall
+from trioloop.machine.state import CallRecord, CallStatus
+from trioloop.machine.texts import NOT_TEXT_RESULT
+from trioloop.machine.tools import PreparedCall, RegisteredTool, ToolOutcome
+from trioloop.machine.transaction import Committed, Refused, commit_tool_outcome
+from trioloop.runtime.clock import now_ms
+from trioloop.runtime.tools import ToolExecutionContext
+
+if TYPE_CHECKING:
+    from trioloop.runtime.turn import Turn
+
+__all__ = ["NOT_AN_OUTCOME", "TOOL_CANCELLED_ITSELF", "TOOL_CANCEL_GRACE_S", "ToolCalls"]
+
+#: How long a cancelled tool may take to unwind before the turn abandons it (its value discarded).
+TOOL_CANCEL_GRACE_S = 2.0
+NOT_AN_OUTCOME = "The tool returned something that is not a tool outcome."
+TOOL_CANCELLED_ITSELF = "The tool cancelled its own run; nothing it returned was used."
+
+D = TypeVar("D")
+
+
+def _failed_while_running(exc: Exception) -> ToolOutcome[Any]:
+    return ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
+
+
+def _checked_outcome(produced: object, snapshot: D, kind: DocumentKind[D]) -> ToolOutcome[D]:
+    """What a tool returned, or a failure naming the fault: only a well-formed outcome may be committed.
+
+    A proposed document must be of the live document's own type; anything else is named, not committed.
+    Never raises (a tool's object could misbehave when inspected): the call then fails as not an outcome.
+    """
+    try:
+        return _checked(produced, snapshot, kind)
+    except Exception:
+        return ToolOutcome.failure(NOT_AN_OUTCOME)
+
+
+def _checked(produced: object, snapshot: D, kind: DocumentKind[D]) -> ToolOutcome[D]:
+    if not isinstance(produced, ToolOutcome):
+        return ToolOutcome.failure(NOT_AN_OUTCOME)
+    if not produced.is_text:
+        return ToolOutcome.failure(NOT_TEXT_RESULT)
+    proposed = produced.document
+    if proposed is not None and not isinstance(proposed, type(snapshot)):
+        return ToolOutcome.failure(
+            f"The tool returned a document that is not a {kind.name} "
+            f"(got {type(proposed).__name__}, expected {type(snapshot).__name__}); nothing changed."
+        )
+    checked: ToolOutcome[D] = produced
+    return checked
+
+
+class ToolCalls(Generic[D]):
+    """The turn's tool runs: which calls were started, how many async ones still run, and whether the turn is
+    ending (after which no tool value is ever committed)."""
+
+    def __init__(self, turn: Turn[D], nursery: trio.Nursery) -> None:
+        self.turn = turn
+        self.nursery = nursery
+        self.started: set[str] = set()
+        self.running = 0
+        self.idle = trio.Event()
+        self.idle.set()
+        self.ending = False  # set when the turn starts settling: no tool value is committed after it
+
+    async def start_approved(self, current: Sequence[CallRecord]) -> None:
+        """Start the approved calls of ``current`` (the iteration's calls in the state as it is now)."""
+        turn = self.turn
+        # Reads run concurrently; mutations run one at a time, each from the document as the previous
+        # one left it, so two approved edits never race into a document_changed refusal.
+        mutating = any(c.status is CallStatus.RUNNING and c.effect == "mutate" for c in current)
+        starting: list[tuple[CallRecord, PreparedCall[Any]]] = []
+        snapshot = turn.workspace.document
+        for call in current:
+            if call.status is not CallStatus.APPROVED or call.id in self.started:
+                continue
+            if call.effect == "mutate":
+                if mutating:
+                    continue
+                mutating = True
+            self.started.add(call.id)
+            turn.apply(StartCall(call_id=call.id, now_ms=now_ms()))
+            started = turn.state.call(call.id)
+            if started is None or started.status is not CallStatus.RUNNING or started.prepared is None:
+                continue  # the reducer refused it (recorded as a violation, call made terminal)
+            starting.append((started, started.prepared))
+        if not starting:
+            return
+        if turn.journal is not None:
+            # Every start (and what led to it: the approvals) is durable before any of these tools runs, in
+            # one append: a crash never runs a tool twice.
+            await turn.sync()
+        for call, prepared in starting:
+            tool = turn.state.tool_set.get(call.tool_name)
+            if tool is None:  # unreachable: the reducer checked the frozen tool set
+                continue
+            # The tool's own scope carries the turn deadline, so at the deadline (as on Stop) the
+            # tool sees its own scope cancelled, not just a Cancelled from further out.
+            if turn.controls.turn_cancelled:
+                continue  # Stop or the deadline came first: none of the tool's code runs; the settle ends the call
+            scope = trio.CancelScope(deadline=turn.clock.scope_deadline)
+            # The tool gets a private copy, made when it first reads ctx.document (or the snapshot
+            # itself when the kind is immutable): nothing it does to it can reach the live document or
+            # the undo snapshot that undo restores.
+            kind = turn.workspace.kind
+            progress = partial(turn.controls._note_call_progress, call.id)
+            ask, sample = (
+                partial(turn.person.ask, call.id, call.tool_name),
+                partial(turn.person.sample, call.id, call.tool_name),
+            )
+            if kind.immutable:
+                context = ToolExecutionContext(
+                    document=snapshot, cancel_scope=scope, on_progress=progress, on_ask=ask, on_sample=sample
+                )
+            else:
+                context = ToolExecutionContext.deferred(
+                    partial(kind.private_copy, snapshot),
+                    cancel_scope=scope,
+                    on_progress=progress,
+                    on_ask=ask,
+                    on_sample=sample,
+                )
+            invoke = prepared.invoke
+            if invoke is None:
+                pending: Awaitable[object] = prepared.run(context)
+            else:
+                # A plain ``def`` tool runs here and now, as it would in a task of its own (no checkpoint
+                # can come between its start and its end either way): no spawn, no scheduler pass, and
+                # its settlement goes straight to the reducer, as the one consumer's own input.
+                try:
+                    produced = invoke(context)
+                except Exception as exc:
+                    produced = _failed_while_running(exc)
+                if not inspect.isawaitable(produced):
+                    outcome = _checked_outcome(produced, snapshot, kind)
+                    self.finish(call.id, tool, snapshot, scope, outcome, report=turn.apply)
+                    continue
+                pending = produced
+            turn.controls._tool_scopes.add(scope)
+            if self.running == 0:
+                self.idle = trio.Event()  # set again when the last running tool ends
+            self.running += 1
+            # A child of the tool nursery, not of the turn: a tool that swallows Cancelled and keeps
+            # going is abandoned after a bounded grace (``await_tools``) instead of holding the turn,
+            # and the nursery's owner cancels and awaits it when it closes.
+            self.nursery.start_soon(
+                self.task, call.id, tool, pending, snapshot, scope, name=f"trioloop tool {tool.name}"
+            )
+
+    async def task(
+        self,
+        call_id: str,
+        tool: RegisteredTool[D],
+        pending: Awaitable[object],
+        snapshot: D,
+        scope: trio.CancelScope,
+    ) -> None:
+        turn = self.turn
+        try:
+            outcome: ToolOutcome[D] | None = None
+            with scope:
+                try:
+                    produced = await pending
+                except Exception as exc:  # contained to this call (Cancelled is not an Exception), reported
+                    produced = _failed_while_running(exc)
+                outcome = _checked_outcome(produced, snapshot, turn.workspace.kind)
+            self.finish(call_id, tool, snapshot, scope, outcome, report=turn.controls._put)
+        finally:
+            turn.controls._tool_scopes.discard(scope)
+            self.running -= 1
+            if self.running == 0:
+                self.idle.set()
+
+    def finish(
+        self,
+        call_id: str,
+        tool: RegisteredTool[D],
+        snapshot: D,
+        scope: trio.CancelScope,
+        outcome: ToolOutcome[D] | None,
+        *,
+        report: Callable[[CallSettled], object],
+    ) -> None:
+        """Commit a tool's outcome and ``report`` the settlement, unless the call is no longer wanted.
+
+        Commit and report happen with no checkpoint in between, so no cancellation can split them. A
+        fault in the commit is reported as the call's failure.
+        """
+        turn = self.turn
+        if self.ending or turn.controls.turn_cancelled or turn.state.is_settled:
+            return  # Stop, the deadline or the end of the turn: whatever it returned is discarded, never committed
+        if scope.cancel_called or outcome is None:
+            # The tool cancelled its own scope: the call fails (nothing it returned is used) and the turn
+            # goes on, rather than waiting for its deadline on a call that will never settle.
+            outcome = ToolOutcome.failure(TOOL_CANCELLED_ITSELF)
+        try:
+            settled = self.commit(call_id, tool, snapshot, outcome)
+        except Exception as exc:  # a tool must never crash the turn: report it as this call's failure
+            failure: ToolOutcome[D] = ToolOutcome.failure(f"The tool could not be settled ({type(exc).__name__}).")
+            settled = CallSettled(call_id=call_id, outcome=failure, now_ms=now_ms())
+        turn.controls.call_progress.pop(call_id, None)
+        turn.controls._end_questions(call_id)
+        report(settled)
+
+    def commit(self, call_id: str, tool: RegisteredTool[D], snapshot: D, outcome: ToolOutcome[D]) -> CallSettled:
+        """Commit ``outcome`` to the workspace (if it proposes a valid change) and say how the call settled."""
+        turn = self.turn
+        committed = commit_tool_outcome(
+            turn.workspace.document,
+            snapshot,
+            outcome,
+            tool,
+            turn.workspace.undo,
+            turn_id=turn.request.turn_id,
+            kind=turn.workspace.kind,
+        )
+        settled: ToolOutcome[D]
+        changed = isinstance(committed, Committed)
+        if isinstance(committed, Committed):
+            turn.workspace.document = committed.document
+            turn.workspace.undo = committed.history
+            settled = ToolOutcome.success(committed.result)
+        elif isinstance(committed, Refused):
+            settled = ToolOutcome.failure(committed.result)
+        else:
+            settled = ToolOutcome.success(committed.result)
+        return CallSettled(call_id=call_id, outcome=settled, now_ms=now_ms(), changed_document=changed)
+
+    async def cancel_all(self) -> None:
+        """Cancel every tool still running and wait for them to unwind, for at most the grace period.
+
+        Shielded, so it also runs when the turn is being cancelled from outside. A tool still running
+        after the grace is abandoned: ``ending`` is set, so its value can never be committed.
+        """
+        turn = self.turn
+        self.ending = True
+        turn.controls._cancel_tools()
+        if self.running:
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + turn.request.tool_cancel_grace_s):
+                await self.idle.wait()

@@ -1,0 +1,322 @@
+"""One turn's single consumer: every input reaches the reducer here, from one inbox, in one order.
+
+`Turn` holds the state (its only writer is `reduce_turn`, called from `apply`), takes what each wake-up brought
+from the inbox (the stream events of one network read are one reducer step and one published state), performs
+the effects the state asks for (a request, the approved calls, the next iteration), makes the journal durable
+before an effect is visible outside the process, and settles the turn on Stop or a bound. The jobs around it are
+its collaborators: `TurnClock` (the deadline), `PersonWaits` (review and questions), `ProviderRequests` and
+`ToolCalls`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar
+
+import trio
+
+from trioloop.machine.inputs import Advance, ApproveBatch, ApproveCall, CallSettled, Cancel, DenyCall, TurnInput
+from trioloop.machine.limits import Bound
+from trioloop.machine.reducer import NO_STATE_CHANGE, reduce_turn
+from trioloop.machine.state import Phase, TurnState
+from trioloop.machine.stream_fold import fold_text_deltas
+from trioloop.protocol.events import StreamError, StreamEvent
+from trioloop.protocol.provider import ChatProvider
+from trioloop.runtime.clock import TurnClock
+from trioloop.runtime.controls import InboxItem, RequestEnded, StreamBatch, StreamItem, TurnControls
+from trioloop.runtime.journaling import TurnJournal
+from trioloop.runtime.person import PersonWaits
+from trioloop.runtime.requests import ProviderRequests
+from trioloop.runtime.tool_calls import ToolCalls
+
+if TYPE_CHECKING:
+    from trioloop.runtime.runner import StateObserver, TurnRequest, Workspace
+
+__all__ = ["Turn"]
+
+D = TypeVar("D")
+
+
+class Turn(Generic[D]):
+    """The state of one live turn and the one task that feeds it (see the module docstring)."""
+
+    def __init__(
+        self,
+        request: TurnRequest[D],
+        workspace: Workspace[D],
+        provider: ChatProvider,
+        controls: TurnControls,
+        on_state: StateObserver | None,
+        tool_nursery: trio.Nursery,
+        started_at: float,
+        journal: TurnJournal | None = None,
+    ) -> None:
+        self.request = request
+        self.journal = journal
+        self.unpublished = False  # a state not yet published because its journal entries are not durable
+        self.holding = False  # inside one wake-up's stream events: states are published once, at its end
+        self.held = False  # a state changed while holding
+        self.lookahead: InboxItem | None = None  # taken from the inbox while gathering a wake-up, not yet handled
+        self.suspended = False
+        self.workspace = workspace
+        self.provider = provider
+        self.controls = controls
+        self.on_state = on_state
+        self.state = TurnState.idle()
+        self.clock = TurnClock(controls, started_at, request.limits.turn_deadline_ms)
+        self.person = PersonWaits(self)
+        self.requests = ProviderRequests(self)
+        self.tools = ToolCalls(self, tool_nursery)
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def apply(self, item: TurnInput) -> None:
+        new = reduce_turn(self.state, item)
+        if new is not self.state:
+            old, self.state = self.state, new
+            journal = self.journal
+            if journal is not None:
+                journal.writer.note(item, old, new, self.workspace.document)
+            if (old.phase is Phase.AWAITING_APPROVAL) is not (new.phase is Phase.AWAITING_APPROVAL):
+                self.person.check()
+            if self.on_state is not None:
+                if journal is not None and (journal.writer.commit_pending or new.phase is Phase.AWAITING_APPROVAL):
+                    # Published by `sync`, once durable: a commit, and the cards a person is about to see.
+                    self.unpublished = True
+                elif self.holding:
+                    self.held = True  # published once, when the wake-up's events are all applied
+                else:
+                    self.on_state(new)
+
+    async def sync(self) -> None:
+        """Make the journal entries made so far durable, then publish the state they held back.
+
+        Does nothing (and no checkpoint) without a journal or with nothing to write. A failed append
+        stops the turn: nothing that could not be recorded may run."""
+        journal = self.journal
+        if journal is None:
+            return
+        if journal.writer.has_ready and not await journal.flush():
+            self.controls.stop()
+        if self.unpublished:
+            self.unpublished = False
+            if self.on_state is not None:
+                self.on_state(self.state)
+
+    # -- the one consumer ------------------------------------------------------------------------
+
+    async def consume(self) -> None:
+        receive = self.controls._receive
+        while not self.state.is_settled:
+            if self.journal is not None and (
+                self.unpublished or (self.state.phase is Phase.AWAITING_APPROVAL and self.journal.writer.has_ready)
+            ):
+                # A commit is durable before its state is published or anything else runs, and the cards
+                # are durable before the turn waits for the person (who may take a day: a crash meanwhile
+                # must not lose them).
+                await self.sync()
+            await self.perform_effects()
+            if self.state.is_settled:
+                break
+            try:
+                # What is already in the inbox is taken without a scheduler pass (a batch and the
+                # request's end arrive together): the wait, and the pass it costs, come only when the
+                # inbox is empty. Stop and the
+                # deadline are still seen first, before anything queued is handled.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                item = self.next_nowait()
+                if item is None:
+                    item = await receive.receive()
+            except trio.Cancelled:
+                if self.approaching():
+                    raise  # the deadline draws near (only the approach scope is cancelled): _drive goes on
+                if self.controls._suspend_requested and not self.controls._stop_requested and self.try_suspend():
+                    raise  # suspended in review: nothing settles; _drive ends the turn's tasks
+                # Stop, the deadline or a scope outside: settle now, before the request task is
+                # cancelled (``_drive`` does that next) and unwinds (an HTTP response being closed):
+                # nothing it does can reach the workspace, so the settled state need not wait for it.
+                # run_turn still returns only after every task has ended.
+                await self.settle()
+                raise
+            self.take(item)
+
+    def next_nowait(self) -> InboxItem | None:
+        """The next inbox item without waiting (the one a wake-up's gathering stopped at first), or None."""
+        item, self.lookahead = self.lookahead, None
+        if item is not None:
+            return item
+        try:
+            return self.controls._receive.receive_nowait()
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
+            return None
+
+    def take(self, item: InboxItem) -> None:
+        """Handle ``item`` and, if it holds stream events, every stream event already waiting behind it.
+
+        One wake-up of the consumer: the events of the current request that are in the inbox (the batches
+        of every HTTP chunk one socket read brought) are folded together (consecutive text deltas become
+        one) and applied in order, and the state they make is published once, at the end. The first other
+        item stops the gathering and is handled next, after this wake-up's effects.
+        """
+        if not isinstance(item, StreamBatch | StreamItem):
+            self.handle(item)
+            return
+        attempt = self.requests.attempt
+        following: InboxItem | None = self.next_nowait()
+        if following is None and type(item) is StreamBatch:
+            # The paced case: one batch alone (one HTTP chunk came in since the last wake-up), handled as it is.
+            if item.attempt == attempt:
+                self.handle_held(item)
+            return
+        events: list[StreamEvent] = []
+        if following is not None:
+            self.lookahead = following  # gathered below, in order, after ``item``
+        following = item
+        while following is not None:
+            if not isinstance(following, StreamBatch | StreamItem):
+                self.lookahead = following
+                break
+            if following.attempt == attempt:  # a superseded request's events are never seen
+                if isinstance(following, StreamBatch):
+                    events += following.events
+                else:
+                    events.append(following.event)
+            following = self.next_nowait()
+        if events:
+            self.handle_held(StreamBatch(attempt, tuple(events)))
+
+    def handle_held(self, batch: StreamBatch) -> None:
+        """Handle one wake-up's events, publishing the state they make once, at the end."""
+        self.holding = True
+        try:
+            self.handle(batch)
+        finally:
+            self.holding = False
+        if self.held:
+            self.held = False
+            if self.on_state is not None and not self.unpublished:
+                self.on_state(self.state)
+
+    def try_suspend(self) -> bool:
+        """Suspend the turn if it is (still) in review once the decisions already queued are taken."""
+        while self.state.phase is Phase.AWAITING_APPROVAL:
+            item = self.next_nowait()
+            if item is None:
+                break
+            if isinstance(item, ApproveCall | ApproveBatch | DenyCall):
+                self.apply(item)
+        if self.state.phase is not Phase.AWAITING_APPROVAL:
+            self.controls.stop()  # decided meanwhile: suspending is Stop in any other phase
+            return False
+        self.suspended = True
+        self.controls._closed = True
+        waited = self.clock.review_waited_ms() or 0
+        machine = max(self.clock.machine_ms(), 0)
+        self.controls.suspended_at = (machine, waited)
+        if self.journal is not None:
+            self.journal.writer.add("suspend", {"machine_ms": machine, "review_waited_ms": waited})
+        return True
+
+    def approaching(self) -> bool:
+        """Whether the approach scope is cancelled and nothing else that concerns the turn is (yet)."""
+        approach = self.clock.approach
+        return approach is not None and approach.cancel_called and not self.controls.turn_cancelled
+
+    def handle(self, item: InboxItem) -> None:
+        if isinstance(item, RequestEnded):
+            if item.attempt == self.requests.attempt:
+                self.requests.open = False
+                if not item.terminal_sent and self.state.phase in (Phase.REQUESTING, Phase.STREAMING):
+                    self.handle_stream_event(
+                        StreamError(
+                            code="malformed_stream",
+                            message="The AI response ended before it was complete. Please try again.",
+                        )
+                    )
+            return
+        if isinstance(item, StreamItem):
+            if item.attempt != self.requests.attempt:
+                return  # a stale event from a request we already gave up on
+            self.handle_stream_event(item.event)
+            return
+        if isinstance(item, StreamBatch):
+            if item.attempt != self.requests.attempt or self.controls.turn_cancelled:
+                return  # stale (a retry superseded it), or Stop or the deadline came first: never seen
+            for event in fold_text_deltas(item.events):
+                if self.controls._stop_requested or self.state.is_settled or item.attempt != self.requests.attempt:
+                    return  # an observer stopped the turn, or it settled, or retried: the rest is cut off
+                if type(event) in NO_STATE_CHANGE:
+                    self.requests.saw_first_event = True  # a tool call's start, an input delta: no state to make
+                    self.controls._note_progress(event)
+                    continue
+                self.handle_stream_event(event)
+            return
+        self.apply(item)
+
+    def handle_stream_event(self, event: StreamEvent) -> None:
+        self.controls._note_progress(event)
+        if not isinstance(event, StreamError) or not event.terminal:
+            self.requests.saw_first_event = True
+        elif self.requests.retried(event):
+            return
+        self.apply(event)
+
+    # -- effects ---------------------------------------------------------------------------------
+
+    async def perform_effects(self) -> None:
+        # Loop because starting calls or advancing yields a new state that may ask for more.
+        while True:
+            state = self.state
+            if state.phase is Phase.REQUESTING and not self.requests.open:
+                if self.journal is not None and self.journal.writer.submit_pending:
+                    await self.sync()  # the turn (the person's words) is durable before its first request
+                    if self.controls.turn_cancelled:
+                        return
+                self.requests.start(backoff_s=0.0)
+            elif state.phase is Phase.EXECUTING:
+                current = state.current_calls
+                await self.tools.start_approved(current)
+                if self.state is not state:
+                    continue
+                if all(c.status.is_terminal for c in current):
+                    self.apply(Advance(now_ms=self.machine_now_ms()))
+                    if self.state is not state:
+                        continue
+            return
+
+    # -- settling --------------------------------------------------------------------------------
+
+    async def settle(self) -> None:
+        """Settle the turn if it is not settled yet: cancel and await its tools (bounded), record the
+        settlements already in the inbox, then ``Cancel`` with the bound that ran out, or ``stop``.
+
+        Runs once where the consumer first sees the cancellation and again (doing nothing new) in
+        ``_drive``'s ``finally``, which also covers a turn that completed with a tool still running.
+        """
+        if self.tools.ending and self.state.is_settled:
+            return
+        # Which bound ran out matters only to a turn that is not settled yet (a completed turn skips it).
+        bound = (
+            None
+            if self.controls.stop_requested or self.state.is_settled
+            else self.clock.timing_bound(self.state.budget, self.state.limits)
+        )
+        reason: Literal["stop", "deadline", "review_timeout"] = (
+            "review_timeout" if bound is Bound.REVIEW_TIMEOUT else "deadline" if bound is Bound.DEADLINE else "stop"
+        )
+        await self.tools.cancel_all()
+        self.controls._closed = True
+        if not self.state.is_settled:
+            self.drain_settlements()
+            self.apply(Cancel(reason=reason))
+        await self.sync()
+
+    def drain_settlements(self) -> None:
+        """Record tool settlements already in the inbox: their commits happened, so state must say so."""
+        while (item := self.next_nowait()) is not None:
+            if isinstance(item, CallSettled):
+                self.apply(item)
+
+    def machine_now_ms(self) -> int:
+        """The turn's clock for its bounds: Trio's clock minus every wait for the person, counted from the
+        budget's start so a scope deadline that fired is never a millisecond short of the bound."""
+        return self.state.budget.started_at_ms + self.clock.machine_ms()

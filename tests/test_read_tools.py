@@ -809,6 +809,7 @@ ALLOWED_IMPORTS = {
     "trioloop.threatmodel.model",
     "trioloop.machine.canonical",
     "trioloop.machine.tools",
+    "trioloop.machine.tool_input",
     "trioloop.runtime.tools",
     "trioloop.tools.read_result",
     "trioloop.machine.untrusted_text",

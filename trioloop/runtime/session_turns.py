@@ -1,0 +1,151 @@
+"""A session's one turn at a time: the turn running now, or the turn suspended in review waiting to be taken up
+again (with the decisions the person already made for it), and how a turn's end becomes the session's next
+conversation, undo target or suspended turn.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+import trio
+
+from trioloop.machine.state import Phase, TurnState
+from trioloop.runtime.controls import TurnControls
+from trioloop.runtime.journaling import ResumePoint
+from trioloop.runtime.runner import TurnRequest, run_turn
+
+if TYPE_CHECKING:
+    from trioloop.runtime.session import Session
+
+__all__ = ["SessionBusy", "TurnSlot"]
+
+D = TypeVar("D")
+
+
+class SessionBusy(RuntimeError):
+    """``send`` was called while a turn is still in flight."""
+
+
+class TurnSlot(Generic[D]):
+    """The running turn's controls, or the suspended turn and its pending decisions; the turn count and the turn
+    `Session.undo_last_turn` undoes."""
+
+    def __init__(self, session: Session[D]) -> None:
+        self.session = session
+        self.controls: TurnControls | None = None  # the turn running now
+        self.resume: ResumePoint | None = None  # a live turn suspended in review (or cut by a crash)
+        self.pending: TurnControls | None = None  # its decisions, taken before `continue_turn`
+        self.ended = trio.Event()
+        self.ended.set()
+        self.started = 0
+        self.last_turn_id: str | None = None
+
+    def take_up(self, resume: ResumePoint) -> None:
+        """Hold ``resume`` (a live turn read back from a journal) until `continue_turn`."""
+        self.resume = resume
+        self.pending = TurnControls()
+
+    def deciding(self) -> TurnControls | None:
+        """Where a decision goes: the running turn, or the suspended one (taken when it continues)."""
+        return self.controls if self.controls is not None else self.pending
+
+    async def send(self, text: str) -> TurnState:
+        if self.controls is not None:
+            raise SessionBusy("A turn is already running in this session; wait for it or stop it first.")
+        if self.resume is not None:
+            raise SessionBusy("A turn suspended in review is waiting: take it up with continue_turn() first.")
+        toolsets = self.session._toolsets
+        if toolsets:
+            await toolsets.refresh()
+            if self.controls is not None or self.resume is not None:  # another task began a turn meanwhile
+                raise SessionBusy("A turn began while the tools were being listed again; wait for it first.")
+        self.started += 1
+        return await self.run(text, f"turn-{self.started}", None)
+
+    async def continue_turn(self) -> TurnState:
+        if self.controls is not None:
+            raise SessionBusy("A turn is already running in this session.")
+        resume = self.resume
+        if resume is None:
+            raise SessionBusy("No suspended turn: there is nothing to continue.")
+        session = self.session
+        _ = session.nursery  # SessionClosed before the suspended turn is taken, so a refusal loses nothing
+        if session._journal is not None:
+            session._journal.check()
+        controls, self.pending = self.pending, None
+        self.resume = None
+        if session._journal is not None:
+            session._journal.add("resume", {"by": session.actor, "turn_id": resume.state.turn_id})
+        return await self.run("", resume.state.turn_id, resume, controls)
+
+    async def run(
+        self, text: str, turn_id: str, resume: ResumePoint | None, controls: TurnControls | None = None
+    ) -> TurnState:
+        session = self.session
+        journal = session._journal
+        if journal is not None:
+            journal.check()
+        nursery = session.nursery
+        publisher = session._publisher
+        controls = controls or TurnControls()
+        controls.on_questions = publisher.questions_changed
+        self.controls = controls
+        self.ended = trio.Event()
+        request = TurnRequest(
+            text=text,
+            turn_id=turn_id,
+            model=session.model,
+            system=session.system_prompt,
+            base_messages=session.history,
+            registry=session.registry,
+            limits=session.limits,
+            max_output_tokens=session.max_output_tokens,
+        )
+        if journal is not None:
+            journal.turns.writer.actor = session.actor
+        try:
+            state = await run_turn(
+                request,
+                session._workspace,
+                session.provider,
+                tool_nursery=nursery,
+                controls=controls,
+                on_state=session._publish,
+                journal=None if journal is None else journal.turns,
+                resume=resume,
+            )
+        finally:
+            self.controls = None
+            final = publisher.state
+            if final is not None and final.is_settled:
+                session._history = final.messages
+                self.last_turn_id = turn_id
+            elif final is not None and controls.suspended_at is not None:
+                machine_ms, review_ms = controls.suspended_at
+                digests = {} if resume is None else resume.card_digests
+                self.resume = ResumePoint(
+                    state=final, machine_ms=machine_ms, review_waited_ms=review_ms, card_digests=digests
+                )
+                self.pending = TurnControls()
+                publisher.tell_suspended(final)
+            self.ended.set()
+        session._publish(state)
+        if journal is not None:
+            if state.is_settled and journal.turns.writer.snapshot_due:
+                journal.turns.writer.snapshot(session.snapshot())  # compaction: reopening replays from here
+            await journal.flush()
+        return state
+
+    async def suspend(self) -> TurnState | None:
+        controls = self.controls
+        session = self.session
+        if controls is not None:
+            state = session.state
+            if state is not None and state.phase is Phase.AWAITING_APPROVAL:
+                controls.suspend()
+            else:
+                controls.stop()
+            await self.ended.wait()
+        if session._journal is not None:
+            await session._journal.flush()
+        return session.state

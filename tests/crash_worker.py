@@ -39,7 +39,8 @@ from trioloop import (
     define_document_kind,
     function_tool,
 )
-from trioloop.durable.journal import call_card, decode_entries
+from trioloop.durable.journal import decode_entries
+from trioloop.durable.journal_writer import call_card
 from trioloop.durable.sqlite import SQLiteJournalStore
 from trioloop.durable.store import JournalLease, StoredEntry
 from trioloop.protocol.events import StreamEvent

@@ -26,7 +26,8 @@ from trioloop import (
     define_document_kind,
     function_tool,
 )
-from trioloop.durable.journal import INTERRUPTED_CALL_TEXT, JournalError, decode_entries
+from trioloop.durable.journal import JournalError, decode_entries
+from trioloop.durable.replay import INTERRUPTED_CALL_TEXT
 from trioloop.durable.store import MemoryJournalStore, SessionLocked, StoredEntry
 from trioloop.machine.authorization import Violation
 from trioloop.machine.limits import TurnLimits

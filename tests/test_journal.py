@@ -15,17 +15,9 @@ from hypothesis import strategies as st
 from test_bounded_json import _bound, _peak  # the bounded reader's own measure of a decode's peak
 from test_machine_stateful import REGISTRY  # the three tools the stateful machine test drives the reducer with
 
-from trioloop.durable.journal import (
-    GENESIS,
-    JournalError,
-    JournalWriter,
-    decode_entries,
-    decode_entry,
-    encode_entry,
-    recovery_inputs,
-    replay_journal,
-    verify_chain,
-)
+from trioloop.durable.journal import GENESIS, JournalError, decode_entries, decode_entry, encode_entry, verify_chain
+from trioloop.durable.journal_writer import JournalWriter
+from trioloop.durable.replay import recovery_inputs, replay_journal
 from trioloop.durable.session_file import SessionSnapshot, UndoRecord
 from trioloop.durable.store import StoredEntry
 from trioloop.machine.limits import TurnLimits

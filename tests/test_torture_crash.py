@@ -41,7 +41,8 @@ import pytest
 from crash_worker import CALLS, DENIALS, INITIAL, NOTE, READS, SESSION_ID, TOOLS, apply_call
 from torture_support import SCALE, record
 
-from trioloop.durable.journal import INTERRUPTED_CALL_TEXT, JournalEntry, decode_entries, replay_journal, verify_chain
+from trioloop.durable.journal import JournalEntry, decode_entries, verify_chain
+from trioloop.durable.replay import INTERRUPTED_CALL_TEXT, replay_journal
 from trioloop.durable.store import StoredEntry
 from trioloop.machine.tools import create_tool_registry
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import attrs
 import trio
 
-from trioloop.durable.journal import JournalWriter
+from trioloop.durable.journal_writer import JournalWriter
 from trioloop.durable.store import StoredEntry
 from trioloop.machine.state import TurnState
 

@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeAlias, TypeVar
 import attrs
 import trio
 
-from trioloop.durable.journal import recovery_inputs
+from trioloop.durable.replay import recovery_inputs
 from trioloop.machine.document import DocumentKind
 from trioloop.machine.inputs import Submit
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from trioloop.durable.journal import GENESIS, JournalWriter, decode_entries, replay_journal
+from trioloop.durable.journal import GENESIS, decode_entries
+from trioloop.durable.journal_writer import JournalWriter
+from trioloop.durable.replay import replay_journal
 from trioloop.durable.store import JournalLease, JournalStore, StoredEntry
 from trioloop.machine.document import TextDocumentKind
 from trioloop.machine.limits import TurnLimits

@@ -1,0 +1,272 @@
+"""Writing a live session's journal: each input the reducer took becomes an entry, numbered and chained, and
+is handed over in batches ready to append (see `trioloop.durable.journal` for the format)."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from trioloop.durable.journal import encode_entry, entry_hash
+from trioloop.durable.session_file import SessionSnapshot, session_to_json
+from trioloop.durable.store import StoredEntry
+from trioloop.machine.inputs import (
+    Advance,
+    ApproveBatch,
+    ApproveCall,
+    CallSettled,
+    Cancel,
+    DenyCall,
+    Retry,
+    Revoke,
+    StartCall,
+    Submit,
+    TurnInput,
+    UndoTurn,
+)
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.state import CallRecord, CallStatus, TurnState
+from trioloop.protocol.events import TextDelta, is_terminal
+from trioloop.protocol.serialization import event_to_json
+
+__all__ = ["JournalWriter", "call_card"]
+
+#: Documents a writer keeps in text form (the live one, the undo history's, a few more).
+_DUMP_CACHE: Final = 64
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _limits_json(limits: TurnLimits) -> dict[str, Any]:
+    return attrs.asdict(limits)
+
+
+def call_card(call: CallRecord) -> dict[str, Any]:
+    """What a call's review card shows, as the journal records it (and `trioloop audit` prints it)."""
+    details = call.prepared.details if call.prepared is not None else ()
+    return {
+        "call_id": call.id,
+        "tool": call.tool_name,
+        "digest": call.input_digest,
+        "summary": call.summary,
+        "effect": call.effect,
+        "destructive": call.destructive,
+        "details": [[path, value] for path, value in details],
+    }
+
+
+class JournalWriter:
+    """Turns the inputs a live turn takes into journal entries, numbered and chained, ready to append.
+
+    `note` is called with each input the reducer took and the states around it; it never blocks. Stream
+    events are held (consecutive text deltas joined) until the response ends, then written as one entry.
+    `take` hands over what is ready; the caller appends it to the store and must not publish the state
+    or start a call before that append returned.
+    """
+
+    def __init__(
+        self, *, last_seq: int, last_hash: str, dump_document: Callable[[Any], str], clock: Callable[[], int] = _wall_ms
+    ) -> None:
+        self._seq = last_seq
+        self._prev = last_hash
+        self._dump = dump_document
+        self._clock = clock
+        self._ready: list[StoredEntry] = []
+        # Documents already in their text form, by identity (the runner never changes a live document in
+        # place: a commit swaps in another object): a snapshot after a turn that only read, and the undo
+        # history's documents, cost no second dump. Most recent last; bounded.
+        self._dumped: OrderedDict[int, tuple[Any, str]] = OrderedDict()
+        self._commit_pending = False
+        self._submit_pending = False
+        self._since_snapshot = 0  # bytes written since the last snapshot
+        self._snapshot_size = 0
+        self._events: list[dict[str, Any]] = []
+        self._text: list[str] = []  # text deltas not yet joined into the last event
+        self.actor = ""
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    @property
+    def last_hash(self) -> str:
+        return self._prev
+
+    @property
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
+    @property
+    def holding_stream(self) -> bool:
+        """Whether a response is in mid-stream: its events are held until it ends."""
+        return bool(self._events or self._text)
+
+    @property
+    def commit_pending(self) -> bool:
+        """Whether an entry not yet taken records a commit (a document change): its state waits for it."""
+        return self._commit_pending
+
+    @property
+    def submit_pending(self) -> bool:
+        """Whether an entry not yet taken starts a turn: it is durable before the turn's first request."""
+        return self._submit_pending
+
+    def take(self) -> list[StoredEntry]:
+        ready, self._ready = self._ready, []
+        self._commit_pending = self._submit_pending = False
+        return ready
+
+    def add(self, kind: str, data: Mapping[str, Any]) -> None:
+        """Number, chain and encode one entry (the stream held so far goes first)."""
+        if kind != "stream" and (self._events or self._text):
+            self._flush_stream(None)
+        self._seq += 1
+        raw = encode_entry(self._seq, kind, self._prev, self._clock(), data)
+        self._prev = entry_hash(raw)
+        self._ready.append(StoredEntry(self._seq, raw))
+        if kind == "settled" and data.get("document") is not None:
+            self._commit_pending = True
+        elif kind == "submit":
+            self._submit_pending = True
+        if kind == "snapshot":
+            self._since_snapshot, self._snapshot_size = 0, len(raw)
+        else:
+            self._since_snapshot += len(raw)
+
+    @property
+    def snapshot_due(self) -> bool:
+        """Whether a session snapshot would pay for itself: once the entries since the last one weigh as much
+        as it did, so snapshots cost at most what the rest of the journal does, and reopening replays at
+        most about one snapshot's worth of entries."""
+        return self._since_snapshot >= self._snapshot_size
+
+    def dump(self, document: Any) -> str:
+        """``document`` in its text form, from the cache when this very object was dumped before."""
+        key = id(document)
+        cached = self._dumped.get(key)
+        if cached is not None and cached[0] is document:
+            self._dumped.move_to_end(key)
+            return cached[1]
+        text = self._dump(document)
+        self._dumped[key] = (document, text)
+        if len(self._dumped) > _DUMP_CACHE:
+            self._dumped.popitem(last=False)
+        return text
+
+    def _flush_stream(self, state: TurnState | None) -> None:
+        self._join_text()
+        events, self._events = self._events, []
+        data: dict[str, Any] = {"events": events}
+        if state is not None:
+            # The cards a person reviews, whole; a call approved by the read-only policy is never shown, so
+            # only its digest is kept (a resumed turn still refuses it if its tool changed).
+            data["cards"] = [
+                call_card(c) if c.status is CallStatus.PENDING else {"call_id": c.id, "digest": c.input_digest}
+                for c in state.current_calls
+                if not c.is_terminal
+            ]
+        self.add("stream", data)
+
+    def _join_text(self) -> None:
+        if self._text:
+            self._events.append({"type": "text_delta", "text": "".join(self._text)})
+            self._text = []
+
+    def note(self, item: TurnInput, old: TurnState, new: TurnState, document: Any = None) -> None:
+        """Record ``item``, which took ``old`` to ``new`` (nothing when the reducer left the state as it was).
+
+        ``document`` is the live document after the input (read only for a settlement that committed).
+        """
+        if new is old:
+            return
+        cls = type(item)
+        if cls is TextDelta:
+            self._text.append(item.text)  # type: ignore[union-attr]
+            return
+        if cls not in _COMMANDS:
+            self._join_text()
+            self._events.append(event_to_json(item))  # type: ignore[arg-type]
+            if is_terminal(item):  # type: ignore[arg-type]
+                self._flush_stream(new)
+            return
+        self._command(item, old, new, document)
+
+    def _command(self, item: TurnInput, old: TurnState, new: TurnState, document: Any) -> None:
+        by = self.actor
+        if isinstance(item, Submit):
+            self.add(
+                "submit",
+                {
+                    "turn_id": item.turn_id,
+                    "text": item.text,
+                    "limits": _limits_json(item.limits),
+                    "tools": [tool.name for tool in item.tool_set],
+                    "now_ms": item.now_ms,
+                },
+            )
+        elif isinstance(item, ApproveCall):
+            call = new.call(item.call_id)
+            self.add(
+                "approve",
+                {
+                    "call_id": item.call_id,
+                    "edited_input": item.edited_input,
+                    "by": by,
+                    "card": None if call is None else call_card(call),
+                    "edits": [] if call is None else [list(e) for e in call.edits],
+                },
+            )
+        elif isinstance(item, ApproveBatch):
+            cards = [call_card(c) for c in map(new.call, item.call_ids) if c is not None]
+            self.add("approve_batch", {"call_ids": list(item.call_ids), "by": by, "cards": cards})
+        elif isinstance(item, DenyCall):
+            call = old.call(item.call_id)
+            card = None if call is None else call_card(call)
+            self.add("deny", {"call_id": item.call_id, "reason": item.reason, "by": by, "card": card})
+        elif isinstance(item, StartCall):
+            self.add("start", {"call_id": item.call_id, "now_ms": item.now_ms})
+        elif isinstance(item, CallSettled):
+            outcome = item.outcome
+            text = outcome.is_text
+            before, after = old.call(item.call_id), new.call(item.call_id)
+            committed = (
+                before is not None
+                and before.status is CallStatus.RUNNING
+                and after is not None
+                and after.changed_document
+            )
+            self.add(
+                "settled",
+                {
+                    "call_id": item.call_id,
+                    "ok": outcome.ok if text else False,
+                    "result": outcome.result if text else None,
+                    "changed_document": bool(item.changed_document),
+                    "now_ms": item.now_ms,
+                    "document": self.dump(document) if committed else None,
+                },
+            )
+        elif isinstance(item, Advance):
+            self.add("advance", {"now_ms": item.now_ms})
+        elif isinstance(item, Retry):
+            failure = None if item.failure is None else event_to_json(item.failure)
+            self.add("retry", {"now_ms": item.now_ms, "failure": failure, "wait_ms": item.wait_ms})
+        elif isinstance(item, Cancel):
+            self.add("cancel", {"reason": item.reason})
+        elif isinstance(item, Revoke):
+            self.add("revoke", {"call_id": item.call_id, "detail": item.detail})
+        # UndoTurn is journaled by the session, which also restores the document (`undo` entry).
+
+    def snapshot(self, snapshot: SessionSnapshot[Any]) -> None:
+        """The whole session: written first, then after every settled turn and every undo."""
+        self.add("snapshot", {"session": session_to_json(snapshot, dump_document=self.dump)})
+
+
+_COMMANDS: Final[frozenset[type]] = frozenset(
+    {Submit, ApproveCall, ApproveBatch, DenyCall, StartCall, CallSettled, Advance, Retry, Cancel, Revoke, UndoTurn}
+)

@@ -1,0 +1,366 @@
+"""Reading a journal back: `replay_journal` folds its entries through the same `reduce_turn` the live session
+used and gives the state it had, field for field; `recovery_inputs` says what a reopened turn must do first (a
+call that was running is settled failed and never run again, a call whose tool now prepares another digest is
+revoked, a request that was in flight is asked again)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Generic, TypeVar, final
+
+import attrs
+
+from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, verify_chain
+from trioloop.durable.session_file import SessionFileError, SessionSnapshot, session_from_json
+from trioloop.machine.inputs import (
+    Advance,
+    ApproveBatch,
+    ApproveCall,
+    CallSettled,
+    Cancel,
+    DenyCall,
+    Retry,
+    Revoke,
+    StartCall,
+    Submit,
+    TurnInput,
+    UndoTurn,
+)
+from trioloop.machine.limits import TurnLimits
+from trioloop.machine.reducer import reduce_turn
+from trioloop.machine.state import CallStatus, Phase, TurnState
+from trioloop.machine.tools import ToolOutcome, ToolRegistry
+from trioloop.machine.transaction import UndoEntry, UndoHistory, redo_step, undo_step
+from trioloop.protocol.events import StreamError, StreamEvent
+from trioloop.protocol.serialization import SerializationError, event_from_json
+
+__all__ = ["INTERRUPTED_CALL_TEXT", "Replayed", "recovery_inputs", "replay_journal", "replay_start"]
+
+D = TypeVar("D")
+
+#: What the model and the card read for a call that was running when its process died.
+INTERRUPTED_CALL_TEXT: Final = (
+    "Interrupted: the session stopped while this call was running. It may have run, partly or wholly, with "
+    "effects outside the document; it was not run again and its result is unknown."
+)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Replayed(Generic[D]):
+    """A session as its journal leaves it: what `Session` restores, plus the live turn (if any)."""
+
+    messages: tuple[Any, ...]
+    document: D
+    undo: UndoHistory[D]
+    last_turn_id: str | None
+    turn_count: int
+    model: str | None
+    #: The turn that had not settled when the journal ends (suspended in review, or cut by a crash).
+    live: TurnState | None
+    #: The last settled (or live) turn's state, as `Session.state` held it.
+    state: TurnState | None
+    #: Machine time the live turn had spent, and how long its review had waited, when it was suspended
+    #: (None when it was not suspended: a crash, where the last journaled time stands in).
+    suspended_machine_ms: int | None = None
+    suspended_review_ms: int | None = None
+    #: The live turn's machine time at its last iteration boundary (what a crash leaves to go by).
+    advanced_machine_ms: int = 0
+    #: The digest each card of the live turn showed, by call id, as journaled.
+    card_digests: Mapping[str, str] = attrs.field(factory=dict)
+    last_seq: int = 0
+    last_hash: str = GENESIS
+    #: How many entries were replayed (from the last snapshot on).
+    replayed: int = 0
+
+
+def _need(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], seq: int) -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind) or (kind is int and type(value) is bool):
+        raise JournalError(f"journal entry {seq} lacks a valid {key!r}", seq=seq)
+    return value
+
+
+def _text_or_none(data: Mapping[str, Any], key: str, seq: int) -> str | None:
+    value = data.get(key)
+    if value is not None and type(value) is not str:
+        raise JournalError(f"journal entry {seq} has an invalid {key!r}", seq=seq)
+    return value
+
+
+def _event(value: Any, seq: int) -> StreamEvent:
+    try:
+        return event_from_json(value)
+    except SerializationError:
+        raise JournalError(f"journal entry {seq} holds an event that is not valid", seq=seq) from None
+
+
+def _document(load: Callable[[str], D], text: Any, seq: int) -> D:
+    if type(text) is not str:
+        raise JournalError(f"journal entry {seq} lacks the committed document", seq=seq)
+    try:
+        return load(text)
+    except Exception:
+        raise JournalError(f"journal entry {seq} holds a document that does not load", seq=seq) from None
+
+
+def replay_start(entries: Sequence[JournalEntry]) -> int:
+    """Where replay starts: the last ``snapshot`` entry before the last turn's ``submit`` (so the last turn's
+    state comes back too), or the last snapshot when no turn follows one. `JournalError` if there is none."""
+    last_submit = next((i for i in range(len(entries) - 1, -1, -1) if entries[i].kind == "submit"), len(entries))
+    for limit in (last_submit, len(entries)):
+        for index in range(min(limit, len(entries)) - 1, -1, -1):
+            if entries[index].kind == "snapshot":
+                return index
+    raise JournalError("the journal holds no session snapshot")
+
+
+def replay_journal(
+    entries: Sequence[JournalEntry],
+    *,
+    load_document: Callable[[str], D],
+    registry: ToolRegistry[D],
+    verify_from_genesis: bool = True,
+) -> Replayed[D]:
+    """Fold ``entries`` (a whole journal, or from a compaction on) into the session they record.
+
+    The chain is verified first (from the genesis hash when the journal starts at entry 1), then the
+    entries from the last snapshot on go through `reduce_turn` as the live session fed them. Anything
+    that does not verify or decode raises `JournalError` naming the entry; nothing runs.
+    """
+    if not entries:
+        raise JournalError("the journal is empty")
+    starts_at_one = entries[0].seq == 1
+    verify_chain(entries, first_prev=GENESIS if (starts_at_one and verify_from_genesis) else None)
+    start = replay_start(entries)
+    folder = _Folder(load_document, registry)
+    for entry in entries[start:]:
+        folder.apply(entry)
+    last = entries[-1]
+    return folder.result(last.seq, last.hash, len(entries) - start)
+
+
+class _Folder(Generic[D]):
+    def __init__(self, load: Callable[[str], D], registry: ToolRegistry[D]) -> None:
+        self.load = load
+        self.registry = registry
+        self.snapshot: SessionSnapshot[D] | None = None
+        self.messages: tuple[Any, ...] = ()
+        self.document: D | None = None
+        self.undo: UndoHistory[D] = UndoHistory()
+        self.last_turn_id: str | None = None
+        self.turn_count = 0
+        self.model: str | None = None
+        self.turn: TurnState | None = None  # the turn being replayed (live until it settles)
+        self.state: TurnState | None = None  # what Session.state would hold
+        self.machine_ms: int | None = None
+        self.review_ms: int | None = None
+        self.cards: dict[str, str] = {}
+        self.advanced_ms = 0
+
+    def feed(self, item: TurnInput, seq: int) -> None:
+        if self.turn is None:
+            raise JournalError(f"journal entry {seq} belongs to no turn", seq=seq)
+        self.turn = reduce_turn(self.turn, item)
+        self.state = self.turn
+        if self.turn.is_settled:
+            self.messages = self.turn.messages
+            self.last_turn_id = self.turn.turn_id
+            self.turn = None
+            self.cards = {}
+
+    def apply(self, entry: JournalEntry) -> None:
+        kind, data, seq = entry.kind, entry.data, entry.seq
+        if kind != "suspend":
+            self.machine_ms = self.review_ms = None  # a suspension is over once anything else happened
+        if kind == "snapshot":
+            if self.snapshot is None:
+                self.restore(entry)  # where replay starts
+            else:
+                # A later snapshot records what the fold already holds (and keeps no redo): nothing to take.
+                self.turn, self.cards = None, {}
+        elif kind == "submit":
+            self.submit(data, seq)
+        elif kind == "stream":
+            events = _need(data, "events", list, seq)
+            for value in events:
+                self.feed(_event(value, seq), seq)
+            for card in data.get("cards") or ():
+                if type(card) is dict and type(card.get("call_id")) is str and type(card.get("digest")) is str:
+                    self.cards[card["call_id"]] = card["digest"]
+        elif kind == "approve":
+            edited = data.get("edited_input")
+            if edited is not None and type(edited) is not dict:
+                raise JournalError(f"journal entry {seq} has an invalid edited input", seq=seq)
+            call_id = _need(data, "call_id", str, seq)
+            self.feed(ApproveCall(call_id=call_id, edited_input=edited), seq)
+            card = data.get("card")
+            if edited is not None and type(card) is dict and type(card.get("digest")) is str:
+                self.cards[call_id] = card["digest"]
+        elif kind == "approve_batch":
+            ids = _need(data, "call_ids", list, seq)
+            if not all(type(i) is str for i in ids):
+                raise JournalError(f"journal entry {seq} has an invalid call id", seq=seq)
+            self.feed(ApproveBatch(call_ids=tuple(ids)), seq)
+        elif kind == "deny":
+            self.feed(DenyCall(call_id=_need(data, "call_id", str, seq), reason=_need(data, "reason", str, seq)), seq)
+        elif kind == "start":
+            self.feed(StartCall(call_id=_need(data, "call_id", str, seq), now_ms=_need(data, "now_ms", int, seq)), seq)
+        elif kind == "settled":
+            self.settled(data, seq)
+        elif kind == "advance":
+            now_ms = _need(data, "now_ms", int, seq)
+            self.feed(Advance(now_ms=now_ms), seq)
+            if self.turn is not None:
+                self.advanced_ms = max(now_ms - self.turn.budget.started_at_ms, 0)
+        elif kind == "retry":
+            failure = data.get("failure")
+            error = None if failure is None else _event(failure, seq)
+            if error is not None and type(error) is not StreamError:
+                raise JournalError(f"journal entry {seq} has an invalid failure", seq=seq)
+            wait = _need(data, "wait_ms", int, seq)
+            self.feed(Retry(now_ms=_need(data, "now_ms", int, seq), failure=error, wait_ms=wait), seq)
+        elif kind == "cancel":
+            reason = data.get("reason")
+            if reason not in ("stop", "deadline", "review_timeout"):
+                raise JournalError(f"journal entry {seq} has an invalid cancel reason", seq=seq)
+            self.feed(Cancel(reason=reason), seq)
+        elif kind == "revoke":
+            self.feed(Revoke(call_id=_need(data, "call_id", str, seq), detail=_need(data, "detail", str, seq)), seq)
+        elif kind == "undo":
+            self.undo_turn(_need(data, "turn_id", str, seq), seq)
+        elif kind == "redo":
+            self.redo_turn(_need(data, "turn_id", str, seq), seq)
+        elif kind == "suspend":
+            self.machine_ms = _need(data, "machine_ms", int, seq)
+            self.review_ms = _need(data, "review_waited_ms", int, seq)
+        # "resume" is for the audit trail only.
+
+    def restore(self, entry: JournalEntry) -> None:
+        try:
+            snapshot = session_from_json(entry.data.get("session"), load_document=self.load)
+        except SessionFileError as exc:
+            detail = f"journal entry {entry.seq} holds a session that is not valid: {exc}"
+            raise JournalError(detail, seq=entry.seq) from None
+        self.snapshot = snapshot
+        self.messages = snapshot.messages
+        self.document = snapshot.document
+        self.undo = snapshot.undo_history()
+        self.last_turn_id = snapshot.last_turn_id
+        self.turn_count = snapshot.turns_started()
+        self.model = snapshot.model
+        self.turn = None  # a snapshot is written only between turns (``state`` keeps the last turn's)
+        self.cards = {}
+
+    def submit(self, data: Mapping[str, Any], seq: int) -> None:
+        if self.turn is not None:
+            raise JournalError(f"journal entry {seq} starts a turn while another is live", seq=seq)
+        limits_value = _need(data, "limits", dict, seq)
+        try:
+            limits = TurnLimits(**limits_value)
+        except (TypeError, ValueError):
+            raise JournalError(f"journal entry {seq} has invalid limits", seq=seq) from None
+        turn_id = _need(data, "turn_id", str, seq)
+        self.turn = TurnState.idle()
+        self.turn_count += 1
+        self.advanced_ms = 0
+        self.feed(
+            Submit(
+                turn_id=turn_id,
+                text=_need(data, "text", str, seq),
+                base_messages=self.messages,
+                tool_set=self.registry,
+                limits=limits,
+                now_ms=_need(data, "now_ms", int, seq),
+            ),
+            seq,
+        )
+
+    def settled(self, data: Mapping[str, Any], seq: int) -> None:
+        call_id = _need(data, "call_id", str, seq)
+        ok = data.get("ok")
+        result = _text_or_none(data, "result", seq)
+        changed = data.get("changed_document")
+        if type(ok) is not bool or type(changed) is not bool:
+            raise JournalError(f"journal entry {seq} is a settlement without ok and changed_document", seq=seq)
+        call = None if self.turn is None else self.turn.call(call_id)
+        if changed and ok and result is not None and call is not None and call.status is CallStatus.RUNNING:
+            turn_id = self.turn.turn_id if self.turn is not None else ""
+            top = self.undo.top
+            if top is None or top.turn_id != turn_id:
+                assert self.document is not None
+                self.undo = self.undo.push(UndoEntry(turn_id=turn_id, document=self.document))
+            self.document = _document(self.load, data.get("document"), seq)
+        outcome: ToolOutcome[Any] = (
+            ToolOutcome(ok=ok, result=result) if result is not None else ToolOutcome(ok=False, result=None)  # type: ignore[arg-type]
+        )
+        self.feed(
+            CallSettled(
+                call_id=call_id, outcome=outcome, now_ms=_need(data, "now_ms", int, seq), changed_document=changed
+            ),
+            seq,
+        )
+
+    def undo_turn(self, turn_id: str, seq: int) -> None:
+        assert self.document is not None
+        undone = undo_step(self.undo, self.document)
+        if undone is None or undone[2] != turn_id:
+            raise JournalError(f"journal entry {seq} undoes a turn that cannot be undone", seq=seq)
+        self.document, self.undo, _ = undone
+        if self.state is not None and turn_id == self.last_turn_id:
+            self.state = reduce_turn(self.state, UndoTurn())
+
+    def redo_turn(self, turn_id: str, seq: int) -> None:
+        assert self.document is not None
+        redone = redo_step(self.undo, self.document)
+        if redone is None or redone[2] != turn_id:
+            raise JournalError(f"journal entry {seq} redoes a turn that was not undone", seq=seq)
+        self.document, self.undo, _ = redone
+
+    def result(self, last_seq: int, last_hash: str, replayed: int) -> Replayed[D]:
+        assert self.document is not None
+        return Replayed(
+            messages=self.messages,
+            document=self.document,
+            undo=self.undo,
+            last_turn_id=self.last_turn_id,
+            turn_count=self.turn_count,
+            model=self.model,
+            live=self.turn,
+            state=self.state,
+            suspended_machine_ms=self.machine_ms,
+            suspended_review_ms=self.review_ms,
+            advanced_machine_ms=self.advanced_ms,
+            card_digests=dict(self.cards),
+            last_seq=last_seq,
+            last_hash=last_hash,
+            replayed=replayed,
+        )
+
+
+def recovery_inputs(live: TurnState, card_digests: Mapping[str, str], *, now_ms: int) -> list[TurnInput]:
+    """What a reopened live turn takes first, before anything runs: each call that was ``running`` settles
+    failed as interrupted (never run again); each undecided or approved call whose re-prepared digest is
+    not the one its card showed is revoked; a turn that was waiting for the model asks again, as a retry."""
+    inputs: list[TurnInput] = []
+    for call in live.current_calls:
+        if call.status is CallStatus.RUNNING:
+            outcome: ToolOutcome[Any] = ToolOutcome.failure(INTERRUPTED_CALL_TEXT)
+            inputs.append(CallSettled(call_id=call.id, outcome=outcome, now_ms=now_ms))
+        elif call.status in (CallStatus.PENDING, CallStatus.APPROVED):
+            shown = card_digests.get(call.id)
+            if shown is not None and shown != call.input_digest:
+                detail = (
+                    f"the card showed digest {shown[:12]}, the tool now prepares {call.input_digest[:12] or 'nothing'}"
+                )
+                inputs.append(Revoke(call_id=call.id, detail=detail))
+    interrupted = StreamError(code="transport", message="The session was interrupted while the model was answering.")
+    if live.phase is Phase.REQUESTING and live.budget.retries_used < live.limits.max_retries_per_turn:
+        # Counted as a retry while the budget allows; past it the request is still asked again (the turn
+        # cannot go on otherwise), uncounted.
+        inputs.append(Retry(now_ms=now_ms, failure=interrupted, wait_ms=0))
+    elif live.phase is Phase.STREAMING:
+        # Not written by a live session (a response is journaled whole, once it ended); a journal that ends
+        # mid-response all the same ends its turn as failed rather than waiting on a stream that is gone.
+        inputs.append(interrupted)
+    return inputs

@@ -278,12 +278,15 @@ def test_embedding_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "review: Add threat" in out and "completed 1 threat added" in out and "undone: True" in out
 
 
-def test_each_lazy_name_loads_from_the_module_the_type_checker_sees() -> None:
-    # trioloop/__init__.py names every public name twice: imported under TYPE_CHECKING (what mypy and the docs
-    # read) and in _HOMES (what loads it at run time). The two must agree, name for name and module for module.
+@pytest.mark.parametrize("package", ["trioloop", "trioloop.providers"])
+def test_each_lazy_name_loads_from_the_module_the_type_checker_sees(package: str) -> None:
+    # A lazy package names every public name twice: imported under TYPE_CHECKING (what mypy and the docs read)
+    # and in _HOMES (what loads it at run time). The two must agree, name for name and module for module.
     import ast
 
-    source = Path(trioloop.__file__).read_text(encoding="utf-8")
+    module = importlib.import_module(package)
+    assert module.__file__ is not None
+    source = Path(module.__file__).read_text(encoding="utf-8")
     guarded = next(
         node
         for node in ast.parse(source).body
@@ -292,10 +295,14 @@ def test_each_lazy_name_loads_from_the_module_the_type_checker_sees() -> None:
     seen = {
         alias.name: node.module for node in guarded.body if isinstance(node, ast.ImportFrom) for alias in node.names
     }
-    assert seen == trioloop._HOMES
-    assert set(trioloop.__all__) == {*seen, "__version__"}
+    homes = module._HOMES
+    assert seen == homes
+    assert set(module.__all__) - {"__version__"} == set(seen)
     for name, home in seen.items():
-        assert getattr(trioloop, name) is getattr(importlib.import_module(home), name)
+        assert getattr(module, name) is getattr(importlib.import_module(home), name)
+    assert set(dir(module)) >= set(module.__all__)
+    with pytest.raises(AttributeError, match="no attribute"):
+        module.NotAName  # noqa: B018
 
 
 LIGHT_IMPORT_PROBE = """

@@ -18,8 +18,9 @@ so an app that needs the core never pays for the threat-model domain, YAML or a 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Final
+
+from trioloop._lazy import lazy_names
 
 if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name loads on first use (below)
     from trioloop.durable.journal import JournalError
@@ -210,22 +211,6 @@ _HOMES: Final[dict[str, str]] = {
 }
 
 
-def __getattr__(name: str) -> object:
-    home = _HOMES.get(name)
-    if home is not None:
-        value = getattr(importlib.import_module(home), name)
-    elif name == "__version__":
-        value = _version()
-    else:
-        raise AttributeError(f"module 'trioloop' has no attribute {name!r}")
-    globals()[name] = value  # the next lookup is a plain module attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES, "__version__"})
-
-
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -233,6 +218,10 @@ def _version() -> str:
         return version("trioloop")
     except PackageNotFoundError:  # running from a source tree that was never installed
         return "0+unknown"
+
+
+if not TYPE_CHECKING:  # type checkers see the imports above, and an unknown name stays an error
+    __getattr__, __dir__ = lazy_names(__name__, _HOMES, globals(), __version__=_version)
 
 
 __all__ = [

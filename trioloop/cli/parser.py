@@ -1,5 +1,8 @@
 """The `trioloop` command line: one function per subcommand, wired up by `_build_parser`.
 
+Building the parser imports nothing but argparse: each command imports what it needs when it runs, so
+``trioloop --help`` and ``trioloop --version`` cost only the interpreter's start.
+
 Exit codes: 0 success, 1 the document is invalid (for ``audit``: a journal that does not verify), 2 usage
 or configuration error (a file that cannot be read, no API key, a refused base URL), 3 a chat turn failed
 (the AI provider could not be reached or answered with an error), 130 interrupted.
@@ -8,15 +11,10 @@ or configuration error (a file that cannot be read, no API key, a refused base U
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
-
-from trioloop.threatmodel.errors import ThfError
-from trioloop.threatmodel.model import SECTION_NAMES
-from trioloop.threatmodel.thf import load_thf
+from typing import Any, Final, NoReturn
 
 __all__ = ["main"]
 
@@ -31,6 +29,10 @@ Command = Callable[[argparse.Namespace], int]
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     """Check a `.thf` file and print its version and section counts."""
+    from trioloop.threatmodel.errors import ThfError
+    from trioloop.threatmodel.model import SECTION_NAMES
+    from trioloop.threatmodel.thf import load_thf
+
     path = Path(args.file)
     try:
         model = load_thf(path)
@@ -105,10 +107,23 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _version() -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("trioloop")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked for (the package metadata costs)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> NoReturn:
+        sys.stdout.write(f"trioloop {_version()}\n")
+        parser.exit()
 
 
 def _positive_float(text: str) -> float:
@@ -138,7 +153,7 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 ok, 1 invalid document, 2 usage or configuration error, 3 a chat turn failed, "
         "130 interrupted",
     )
-    parser.add_argument("--version", action="version", version=f"trioloop {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     validate = commands.add_parser("validate", help="check a .thf threat model file")
     validate.add_argument("file", metavar="FILE", help="path to the .thf file")

@@ -1,4 +1,4 @@
-"""The session journal: what a session records so that a review outlives its process, and the audit trail.
+"""The journal's format: the entries a session records so that a review outlives its process, and their chain.
 
 A turn is the fold of its inputs through `reduce_turn`, so a journal of those inputs *is* the turn. Pure
 functions and values only; the `Session` hands the encoded entries to a `JournalStore` and awaits them.

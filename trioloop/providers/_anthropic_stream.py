@@ -1,16 +1,14 @@
 """The Anthropic Messages API stream, sans-IO: SSE frames in, ``StreamEvent``s out, never raising on hostile input.
 
 Blocks are read as the official SDK accumulates them. Blocks the server ran itself (server tools, the MCP
-connector, compaction) are kept whole as ``ProviderBlock``s and go back in place; the request half, the
-wire and the provider live in ``anthropic.py``.
+connector, compaction) are kept whole as ``ProviderBlock``s and go back in place; the known types and the
+open-block records are in ``_anthropic_blocks.py``, the request half, the wire and the provider in ``anthropic.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Final, final
-
-import attrs
+from typing import Any, final
 
 from trioloop.protocol.errors import ProtocolErrorCode
 from trioloop.protocol.events import (
@@ -29,6 +27,30 @@ from trioloop.protocol.events import (
     is_terminal,
 )
 from trioloop.protocol.messages import JsonValue, ProviderBlock, RedactedThinkingBlock, ThinkingBlock
+from trioloop.providers._anthropic_blocks import (
+    _DELTA_TARGETS,
+    _KNOWN_EVENTS,
+    _REQUEST_ONLY,
+    _TRANSIENT_ERRORS,
+    _WIRE_NAME,
+    ANTHROPIC_BLOCK_WIRE,
+    BLOCK_NOT_JSON,
+    CALLER_MARKER,
+    CONTAINER_MARKER,
+    SERVER_BLOCKS,
+    SERVER_INPUT_UNREADABLE,
+    STOP_REASONS,
+    _compaction_delta,
+    _index,
+    _input_tokens,
+    _marker,
+    _OpenBlock,
+    _OpenCall,
+    _OpenServer,
+    _OpenText,
+    _OpenThinking,
+    _Undecodable,
+)
 from trioloop.providers.base import (
     Messages,
     NoticeFolder,
@@ -55,145 +77,6 @@ __all__ = [
     "STOP_REASONS",
     "AnthropicStreamMapper",
 ]
-
-ANTHROPIC_BLOCK_WIRE: Final = "anthropic"
-"""``ProviderBlock.wire`` of the blocks this wire keeps (and the wire's name)."""
-_WIRE_NAME: Final = ANTHROPIC_BLOCK_WIRE
-# Facts about a response that belong to no content block, kept as provider blocks of our own (never sent as
-# content): who called a tool_use (programmatic tool calling: code running in a container called it, and
-# its ``caller`` must go back on the block) and the code execution container the response ran in (the next
-# request names it, so code waiting on a tool's result resumes there).
-CALLER_MARKER: Final = "trioloop.caller"
-CONTAINER_MARKER: Final = "trioloop.container"
-
-STOP_REASONS: Final[Mapping[str, StopReason]] = {
-    "end_turn": StopReason.END_TURN,
-    "tool_use": StopReason.TOOL_USE,
-    "max_tokens": StopReason.MAX_TOKENS,
-    "stop_sequence": StopReason.STOP_SEQUENCE,
-    "refusal": StopReason.REFUSAL,
-    "pause_turn": StopReason.PAUSE_TURN,
-    # The answer was cut off at the model's context window rather than at max_tokens: the same
-    # truncation, reached by another ceiling (the Messages API's stop reasons, "Handling stop reasons").
-    "model_context_window_exceeded": StopReason.MAX_TOKENS,
-    # Sent only when a request asks for pause_after_compaction: the response holds the compaction block
-    # and the docs' next step is to send it back and continue, which is exactly a paused turn.
-    "compaction": StopReason.PAUSE_TURN,
-}
-_KNOWN_EVENTS: Final = frozenset(
-    {
-        "message",
-        "message_start",
-        "content_block_start",
-        "content_block_delta",
-        "content_block_stop",
-        "message_delta",
-        "message_stop",
-        "ping",
-        "error",
-    }
-)
-# Blocks the server produced and runs itself (server tools, the MCP connector, container uploads,
-# compaction, the fallback marker): kept whole and sent back in place, never run by us.
-SERVER_BLOCKS: Final = frozenset(
-    {
-        "server_tool_use",
-        "web_search_tool_result",
-        "web_fetch_tool_result",
-        "code_execution_tool_result",
-        "bash_code_execution_tool_result",
-        "text_editor_code_execution_tool_result",
-        "tool_search_tool_result",
-        "advisor_tool_result",
-        "mcp_tool_use",
-        "mcp_tool_result",
-        "container_upload",
-        "compaction",
-        "fallback",
-    }
-)
-# Content only a request carries: one in a response is hostile, and kept it would make every later
-# request of the session fail (a tool_result in an assistant message is refused).
-_REQUEST_ONLY: Final = frozenset({"tool_result", "image", "document", "search_result"})
-# The server blocks whose ``input`` streams as ``input_json_delta`` (the SDK tracks the same ones).
-_INPUT_BLOCKS: Final = frozenset({"server_tool_use", "mcp_tool_use"})
-# The open block types each documented delta applies to (the SDK ignores one sent to any other).
-_DELTA_TARGETS: Final[Mapping[str, frozenset[str]]] = {
-    "text_delta": frozenset({"text"}),
-    "citations_delta": frozenset({"text"}),
-    "thinking_delta": frozenset({"thinking"}),
-    "signature_delta": frozenset({"thinking"}),
-    "input_json_delta": frozenset({"tool_use", *_INPUT_BLOCKS}),
-    "compaction_delta": frozenset({"compaction"}),
-}
-SERVER_INPUT_UNREADABLE: Final = (
-    "The AI provider sent a server tool's input that could not be read; the block was kept with its first input."
-)
-BLOCK_NOT_JSON: Final = "The AI provider sent a block that cannot be sent back as JSON; it was left out."
-
-
-class _Undecodable(Exception):
-    """A frame whose JSON does not have the documented shape."""
-
-
-@attrs.define
-class _OpenText:
-    """A text block: its text streams straight out; citations are not kept (text goes back without them)."""
-
-    kind: ClassVar[str] = "text"
-
-
-@attrs.define
-class _OpenCall:
-    """A tool_use of ours. ``start`` is the input its start carried (the input unless a fragment follows)."""
-
-    kind: ClassVar[str] = "tool_use"
-    id: str
-    name: str
-    start: JsonValue = None
-    start_error: str | None = None
-    fragments: list[str] = attrs.field(factory=list)
-    caller: JsonValue = None  # a dict when code in a container called it (programmatic tool calling)
-
-
-@attrs.define
-class _OpenThinking:
-    kind: ClassVar[str] = "thinking"
-    parts: list[str] = attrs.field(factory=list)
-    signature: str = ""
-
-
-@attrs.define
-class _OpenServer:
-    """A block only the Anthropic wire understands, accumulated as the SDK does until it stops.
-
-    ``known`` is false for a type this mapper was not written for; ``stale`` is set when such a block
-    received a delta this mapper cannot apply, so the copy held is no longer the server's block.
-    """
-
-    block: dict[str, Any]
-    known: bool
-    fragments: list[str] = attrs.field(factory=list)
-    stale: bool = False
-
-    @property
-    def kind(self) -> str:
-        return str(self.block["type"])
-
-
-_OpenBlock = _OpenText | _OpenCall | _OpenThinking | _OpenServer
-
-
-_TRANSIENT_ERRORS: Final = frozenset({"overloaded_error", "api_error"})
-
-
-def _input_tokens(usage: Mapping[str, Any]) -> int | None:
-    """Billed prompt tokens: fresh input plus cache writes and reads (OpenAI's prompt_tokens counts all three)."""
-    base = non_negative_int(usage.get("input_tokens"))
-    if base is None:
-        return None
-    extra = (non_negative_int(usage.get(k)) or 0 for k in ("cache_creation_input_tokens", "cache_read_input_tokens"))
-    return base + sum(extra)
 
 
 @final
@@ -287,7 +170,7 @@ class AnthropicStreamMapper:
                     self._finish_server(block, out)  # the SDK keeps an unstopped block in the message too
             self._open.clear()
             if self._container is not None:
-                self._marker(CONTAINER_MARKER, self._container, out)
+                _marker(CONTAINER_MARKER, self._container, out)
             out.append(MessageStop(stop_reason=effective_stop(self._stop, self._completed_calls)))
             self._done = True
         elif kind == "error":
@@ -403,11 +286,6 @@ class AnthropicStreamMapper:
             expires = container.get("expires_at")
             self._container = {"id": container["id"], **({"expires_at": expires} if isinstance(expires, str) else {})}
 
-    def _marker(self, kind: str, value: Mapping[str, Any], out: list[StreamEvent]) -> None:
-        data = compact_json(value)
-        if data is not None:
-            out.append(ProviderBlockComplete(block=ProviderBlock(wire=_WIRE_NAME, kind=kind, data=data)))
-
     def _open_call(self, call_id: str, name: str, start: JsonValue) -> _OpenCall:
         """The call, with the input its start carried (tools called from code execution send it whole).
 
@@ -433,7 +311,7 @@ class AnthropicStreamMapper:
             else:
                 out.append(finish_tool_call(block.id, block.name, block.fragments, default=block.start))
             if block.caller is not None:
-                self._marker(CALLER_MARKER, {"tool_use_id": block.id, "caller": block.caller}, out)
+                _marker(CALLER_MARKER, {"tool_use_id": block.id, "caller": block.caller}, out)
         elif isinstance(block, _OpenThinking):
             thinking = ThinkingBlock(thinking="".join(block.parts), signature=block.signature)
             out.append(ThinkingComplete(block=thinking))
@@ -512,7 +390,7 @@ class AnthropicStreamMapper:
                 if isinstance(block, _OpenCall):
                     out.append(ToolCallInputDelta(id=block.id, partial_json=fragment))
         elif isinstance(block, _OpenServer):
-            self._compaction_delta(block, delta)
+            _compaction_delta(block, delta)
 
     def _unaddressed_delta(self, kind: str, delta: Mapping[str, Any], out: list[StreamEvent]) -> None:
         """A delta for an index with no open block: text still streams; arguments are an orphan notice."""
@@ -535,19 +413,6 @@ class AnthropicStreamMapper:
         if text:
             self._start(out)
             out.append(TextDelta(text=text))
-
-    @staticmethod
-    def _compaction_delta(block: _OpenServer, delta: Mapping[str, Any]) -> None:
-        """The summary arrives whole in one delta and replaces the block's ``content``, as in the SDK.
-
-        ``encrypted_content`` is opaque state the docs say to send back verbatim, so a delta's is kept too.
-        """
-        content, encrypted = delta.get("content"), delta.get("encrypted_content")
-        if not (content is None or isinstance(content, str)) or not (encrypted is None or isinstance(encrypted, str)):
-            raise _Undecodable
-        block.block["content"] = content
-        if encrypted is not None:
-            block.block["encrypted_content"] = encrypted
 
     def _message_delta(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
         delta = payload.get("delta")
@@ -591,10 +456,3 @@ class AnthropicStreamMapper:
             )
         )
         self._done = True
-
-
-def _index(payload: Mapping[str, Any]) -> int:
-    index = non_negative_int(payload.get("index"))
-    if index is None:
-        raise _Undecodable
-    return index

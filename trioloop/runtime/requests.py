@@ -119,7 +119,7 @@ class ProviderRequests:
         # the consumer settles first and then cancels the requests (``_drive``), so the settled state
         # never waits behind a response being torn down. The nursery's deadline is the backstop.
         assert self.nursery is not None, "a turn opens requests only inside _drive"
-        self.nursery.start_soon(self.task, self.attempt, request, backoff_s)
+        self.nursery.start_soon(self.task, self.attempt, request, backoff_s, name="trioloop request")
 
     async def task(self, attempt: int, request: ChatRequest, backoff_s: float) -> None:
         inbox = self.turn.controls._send

@@ -27,10 +27,9 @@ this module or `qt_application` names the Debian package of one that is missing
 from __future__ import annotations
 
 import contextlib
-import enum
 import math
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, final
 
 import trio
@@ -38,30 +37,27 @@ import trio
 from trioloop.ui.qt_libraries import QtUnavailable, qt_import_failure, require_qt_libraries
 
 try:
-    from PySide6.QtCore import QTimer, Signal
-    from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut, QTextCursor
-    from PySide6.QtWidgets import (
-        QApplication,
-        QFrame,
-        QHBoxLayout,
-        QLineEdit,
-        QPlainTextEdit,
-        QPushButton,
-        QScrollArea,
-        QVBoxLayout,
-        QWidget,
-    )
+    from PySide6.QtCore import Signal
+    from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
+    from PySide6.QtWidgets import QApplication, QWidget
 except ImportError as exc:  # the extra, or a system library Qt links to: say what to install
     raise ImportError(qt_import_failure(exc)) from exc
 
-from trioloop.machine.preview import preview_call
 from trioloop.machine.questions import AnswerAction, AnswerError
-from trioloop.machine.reducer import CallStatus, Outcome, Phase, TurnState
-from trioloop.protocol.messages import JsonValue, ToolCallBlock, flatten_text
+from trioloop.machine.reducer import CallStatus, TurnState
 from trioloop.runtime.session import Session, SessionBusy
-from trioloop.ui._qt_cards import CallCard, call_status_text, plain_label, shown_reason
+from trioloop.ui._qt_cards import CallCard, call_status_text, shown_reason
 from trioloop.ui._qt_guest import TrioGuestHost, run_trio_guest
-from trioloop.ui._qt_questions import QUESTION_STYLE, QuestionCard
+from trioloop.ui._qt_questions import QuestionCard
+from trioloop.ui._qt_view import (
+    EARLIER_REDONE_NOTICE,
+    EARLIER_UNDONE_NOTICE,
+    REDONE_NOTICE,
+    UNDONE_NOTICE,
+    NoticeKind,
+    PanelView,
+    turn_notice,
+)
 
 __all__ = [
     "CallCard",
@@ -78,40 +74,8 @@ __all__ = [
 
 _Action = Callable[[], object]
 
-
-@final
-class NoticeKind(enum.StrEnum):
-    """How the panel's notice is styled. A limit or a Stop is information, not a fault."""
-
-    NONE = "none"
-    INFO = "info"
-    WARNING = "warning"
-
-
-_PHASE_TEXT: Final = {
-    Phase.IDLE: "Ready",
-    Phase.REQUESTING: "Waiting for the model…",
-    Phase.STREAMING: "The model is answering…",
-    Phase.AWAITING_APPROVAL: "Waiting for your review",
-    Phase.EXECUTING: "Running approved tools…",
-}
-_OUTCOME_TEXT: Final = {
-    Outcome.COMPLETED: "Turn completed",
-    Outcome.CANCELLED: "Turn stopped",
-    Outcome.BOUNDED: "Turn ended at a limit",
-    Outcome.FAILED: "Turn failed",
-}
-
-
 #: The panel's keyboard shortcuts: approve / deny the current card, move to the next card, stop the turn.
 SHORTCUTS: Final = {"approve": "Alt+A", "deny": "Alt+D", "next": "Alt+N", "stop": "Esc"}
-
-UNDONE_NOTICE: Final = "Undo restored the document as it was before this turn; Redo applies its changes again."
-EARLIER_UNDONE_NOTICE: Final = (
-    "Undo restored the document as it was before an earlier turn ({turn}); Redo applies its changes again."
-)
-REDONE_NOTICE: Final = "Redo applied this turn's changes again."
-EARLIER_REDONE_NOTICE: Final = "Redo applied the changes of an earlier turn ({turn}) again."
 
 
 def qt_application(argv: Sequence[str] | None = None) -> QApplication:
@@ -125,74 +89,8 @@ def qt_application(argv: Sequence[str] | None = None) -> QApplication:
     return QApplication(list(sys.argv if argv is None else argv))
 
 
-def _call_input(state: TurnState, call_id: str) -> JsonValue:
-    """The raw input the model gave ``call_id`` in this turn (its latest block of that id), for the
-    card's editor; None when no block carries it."""
-    for message in reversed(state.turn_messages):
-        for block in message.content:
-            if isinstance(block, ToolCallBlock) and block.id == call_id:
-                return block.input
-    return None
-
-
-def turn_notice(state: TurnState | None, *, undoable: bool, undone: bool = False) -> tuple[NoticeKind, str]:
-    """The notice the panel shows for ``state``: its kind and plain text (NONE and "" when nothing to say).
-
-    ``undoable`` says whether Undo would revert this turn's changes now, so a Stop notice can say
-    truthfully whether anything was kept; ``undone`` says the turn's changes were undone.
-    """
-    if state is None:
-        return NoticeKind.NONE, ""
-    if undone:
-        return NoticeKind.INFO, UNDONE_NOTICE
-    # Every notice (a retry, a skipped frame, a limit) and every refused input, in order: nothing is silent.
-    notices = [*state.notices, *(f"Refused ({v.violation.value}): {v.detail}" for v in state.violations)]
-    if state.outcome is Outcome.FAILED:
-        detail = state.error.message if state.error is not None else "the provider stream ended unexpectedly"
-        kept = " Changes already applied were kept and can be undone." if undoable else ""
-        return NoticeKind.WARNING, "\n".join([*notices, f"The turn failed: {detail}{kept}"])
-    if state.outcome is Outcome.CANCELLED:
-        kept = (
-            "Changes already applied were kept; Undo reverts them."
-            if undoable
-            else "No change was applied to the document."
-        )
-        return NoticeKind.INFO, "\n".join([*notices, f"You stopped this turn; nothing more will run. {kept}"])
-    if state.outcome is Outcome.BOUNDED and not notices:
-        notices.append("This turn reached one of its limits and was stopped.")
-    if notices:
-        return NoticeKind.INFO, "\n".join(notices)
-    return NoticeKind.NONE, ""
-
-
-_STYLE: Final = """
-QFrame#callCard { background: #ffffff; border: 1px solid #c8d1da; border-radius: 6px; }
-QFrame#callCard[destructive="true"] { border: 1px solid #cf222e; }
-QFrame#callCard[current="true"] { border: 1px solid #0969da; background: #f6fbff; }
-QFrame#callCard[status="denied"], QFrame#callCard[status="undone"] { background: #f6f8fa; }
-QLabel#toolName { font-family: monospace; font-weight: bold; }
-QLabel#destructiveBadge { background: #cf222e; color: #ffffff; border-radius: 3px; padding: 1px 6px;
-    font-size: 10px; font-weight: bold; }
-QLabel#readBadge { background: #eaeef2; color: #57606a; border-radius: 3px; padding: 1px 6px; font-size: 10px; }
-QLabel#callStatus { color: #57606a; }
-QLabel#callStatus[status="pending"] { color: #9a6700; font-weight: bold; }
-QLabel#callStatus[status="running"] { color: #0969da; font-weight: bold; }
-QLabel#callStatus[status="succeeded"] { color: #1a7f37; }
-QLabel#callStatus[status="failed"] { color: #bc4c00; }
-QLabel#callResult { color: #7d4e00; }
-QLabel#declinedReason { color: #57606a; font-style: italic; }
-QLabel#documentTitle { font-size: 15px; font-weight: bold; }
-QLabel#documentStats, QLabel#phase { color: #57606a; }
-QFrame#notice[kind="info"] { background: #ddf4ff; border: 1px solid #80ccff; border-radius: 6px; }
-QFrame#notice[kind="info"] QLabel { color: #0a3069; }
-QFrame#notice[kind="warning"] { background: #fff8c5; border: 1px solid #d4a72c; border-radius: 6px; }
-QFrame#notice[kind="warning"] QLabel { color: #4d2d00; }
-QScrollArea#cardArea { border: none; }
-"""
-
-
 @final
-class ReviewPanel(QWidget):
+class ReviewPanel(PanelView):
     """A chat input, the streamed answer, a review card per tool call, Stop, Undo and Redo, for one session.
 
     The widgets are public attributes so an app can rearrange or restyle them. The panel does
@@ -210,92 +108,13 @@ class ReviewPanel(QWidget):
     busy_changed = Signal(bool)
 
     def __init__(self, session: Session[Any], parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setObjectName("reviewPanel")
-        self._session = session
-        self._state: TurnState | None = None
+        super().__init__(session, parent)
         self._token: trio.lowlevel.TrioToken | None = None
         self._inbox: trio.MemorySendChannel[_Action] | None = None
         self._nursery: trio.Nursery | None = None
         self._closing: trio.Event | None = None
         self._turn_running = False
         self._turn_done = trio.Event()
-        self._cards: dict[str, CallCard] = {}
-        self._question_cards: dict[str, QuestionCard] = {}
-        self._turn_id: str | None = None
-        self._earlier_text = ""
-        self._turn_prompt = ""
-        self._turn_texts: dict[int, str] = {}
-        self._shown_text = ""
-        self._notice_kind = NoticeKind.NONE
-        self._current: str | None = None  # the card the keyboard shortcuts act on
-        self._previewed_document: object = None
-        self._shown_document: object = None
-        self._history_notice = ""  # what the last Undo or Redo did, until the next turn
-        self._applied_state: TurnState | None = None  # this turn as it stood before Undo, for Redo
-        self._busy_shown = False
-
-        self.title_label = plain_label(object_name="documentTitle")
-        self.stats_label = plain_label(object_name="documentStats")
-        self.phase_label = plain_label(object_name="phase")
-        self.answer_view = QPlainTextEdit()
-        self.answer_view.setObjectName("answer")
-        self.answer_view.setReadOnly(True)
-        self.answer_view.setPlaceholderText("The model's answer appears here.")
-        self.notice_label = plain_label(object_name="noticeText", wrap=True)
-        self.notice_frame = QFrame()
-        self.notice_frame.setObjectName("notice")
-        notice_layout = QHBoxLayout(self.notice_frame)
-        notice_layout.setContentsMargins(10, 8, 10, 8)
-        notice_layout.addWidget(self.notice_label, 1)
-        self.notice_frame.setVisible(False)
-        self.cards_title = plain_label("Proposed tool calls", object_name="cardsTitle")
-        self.approve_safe_button = QPushButton("Approve all safe")
-        self.approve_safe_button.setObjectName("approveSafeButton")
-        self._card_box = QWidget()
-        self._card_layout = QVBoxLayout(self._card_box)
-        self._card_layout.setContentsMargins(0, 0, 0, 0)
-        self._card_layout.setSpacing(6)
-        self._card_layout.addStretch(1)
-        self.card_area = QScrollArea()
-        self.card_area.setObjectName("cardArea")
-        self.card_area.setWidgetResizable(True)
-        self.card_area.setWidget(self._card_box)
-        self.prompt_input = QLineEdit()
-        self.prompt_input.setObjectName("prompt")
-        self.prompt_input.setPlaceholderText("Ask about the threat model or request a change…")
-        self.send_button = QPushButton("Send")
-        self.send_button.setObjectName("sendButton")
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setObjectName("stopButton")
-        self.undo_button = QPushButton("Undo")
-        self.undo_button.setObjectName("undoButton")
-        self.redo_button = QPushButton("Redo")
-        self.redo_button.setObjectName("redoButton")
-
-        header = QHBoxLayout()
-        header.addWidget(self.title_label)
-        header.addStretch(1)
-        header.addWidget(self.phase_label)
-        cards_header = QHBoxLayout()
-        cards_header.addWidget(self.cards_title)
-        cards_header.addStretch(1)
-        cards_header.addWidget(self.approve_safe_button)
-        controls = QHBoxLayout()
-        controls.addWidget(self.prompt_input, 1)
-        controls.addWidget(self.send_button)
-        controls.addWidget(self.stop_button)
-        controls.addWidget(self.undo_button)
-        controls.addWidget(self.redo_button)
-        root = QVBoxLayout(self)
-        root.addLayout(header)
-        root.addWidget(self.stats_label)
-        root.addWidget(self.answer_view, 1)
-        root.addWidget(self.notice_frame)
-        root.addLayout(cards_header)
-        root.addWidget(self.card_area, 3)
-        root.addLayout(controls)
-        self.setStyleSheet(_STYLE + QUESTION_STYLE)
 
         self.send_button.clicked.connect(self._on_send)
         self.prompt_input.returnPressed.connect(self._on_send)
@@ -349,6 +168,11 @@ class ReviewPanel(QWidget):
     def current_card(self) -> CallCard | None:
         """The card the keyboard shortcuts act on (a card still waiting for review), if any."""
         return None if self._current is None else self._cards.get(self._current)
+
+    @property
+    def question_cards(self) -> dict[str, QuestionCard]:
+        """The open questions' cards, by question id (a card goes when its question closes)."""
+        return dict(self._question_cards)
 
     def card(self, call_id: str) -> CallCard | None:
         """The card of call ``call_id``, or None."""
@@ -493,41 +317,23 @@ class ReviewPanel(QWidget):
     def _on_deny(self, call_id: str, reason: str = "") -> None:
         self._post(lambda: self._session.deny(call_id, reason))
 
+    def _on_answer(self, question_id: str, action: AnswerAction, values: dict[str, Any] | None) -> None:
+        def answer() -> None:
+            card = self._question_cards.get(question_id)
+            try:
+                self._session.answer(question_id, action, values)
+            except AnswerError as exc:  # the card checked the values; a race with nothing else can fail here
+                if card is not None:
+                    card.show_error(f"{exc}.")
+
+        self._post(answer)
+
     def _decide_current(self, *, approve: bool) -> None:
         card = self.current_card
         if card is None or not card.approve_button.isEnabled():
             return
         (card.approve_button if approve else card.deny_button).click()
         self._next_card()
-
-    def _next_card(self) -> None:
-        """Make the next card still waiting for review current (wrapping around), and scroll to it."""
-        waiting = [cid for cid, card in self._cards.items() if card.call.status is CallStatus.PENDING]
-        undecided = [cid for cid in waiting if self._cards[cid].approve_button.isEnabled()]
-        if not undecided:
-            self._set_current(None)
-            return
-        after = [cid for cid in undecided if self._current is None or self._order(cid) > self._order(self._current)]
-        self._set_current((after or undecided)[0])
-
-    def _order(self, call_id: str) -> int:
-        return list(self._cards).index(call_id)
-
-    def _set_current(self, call_id: str | None) -> None:
-        if call_id == self._current:
-            return
-        previous = self.current_card
-        if previous is not None:
-            previous.set_current(False)
-        self._current = call_id
-        card = self.current_card
-        if card is not None:
-            card.set_current(True)
-            self._scroll_to(card)
-
-    def _scroll_to(self, card: QWidget) -> None:
-        # After the layout has placed the card: a new card is not positioned until the event loop runs.
-        QTimer.singleShot(0, lambda: self.card_area.ensureWidgetVisible(card) if card.isVisible() else None)
 
     def _on_approve_safe(self) -> None:
         # The batch is exactly the safe calls on screen at the click, never whatever is pending later.
@@ -542,198 +348,3 @@ class ReviewPanel(QWidget):
         if closing is not None:
             self._post(closing.set)
         super().closeEvent(event)
-
-    # -- rendering -------------------------------------------------------------------------------
-
-    def _show(self, state: TurnState) -> None:
-        self._show_questions()
-        if state is self._state:
-            self._refresh_controls()
-            return
-        if state.turn_id != self._turn_id:
-            self._begin_turn(state)
-        self._state = state
-        self._show_answer(state)
-        self._show_cards(state)
-        self._show_document()
-        self._refresh_controls()
-        self.state_changed.emit(state)
-
-    def _begin_turn(self, state: TurnState) -> None:
-        self._turn_id = state.turn_id
-        self._earlier_text = self._shown_text + "\n\n" if self._shown_text else ""
-        first = state.turn_messages[0] if state.turn_messages else None
-        self._turn_prompt = flatten_text(first) if first is not None and first.role == "user" else ""
-        self._turn_texts = {}
-        self._history_notice = ""
-        self._applied_state = None
-        for card in self._cards.values():
-            self._card_layout.removeWidget(card)
-            card.deleteLater()
-        self._cards = {}
-        self._current = None
-
-    def _show_answer(self, state: TurnState) -> None:
-        if state.streaming_text:
-            self._turn_texts[state.iteration] = state.streaming_text
-        parts = [f"You: {self._turn_prompt}"] if self._turn_prompt else []
-        parts.extend(text for _, text in sorted(self._turn_texts.items()))
-        full = self._earlier_text + "\n\n".join(parts)
-        if full == self._shown_text:
-            return
-        scroll = self.answer_view.verticalScrollBar()
-        following = scroll.value() >= scroll.maximum()
-        if full.startswith(self._shown_text):
-            # A cursor of our own at the document's end: the view's cursor is the reader's (selection, clicks).
-            cursor = QTextCursor(self.answer_view.document())
-            cursor.movePosition(QTextCursor.MoveOperation.End)
-            cursor.insertText(full[len(self._shown_text) :])
-        else:
-            self.answer_view.setPlainText(full)
-        self._shown_text = full
-        if following:
-            scroll.setValue(scroll.maximum())
-
-    def _show_cards(self, state: TurnState) -> None:
-        reviewable = self.is_serving and state.is_live
-        added = None
-        for call in state.calls:
-            card = self._cards.get(call.id)
-            if card is None:
-                card = CallCard(call, _call_input(state, call.id))
-                card.progress_source = self._session.call_progress
-                card.approve_clicked.connect(self._on_approve)
-                card.deny_clicked.connect(self._on_deny)
-                self._card_layout.insertWidget(self._card_layout.count() - 1, card)
-                card.show()  # now, not on Qt's queued show: a call can arrive already awaiting review
-                self._cards[call.id] = card
-                added = added or card
-            card.show_call(call, reviewable=reviewable)
-        self._show_previews(force=added is not None)
-        if added is not None:
-            self._scroll_to(added)
-        current = self.current_card
-        if current is None or current.call.status is not CallStatus.PENDING:
-            self._next_card()
-
-    @property
-    def question_cards(self) -> dict[str, QuestionCard]:
-        """The open questions' cards, by question id (a card goes when its question closes)."""
-        return dict(self._question_cards)
-
-    def _show_questions(self) -> None:
-        """A card for each question just opened (first in the list, scrolled to), none for one that closed."""
-        open_now = {question.id: question for question in self._session.questions}
-        for question_id in [q for q in self._question_cards if q not in open_now]:
-            card = self._question_cards.pop(question_id)
-            self._card_layout.removeWidget(card)
-            card.deleteLater()
-        for question_id, question in open_now.items():
-            if question_id in self._question_cards:
-                continue
-            card = QuestionCard(question)
-            card.answered.connect(self._on_answer)
-            self._card_layout.insertWidget(0, card)
-            card.show()
-            self._question_cards[question_id] = card
-            self._scroll_to(card)
-
-    def _on_answer(self, question_id: str, action: AnswerAction, values: dict[str, Any] | None) -> None:
-        def answer() -> None:
-            card = self._question_cards.get(question_id)
-            try:
-                self._session.answer(question_id, action, values)
-            except AnswerError as exc:  # the card checked the values; a race with nothing else can fail here
-                if card is not None:
-                    card.show_error(f"{exc}.")
-
-        self._post(answer)
-
-    def _show_previews(self, *, force: bool) -> None:
-        """Each undecided or not yet finished card's preview, from the document as it stands now.
-
-        Recomputed only when the document changed (an earlier approved edit committed) or a card
-        arrived; a finished card keeps the preview it had, which is what it did.
-        """
-        document = self._session.document
-        if document is self._previewed_document and not force:
-            return
-        self._previewed_document = document
-        for card in self._cards.values():
-            call = card.call
-            if call.is_terminal or call.prepared is None or call.effect != "mutate":
-                continue
-            preview = preview_call(call.prepared, document)
-            card.show_preview(() if preview is None else preview.lines())
-
-    def _show_document(self) -> None:
-        document = self._session.document
-        if document is not self._shown_document:
-            self._shown_document = document
-            self.document_changed.emit(document)
-        title = document.metadata.title or "Untitled threat model"
-        self.title_label.setText(title)
-        self.setWindowTitle(f"trioloop review: {title}")
-        self.stats_label.setText(
-            f"{len(document.elements)} elements · {len(document.data_flows)} data flows · "
-            f"{len(document.trust_boundaries)} trust boundaries · {len(document.threats)} threats"
-        )
-
-    def _pending_safe_cards(self) -> Iterator[CallCard]:
-        state = self._state
-        if state is None or not state.is_live:
-            return
-        for card in self._cards.values():
-            call = card.call
-            if call.status is CallStatus.PENDING and not call.destructive and call.effect == "mutate":
-                yield card
-
-    def _phase_text(self, state: TurnState | None) -> str:
-        if state is None:
-            return _PHASE_TEXT[Phase.IDLE]
-        if state.outcome is not None:
-            return _OUTCOME_TEXT[state.outcome]
-        if self._question_cards:
-            return "A tool asks you a question…"
-        return _PHASE_TEXT.get(state.phase, state.phase.value)
-
-    def _set_notice(self, kind: NoticeKind, text: str) -> None:
-        if kind is self._notice_kind and text == self.notice_label.text():
-            return
-        self._notice_kind = kind
-        self.notice_label.setText(text)
-        self.notice_frame.setProperty("kind", kind.value)
-        self.notice_frame.setVisible(kind is not NoticeKind.NONE)
-        for widget in (self.notice_frame, self.notice_label):
-            widget.style().unpolish(widget)
-            widget.style().polish(widget)
-
-    def _refresh_controls(self) -> None:
-        serving = self.is_serving
-        state = self._state
-        live = state is not None and state.is_live
-        busy = self.turn_running
-        undoable = self._session.undo_availability().undoable
-        history = self._session.undo_history
-        self.send_button.setEnabled(serving and not busy)
-        self.stop_button.setEnabled(serving and live)
-        self.undo_button.setEnabled(serving and not busy and bool(history.entries))
-        self.redo_button.setEnabled(serving and not busy and bool(history.redo))
-        steps = len(history.entries)
-        self.undo_button.setToolTip(
-            f"Undo the newest turn's changes ({steps} {'turn' if steps == 1 else 'turns'} can be undone)"
-            if steps
-            else "Nothing to undo"
-        )
-        self.redo_button.setToolTip("Apply again what Undo took back" if history.redo else "Nothing to redo")
-        self.approve_safe_button.setEnabled(serving and any(True for _ in self._pending_safe_cards()))
-        for card in self._cards.values():
-            card.show_call(card.call, reviewable=serving and live)
-        self.phase_label.setText(self._phase_text(state))
-        if self._history_notice:
-            self._set_notice(NoticeKind.INFO, self._history_notice)
-        elif state is not None:
-            self._set_notice(*turn_notice(state, undoable=undoable))
-        if busy is not self._busy_shown:
-            self._busy_shown = busy
-            self.busy_changed.emit(busy)

@@ -1,0 +1,255 @@
+"""One connection to an MCP server: its state, its transport, and the server's stderr in the log.
+
+The transport is a stdio process or streamable HTTP (its header values masked in every log line), with a watch on
+its read stream so a server that went away is noticed between calls; the server's stderr and any stdout line that
+is not JSON-RPC go to the ``trioloop.mcp`` logger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import Any, Final, Self, TextIO, final
+
+import anyio
+import mcp_types
+import trio
+from mcp import Client, StdioServerParameters
+from mcp.client import Transport
+from mcp.client._transport import ReadStream, TransportStreams
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.message import SessionMessage
+
+from trioloop.machine.untrusted_text import sanitize_scalar
+from trioloop.mcp.servers import HttpServer, McpServer
+from trioloop.providers._redact import mask_key_in_logs
+from trioloop.runtime.tools import ToolExecutionContext
+
+_log = logging.getLogger("trioloop.mcp")
+
+__all__ = ["CLIENT_INFO", "Connection", "describe", "server_errlog", "server_transport", "watched"]
+
+_LOG_LINE_MAX: Final = 1000
+_LOG_BUFFER_MAX: Final = 65_536
+_SDK_STDIO_LOGGER: Final = "mcp.client.stdio"
+
+
+class _QuietSdkStdioLog(logging.Filter):
+    """Turns the SDK stdio transport's tracebacks (one per non-JSON stdout line) into one ``trioloop.mcp``
+    warning line without a traceback: with no logging configured, Python would print them on the terminal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info is None:
+            return True
+        exc = record.exc_info[1]
+        detail = "" if exc is None else f" ({describe(exc)})"
+        _log.warning("%s%s", sanitize_scalar(record.getMessage(), 200)[0], detail)
+        return False
+
+
+_SDK_FILTER: Final = _QuietSdkStdioLog()
+
+
+def _quiet_sdk_stdio_log() -> None:
+    logger = logging.getLogger(_SDK_STDIO_LOGGER)
+    if _SDK_FILTER not in logger.filters:
+        logger.addFilter(_SDK_FILTER)
+
+
+async def _log_stderr(server: str, stream: trio.lowlevel.FdStream) -> None:
+    """Each line the server writes on stderr, as one ``trioloop.mcp`` info record, until the pipe closes."""
+    buffer = b""
+    async with stream:
+        while chunk := await stream.receive_some(_LOG_BUFFER_MAX):
+            *lines, buffer = (buffer + chunk).split(b"\n")
+            if len(buffer) >= _LOG_BUFFER_MAX:
+                lines.append(buffer)
+                buffer = b""
+            for line in lines:
+                _log_server_line(server, line)
+        if buffer:
+            _log_server_line(server, buffer)
+
+
+def _log_server_line(server: str, line: bytes) -> None:
+    text = sanitize_scalar(line.decode("utf-8", "replace").rstrip("\r"), _LOG_LINE_MAX)[0]
+    if text:
+        _log.info("MCP server %s (stderr): %s", server, text)
+
+
+def _trioloop_version() -> str:
+    try:
+        return importlib.metadata.version("trioloop")
+    except importlib.metadata.PackageNotFoundError:  # a source tree never installed
+        return "0+unknown"
+
+
+#: How the host introduces itself to servers (``initialize``'s clientInfo).
+CLIENT_INFO: Final = mcp_types.Implementation(name="trioloop", version=_trioloop_version())
+
+
+class Connection:
+    """One connection's state; ``client`` is set once the handshake is done."""
+
+    client: Client
+
+    def __init__(self) -> None:
+        #: The calls in flight on this connection (each one's timeout scope -> its context), oldest first: a
+        #: server request that arrives outside any call's task (a 2025 server's own JSON-RPC request) is put to
+        #: the person for the oldest.
+        self.running: dict[trio.CancelScope, ToolExecutionContext[Any]] = {}
+        self.lost = False
+        self.scope = trio.CancelScope()
+
+    def lose(self) -> None:
+        """Mark the connection unusable: end its in-flight calls and close it (its task unwinds)."""
+        self.lost = True
+        for call in self.running:
+            call.cancel()
+        self.scope.cancel()
+
+
+@final
+class _WatchedReadStream:
+    """The transport's read stream, reporting its end: a server that died between calls is noticed (and
+    replaced on the next call) without sending anything. Everything else is passed through."""
+
+    def __init__(self, inner: ReadStream[SessionMessage | Exception], on_end: Callable[[], None], server: str) -> None:
+        self._inner = inner
+        self._on_end = on_end
+        self._server = server
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            item = await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_end()
+            raise
+        except Exception:
+            self._on_end()  # a reader that failed is a connection that hears nothing more
+            raise
+        if isinstance(item, Exception):  # a line that is not JSON-RPC, or a transport fault: skipped by the SDK
+            _log.warning("MCP server %s sent something unusable, skipped (%s)", self._server, describe(item))
+        return item
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _WatchedReadStream:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+#: Where a remote server's header values could reach a log line: the HTTP client the SDK runs on (httpx2 and
+#: httpcore2, whose debug lines show response headers) and the SDK's client modules (ours never logs a header).
+#: A logger filter sees only records made on that very logger, so each is named.
+_HTTP_LOGGERS: Final = (
+    "httpx2",
+    "httpcore2",
+    "httpcore2.connection",
+    "httpcore2.http11",
+    "httpcore2.http2",
+    "httpcore2.proxy",
+    "mcp.client.streamable_http",
+    "mcp.client.session",
+    "mcp.client.auth.oauth2",
+    "mcp.shared.session",
+)
+
+
+@contextlib.asynccontextmanager
+async def _authorized_http(server: HttpServer) -> AsyncIterator[TransportStreams]:
+    """Streamable HTTP with the server's ``headers`` and ``auth``, on a client this connection owns and closes.
+
+    Every header value is masked in the HTTP client's and the SDK's log lines first (for ``Bearer TOKEN``, the
+    token alone too), so a debug log never shows it."""
+    for value in server.headers.values():
+        mask_key_in_logs(value, _HTTP_LOGGERS)
+        scheme, _, token = value.partition(" ")
+        if token.strip() and scheme.lower() in ("bearer", "basic", "token"):
+            mask_key_in_logs(token.strip(), _HTTP_LOGGERS)
+    client = create_mcp_http_client(headers=dict(server.headers), auth=server.auth)
+    async with client, streamable_http_client(server.url, http_client=client, terminate_on_close=True) as streams:
+        yield streams
+
+
+@contextlib.asynccontextmanager
+async def watched(transport: Transport, on_end: Callable[[], None], server: str) -> AsyncIterator[TransportStreams]:
+    """``transport`` with its read stream watched: ``on_end`` runs when the server can no longer be heard."""
+    async with transport as (read_stream, write_stream):
+        yield _WatchedReadStream(read_stream, on_end, server), write_stream
+
+
+@contextlib.asynccontextmanager
+async def server_errlog(
+    server: McpServer, errlog: TextIO | None, nursery: trio.Nursery | None
+) -> AsyncIterator[TextIO]:
+    """Where the server's stderr goes: the app's ``errlog``, else a pipe whose lines are logged."""
+    if errlog is not None:
+        yield errlog
+        return
+    if isinstance(server, HttpServer) or nursery is None:
+        with open(os.devnull, "w") as devnull:  # noqa: ASYNC230  # opening /dev/null does not block
+            yield devnull
+        return
+    read_end, write_end = os.pipe()
+    # The reader lives in the toolset's nursery and ends when the server's last copy of the pipe closes,
+    # so a crashing server's last words are logged after its connection is gone.
+    nursery.start_soon(_log_stderr, server.name, trio.lowlevel.FdStream(read_end))
+    with open(write_end, "w", closefd=True) as pipe:  # noqa: ASYNC230  # a pipe's fd: no blocking open
+        yield pipe
+
+
+def server_transport(server: McpServer, errlog: TextIO) -> Transport:
+    """The transport to ``server``: streamable HTTP (with its headers and auth, if any) or a stdio process whose
+    stderr goes to ``errlog``."""
+    transport: Transport
+    if isinstance(server, HttpServer):
+        transport = (
+            _authorized_http(server)
+            if server.headers or server.auth is not None
+            else streamable_http_client(server.url, terminate_on_close=True)
+        )
+    else:
+        _quiet_sdk_stdio_log()
+        parameters = StdioServerParameters(
+            command=server.command,
+            args=list(server.args),
+            env=dict(server.env) if server.env is not None else None,
+            cwd=server.cwd,
+            # One invalid UTF-8 byte must not end the SDK's reader (it would then drain stdout for ever,
+            # and the connection hear nothing more): the line decodes with U+FFFD and is skipped as non-JSON.
+            encoding_error_handler="replace",
+        )
+        transport = stdio_client(parameters, errlog=errlog)
+    return transport
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one sanitized line for a message or a log (a group of one is unwrapped)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {sanitize_scalar(str(exc), 160)[0]}"

@@ -793,6 +793,7 @@ READ_MODULES = [
     "trioloop/machine/untrusted_text.py",
     "trioloop/tools/read_result.py",
     "trioloop/threatmodel/read_tools.py",
+    "trioloop/threatmodel/read_inputs.py",
     "trioloop/threatmodel/catalog.py",
 ]
 ALLOWED_IMPORTS = {
@@ -806,6 +807,7 @@ ALLOWED_IMPORTS = {
     "attrs",
     "trioloop.threatmodel.action_inputs",
     "trioloop.threatmodel.catalog",
+    "trioloop.threatmodel.read_inputs",
     "trioloop.threatmodel.model",
     "trioloop.machine.canonical",
     "trioloop.machine.tools",

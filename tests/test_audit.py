@@ -96,7 +96,8 @@ def test_json_lines_carry_the_chain(journal: Path, capsys: pytest.CaptureFixture
     assert records[0]["prev"] == "0" * 64
     for before, after in itertools.pairwise(records):
         assert after["prev"] == before["hash"]
-    kinds = [r["kind"] for r in records]
+    assert records[-1]["kind"] == "seal"  # every append ends with a signed head
+    kinds = [r["kind"] for r in records if r["kind"] != "seal"]
     assert kinds[0] == "snapshot" and "approve" in kinds and "deny" in kinds and kinds[-1] == "snapshot"
     approve = next(r for r in records if r["kind"] == "approve")
     assert approve["data"]["by"] == "alice" and approve["data"]["edited_input"] == {"line": "final"}
@@ -120,3 +121,26 @@ def test_a_changed_entry_is_named_and_exits_1(journal: Path, capsys: pytest.Capt
 def test_a_missing_journal_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", str(tmp_path / "nothing.db")]) == 2
     assert "no journal" in capsys.readouterr().err
+
+
+def test_the_signatures_are_verified_and_an_appended_approval_exits_1(
+    journal: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trioloop.durable.journal import decode_entry, encode_entry, entry_hash
+    from trioloop.durable.signing import JournalSigner
+
+    assert main(["audit", str(journal)]) == 0
+    out = capsys.readouterr().out
+    own = JournalSigner.default()  # the key the session signed with (this test run's own config folder)
+    assert f"signed and verified ({own.key_id})" in out and "signed head of entry" in out
+    # An auditor with only the public key verifies the same trail.
+    assert main(["audit", str(journal), "--public-key", f"{own.key_id} {own.public_key_text}"]) == 0
+    capsys.readouterr()
+    with closing(sqlite3.connect(journal)) as db, db:
+        seq, last = db.execute("SELECT seq, data FROM trioloop_journal ORDER BY seq DESC LIMIT 1").fetchone()
+        entry = decode_entry(last)
+        forged = encode_entry(seq + 1, "approve", entry_hash(last), entry.at_ms, {"call_id": "b", "by": "mallory"})
+        db.execute("INSERT INTO trioloop_journal (session_id, seq, data) VALUES ('review-1', ?, ?)", (seq + 1, forged))
+    assert main(["audit", str(journal)]) == 1
+    err = capsys.readouterr().err
+    assert f"entry {seq + 1} does not verify" in err and "follow the last seal" in err

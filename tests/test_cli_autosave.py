@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import trio
 
 from trioloop.cli.chat import chat_session
+from trioloop.durable.witness import default_witness_path
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.threatmodel import load_thf
 
@@ -155,6 +157,7 @@ async def test_a_killed_chat_resumes_from_its_journal_at_the_open_review(
     # before the card is shown); `--resume` continues that very review.
     journal = tmp_path / "model.thf.journal"
     killed = tmp_path / "killed.journal"
+    witnessed = tmp_path / "witness-at-kill"
     base = len(load_thf(thf).threats)
 
     class Killed(Exception):
@@ -170,6 +173,7 @@ async def test_a_killed_chat_resumes_from_its_journal_at_the_open_review(
             source = Path(f"{journal}{suffix}")
             if source.exists():
                 Path(f"{killed}{suffix}").write_bytes(source.read_bytes())
+        shutil.copytree(default_witness_path(), witnessed)  # and the witness of its heads, as it stood
         raise Killed
 
     steps = [add_threat("c1", "First"), add_threat("c2", "Second"), ScriptStep(text="unreached")]
@@ -177,6 +181,9 @@ async def test_a_killed_chat_resumes_from_its_journal_at_the_open_review(
         async with ScriptedProvider(steps) as provider:
             await chat_session(thf, provider, "scripted-1", "ask", prompt, journal=journal)
     assert f"resume with --resume {journal}" in capsys.readouterr().out
+    # This process went on after the "kill" and wrote more: put back the witness a killed one leaves.
+    shutil.rmtree(default_witness_path())
+    shutil.copytree(witnessed, default_witness_path())
 
     async with ScriptedProvider([ScriptStep(text="Both added.")]) as provider:
         code = await chat_session(thf, provider, "scripted-1", "ask", answers("a"), journal=killed, resume=True)

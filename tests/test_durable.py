@@ -187,9 +187,9 @@ async def test_a_call_running_at_a_crash_is_settled_failed_and_never_run_again()
         start = next(i for i, e in enumerate(entries) if b'"kind":"start"' in e.data)
         # The process died right after the start was durable (the tool may or may not have run).
         crashed = MemoryJournalStore()
-        crashed._journals["s1"] = list(entries[: start + 1])
+        crashed._journals["s1"] = through_batch(entries, start)
         RUNS.clear()
-        reopened = await open_note(crashed, provider)
+        reopened = await open_note(crashed, provider, witness=None)
         assert reopened.suspended and reopened.state is not None
         assert reopened.state.call("a") is not None and reopened.state.call("a").status is CallStatus.RUNNING  # type: ignore[union-attr]
         async with reopened:
@@ -210,9 +210,9 @@ async def test_a_request_in_flight_at_a_crash_is_asked_again_as_a_retry() -> Non
         entries = store._journals["s1"]
         submit = next(i for i, e in enumerate(entries) if b'"kind":"submit"' in e.data)
         crashed = MemoryJournalStore()
-        crashed._journals["s1"] = list(entries[: submit + 1])
+        crashed._journals["s1"] = through_batch(entries, submit)
     async with ScriptedProvider([ScriptStep(text="Hello again.")]) as provider:
-        reopened = await open_note(crashed, provider)
+        reopened = await open_note(crashed, provider, witness=None)
         assert reopened.suspended and reopened.state is not None and reopened.state.phase is Phase.REQUESTING
         async with reopened:
             final = await reopened.continue_turn()
@@ -277,6 +277,15 @@ async def test_a_second_opener_is_refused_while_the_lease_is_held() -> None:
         await first.aclose()
         second = await open_note(store, provider)
         await second.aclose()
+
+
+def through_batch(entries: Sequence[StoredEntry], index: int) -> list[StoredEntry]:
+    """The entries a crash right after entry ``index`` was durable leaves: whole batches, so up to the seal that
+    ended the batch holding it (an append is all or nothing). The copy is opened without the witness, which saw
+    the whole run: a real crash never leaves the witness ahead of the journal (it hears of an append once the
+    append is durable)."""
+    end = next(i for i in range(index, len(entries)) if b'"kind":"seal"' in entries[i].data)
+    return list(entries[: end + 1])
 
 
 def tamper(entries: Sequence[StoredEntry], index: int, old: bytes, new: bytes) -> list[StoredEntry]:

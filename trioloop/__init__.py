@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Final
 from trioloop._lazy import lazy_names
 
 if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name loads on first use (below)
-    from trioloop.durable.journal import JournalError
+    from trioloop.durable.journal import JournalError, JournalIntegrity
     from trioloop.durable.session_file import SessionFileError
+    from trioloop.durable.signing import JournalKeys, JournalSigner
     from trioloop.durable.store import (
         JournalConflict,
         JournalStore,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
         MemoryJournalStore,
         SessionLocked,
     )
+    from trioloop.durable.witness import FileWitness, HeadWitness, MemoryWitness
     from trioloop.machine.card import CardDetails, one_line
     from trioloop.machine.document import (
         DocumentKind,
@@ -98,6 +100,7 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
         SessionClosed,
         SessionJournalError,
         Toolset,
+        ToolsMissing,
         TranscriptError,
     )
     from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
@@ -132,11 +135,17 @@ _HOMES: Final[dict[str, str]] = {
     "Effect": "trioloop.machine.tools",
     "EntityChange": "trioloop.machine.preview",
     "FieldChange": "trioloop.machine.preview",
+    "FileWitness": "trioloop.durable.witness",
+    "HeadWitness": "trioloop.durable.witness",
     "JournalConflict": "trioloop.durable.store",
     "JournalError": "trioloop.durable.journal",
+    "JournalIntegrity": "trioloop.durable.journal",
+    "JournalKeys": "trioloop.durable.signing",
+    "JournalSigner": "trioloop.durable.signing",
     "JournalStore": "trioloop.durable.store",
     "JournalStoreError": "trioloop.durable.store",
     "MemoryJournalStore": "trioloop.durable.store",
+    "MemoryWitness": "trioloop.durable.witness",
     "Message": "trioloop.protocol",
     "MessageStart": "trioloop.protocol",
     "MessageStop": "trioloop.protocol",
@@ -181,6 +190,7 @@ _HOMES: Final[dict[str, str]] = {
     "ToolOutcome": "trioloop.machine.tools",
     "ToolRegistry": "trioloop.machine.tools",
     "ToolResultBlock": "trioloop.protocol",
+    "ToolsMissing": "trioloop.runtime.session",
     "Toolset": "trioloop.runtime.session",
     "TranscriptError": "trioloop.runtime.session",
     "TurnControls": "trioloop.runtime.controls",
@@ -240,11 +250,17 @@ __all__ = [
     "Effect",
     "EntityChange",
     "FieldChange",
+    "FileWitness",
+    "HeadWitness",
     "JournalConflict",
     "JournalError",
+    "JournalIntegrity",
+    "JournalKeys",
+    "JournalSigner",
     "JournalStore",
     "JournalStoreError",
     "MemoryJournalStore",
+    "MemoryWitness",
     "Message",
     "MessageStart",
     "MessageStop",
@@ -288,6 +304,7 @@ __all__ = [
     "ToolOutcome",
     "ToolRegistry",
     "ToolResultBlock",
+    "ToolsMissing",
     "Toolset",
     "TranscriptError",
     "TurnControls",

@@ -3,28 +3,60 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from trioloop.cli.common import error
 
+if TYPE_CHECKING:
+    from trioloop.durable.signing import JournalKeys
+
 __all__ = ["run_audit"]
 
 
-def run_audit(target: str, session: str | None, *, as_json: bool) -> int:
+def run_audit(target: str, session: str | None, *, as_json: bool, public_keys: Sequence[str] = ()) -> int:
     """``trioloop audit``: every session's trail (or one's), verified; exit 1 naming the first bad entry."""
     if "://" not in target and not Path(target).is_file():
         error(f"no journal at {target}")
         return 2
-    return trio.run(_audit, target, session, as_json)
+    try:
+        keys = _keys(public_keys)
+    except ValueError as exc:
+        error(str(exc))
+        return 2
+    return trio.run(_audit, target, session, as_json, keys)
 
 
-async def _audit(target: str, session: str | None, as_json: bool) -> int:
+def _keys(public_keys: Sequence[str]) -> JournalKeys | None:
+    """The public keys that check the seals: those given, and the signing key of this user when it exists (never
+    made here: an audit writes nothing)."""
+    import base64
+    import binascii
+
+    from trioloop.durable.signing import KEY_ENV, JournalKeys, JournalSigner, default_key_path
+
+    given: list[bytes] = []
+    for text in public_keys:
+        try:
+            given.append(base64.b64decode(text.split()[-1], validate=True))
+        except (binascii.Error, ValueError, IndexError):
+            raise ValueError(f"not a public key (base64 of 32 bytes, as `trioloop key` prints): {text!r}") from None
+    own = os.environ.get(KEY_ENV) or default_key_path()
+    if Path(own).is_file():
+        given.append(JournalSigner.load(own).public_key)
+    return JournalKeys(given) if given else None
+
+
+async def _audit(target: str, session: str | None, as_json: bool, keys: JournalKeys | None) -> int:
     from trioloop.durable.audit import audit_lines, audit_records
-    from trioloop.durable.journal import JournalError
+    from trioloop.durable.journal import JournalError, decode_entries, journal_id_of, verify_journal
     from trioloop.durable.store import JournalStoreError
     from trioloop.durable.targets import open_store
+    from trioloop.durable.witness import FileWitness, check_witnessed
 
     try:
         store = open_store(target)
@@ -50,7 +82,14 @@ async def _audit(target: str, session: str | None, as_json: bool) -> int:
                     else:
                         for line in audit_lines(stored):
                             print(line)
-                        print(f"session {session_id}: hash chain verified ({len(stored)} entries)")
+                    entries = decode_entries(stored)
+                    integrity = verify_journal(entries, session_id=session_id, keys=keys)
+                    head = await FileWitness().last_head(journal_id_of(entries, session_id))
+                    check_witnessed(entries, head)
+                    if not as_json:
+                        witnessed = "" if head is None else f"; witnessed up to entry {head.seq}"
+                        verdict = f"hash chain verified ({len(stored)} entries); {integrity.describe()}{witnessed}"
+                        print(f"session {session_id}: {verdict}")
                 except JournalError as exc:
                     error(f"session {session_id}: entry {exc.seq} does not verify: {exc}")
                     failed = True

@@ -103,7 +103,24 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     """Print a journaled session's audit trail and verify its hash chain."""
     from trioloop.cli.audit import run_audit
 
-    return run_audit(args.target, args.session, as_json=args.json)
+    return run_audit(args.target, args.session, as_json=args.json, public_keys=args.public_key)
+
+
+def _cmd_key(args: argparse.Namespace) -> int:
+    """Print the id and public key of the key that signs this user's journals (made on first use)."""
+    from trioloop.durable.signing import KEY_ENV, JournalKeyError, JournalSigner, default_key_path
+
+    try:
+        signer = JournalSigner.default()
+    except JournalKeyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{signer.key_id} {signer.public_key_text}")
+    if args.path:
+        import os
+
+        print(os.environ.get(KEY_ENV) or default_key_path())
+    return EXIT_OK
 
 
 def _version() -> str:
@@ -262,7 +279,23 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("--session", metavar="ID", help="the session to audit (default: every session in the store)")
     audit.add_argument("--json", action="store_true", help="print JSON lines, one verified entry per line")
+    audit.add_argument(
+        "--public-key",
+        metavar="KEY",
+        action="append",
+        default=[],
+        help="a public key that checks the journal's signatures (as `trioloop key` prints it; repeatable); "
+        "your own signing key's is used too when it exists",
+    )
     audit.set_defaults(run=_cmd_audit)
+
+    key = commands.add_parser(
+        "key",
+        help="print the id and public key of the key that signs your journals (made on first use); "
+        "an auditor checks a journal with the public key alone",
+    )
+    key.add_argument("--path", action="store_true", help="also print where the private key is kept")
+    key.set_defaults(run=_cmd_key)
     return parser
 
 

@@ -24,6 +24,10 @@ for the first entry), so changing, removing or reordering any entry breaks the c
 - ``advance``, ``retry``, ``cancel``, ``revoke``, ``undo``: the other reducer inputs.
 - ``suspend``, ``resume``: the turn was suspended in review (with the machine time spent and the time the
   review had waited), and taken up again.
+- ``seal``: the end of an append batch, signing its head: the session id, the number and hash of the entry
+  before it, the key's id and an Ed25519 signature (`trioloop.durable.signing`). `verify_journal` checks every
+  seal and that nothing follows the last one; a snapshot names the seal it follows (``after``) and whether the
+  journal may be compacted (``compact``), so a journal may start after entry 1 only at such a snapshot.
 
 This module is the format: encoding, decoding and the hash chain. `JournalWriter`
 (`trioloop.durable.journal_writer`) makes the entries of a live session; replay (`trioloop.durable.replay`) folds
@@ -45,6 +49,7 @@ from typing import Any, Final, final
 import attrs
 
 from trioloop.durable.bounded_json import parse_bounded_json
+from trioloop.durable.signing import JournalKeys, head_message
 from trioloop.durable.store import StoredEntry
 
 __all__ = [
@@ -53,11 +58,14 @@ __all__ = [
     "MAX_ENTRY_BYTES",
     "JournalEntry",
     "JournalError",
+    "JournalIntegrity",
     "decode_entries",
     "decode_entry",
     "encode_entry",
     "entry_hash",
+    "journal_id_of",
     "verify_chain",
+    "verify_journal",
 ]
 
 #: The ``prev`` of a journal's first entry.
@@ -82,6 +90,7 @@ JOURNAL_KINDS: Final = frozenset(
         "redo",
         "suspend",
         "resume",
+        "seal",
     }
 )
 _ENTRY_KEYS: Final = ("seq", "kind", "prev", "at", "data")
@@ -178,3 +187,126 @@ def decode_entries(stored: Iterable[StoredEntry]) -> list[JournalEntry]:
             raise JournalError(f"journal entry stored as {item.seq} says it is {entry.seq}", seq=item.seq)
         decoded.append(entry)
     return decoded
+
+
+@final
+@attrs.frozen(kw_only=True)
+class JournalIntegrity:
+    """What `verify_journal` proved of a journal: whether every entry is signed (and by which keys), whether
+    the signatures were checked, and where a compacted journal starts."""
+
+    #: Every entry is covered by a seal (the last entry is one).
+    signed: bool
+    #: The seals were checked against public keys (False: signed but no key to check it, or unsigned).
+    verified: bool
+    key_ids: frozenset[str] = frozenset()
+    #: The number of the first stored entry (1 unless compacted).
+    first_seq: int = 1
+
+    def describe(self) -> str:
+        """One line for a person: signed and verified (by which keys), signed but unchecked, or unsigned."""
+        keys = ", ".join(sorted(self.key_ids))
+        if self.verified:
+            return f"signed and verified ({keys})"
+        if self.signed:
+            return f"signed by {keys}, not verified (no public key given)"
+        return "unsigned: nothing proves who wrote it"
+
+
+def _seal_fields(entry: JournalEntry) -> tuple[str, int, str, str, str]:
+    data = entry.data
+    session, seq, head, key, sig = (data.get(k) for k in ("session", "seq", "head", "key", "sig"))
+    if not (type(session) is str and type(seq) is int and type(head) is str and type(key) is str and type(sig) is str):
+        raise JournalError(f"journal entry {entry.seq} is a seal without its fields", seq=entry.seq)
+    return session, seq, head, key, sig
+
+
+def _check_seal(entry: JournalEntry, before: JournalEntry | None, session_id: str, keys: JournalKeys | None) -> str:
+    """Check one seal against the entry it follows; its key id."""
+    session, seq, head, key, sig = _seal_fields(entry)
+    if session != session_id:
+        raise JournalError(
+            f"journal entry {entry.seq} seals session {session!r}, not {session_id!r}: these entries belong to "
+            "another session",
+            seq=entry.seq,
+        )
+    if before is None or seq != before.seq or head != before.hash or entry.prev != head:
+        raise JournalError(f"journal entry {entry.seq} seals an entry that is not the one before it", seq=entry.seq)
+    if keys is not None and not keys.verify(key, head_message(session, seq, head), sig):
+        known = "an unknown key" if key not in keys.ids else f"key {key}"
+        raise JournalError(
+            f"journal entry {entry.seq}'s signature does not verify ({known}): entries up to it were changed or forged",
+            seq=entry.seq,
+        )
+    return key
+
+
+def _check_start(first: JournalEntry, session_id: str, keys: JournalKeys | None) -> None:
+    """A journal that starts after entry 1 must start at a snapshot that allows compaction and (signed) names
+    the seal it followed, whose signature holds."""
+    # Without keys nothing is proved anyway, and a journal compacted before snapshots said so still opens.
+    allowed = first.data.get("compact") is True or (keys is None and first.data.get("compact") is None)
+    if first.kind != "snapshot" or not allowed:
+        raise JournalError(
+            f"the journal starts at entry {first.seq}, not 1, and not at a snapshot that allows compaction: "
+            "entries before it were removed",
+            seq=first.seq,
+        )
+    after = first.data.get("after")
+    if keys is None:
+        return
+    if type(after) is not str or entry_hash(after.encode("ascii", "replace")) != first.prev:
+        raise JournalError(
+            f"journal entry {first.seq} does not name the signed head of the entries compacted before it",
+            seq=first.seq,
+        )
+    seal = decode_entry(after.encode("ascii"))
+    if seal.kind != "seal" or seal.seq != first.seq - 1:
+        raise JournalError(f"journal entry {first.seq} follows no seal", seq=first.seq)
+    session, seq, head, key, sig = _seal_fields(seal)
+    if session != session_id or not keys.verify(key, head_message(session, seq, head), sig):
+        raise JournalError(f"journal entry {first.seq} names a head the compacted entries did not have", seq=first.seq)
+
+
+def journal_id_of(entries: Sequence[JournalEntry], session_id: str) -> str:
+    """Which journal this is, wherever it is stored: the id its snapshots carry (a journal from before they did:
+    the session and its first entry's hash). A witness keeps heads by it."""
+    named = entries[0].data.get("journal") if entries else None
+    if type(named) is str and named:
+        return named
+    return f"{session_id}@{entries[0].hash}" if entries else session_id
+
+
+def verify_journal(entries: Sequence[JournalEntry], *, session_id: str, keys: JournalKeys | None) -> JournalIntegrity:
+    """Check a whole journal before anything of it is replayed: numbering, the hash chain from the genesis (or
+    from a compaction snapshot), every seal (session, head, and with ``keys`` the signature), and that no entry
+    follows the last seal. `JournalError` names the first entry that does not hold.
+
+    With ``keys``, an unsigned journal, or one with entries after its last seal, is refused: entries nobody
+    signed can make nothing run. Without, an unsigned journal is read and reported as such (`JournalIntegrity`).
+    """
+    if not entries:
+        raise JournalError("the journal is empty")
+    first = entries[0]
+    if first.seq != 1:
+        _check_start(first, session_id, keys)
+    verify_chain(entries, first_prev=GENESIS if first.seq == 1 else None)
+    key_ids: set[str] = set()
+    sealed_to = first.seq - 1
+    before: JournalEntry | None = None
+    for entry in entries:
+        if entry.kind == "seal":
+            key_ids.add(_check_seal(entry, before, session_id, keys))
+            sealed_to = entry.seq
+        before = entry
+    last = entries[-1].seq
+    signed = sealed_to == last
+    if keys is not None and not signed:
+        if not key_ids:
+            raise JournalError("the journal is not signed: open it without keys to read it as unsigned")
+        raise JournalError(
+            f"journal entries {sealed_to + 1} to {last} follow the last seal: nobody signed them", seq=sealed_to + 1
+        )
+    return JournalIntegrity(
+        signed=signed, verified=signed and keys is not None, key_ids=frozenset(key_ids), first_seq=first.seq
+    )

@@ -1,5 +1,6 @@
 """Writing a live session's journal: each input the reducer took becomes an entry, numbered and chained, and
-is handed over in batches ready to append (see `trioloop.durable.journal` for the format)."""
+is handed over in batches ready to append, each batch ending with a ``seal`` that signs its head (see
+`trioloop.durable.journal` for the format and `trioloop.durable.signing` for the keys)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import attrs
 
 from trioloop.durable.journal import encode_entry, entry_hash
 from trioloop.durable.session_file import SessionSnapshot, session_to_json
+from trioloop.durable.signing import JournalSigner, head_message
 from trioloop.durable.store import StoredEntry
 from trioloop.machine.inputs import (
     Advance,
@@ -70,10 +72,25 @@ class JournalWriter:
     """
 
     def __init__(
-        self, *, last_seq: int, last_hash: str, dump_document: Callable[[Any], str], clock: Callable[[], int] = _wall_ms
+        self,
+        *,
+        last_seq: int,
+        last_hash: str,
+        dump_document: Callable[[Any], str],
+        clock: Callable[[], int] = _wall_ms,
+        session_id: str = "",
+        signer: JournalSigner | None = None,
+        compact: bool = False,
+        last_seal: bytes | None = None,
+        journal_id: str = "",
     ) -> None:
         self._seq = last_seq
         self._prev = last_hash
+        self._session_id = session_id
+        self._signer = signer
+        self._compact = compact
+        self._last_seal = last_seal  # the last seal's bytes: a snapshot that follows it names it
+        self._journal_id = journal_id  # which journal this is, whatever store it is in (a witness's key)
         self._dump = dump_document
         self._clock = clock
         self._ready: list[StoredEntry] = []
@@ -117,6 +134,9 @@ class JournalWriter:
         return self._submit_pending
 
     def take(self) -> list[StoredEntry]:
+        """What is ready to append, as one batch; signed, it ends with a seal over its last entry."""
+        if self._ready and self._signer is not None:
+            self._seal(self._signer)
         ready, self._ready = self._ready, []
         self._commit_pending = self._submit_pending = False
         return ready
@@ -125,18 +145,28 @@ class JournalWriter:
         """Number, chain and encode one entry (the stream held so far goes first)."""
         if kind != "stream" and (self._events or self._text):
             self._flush_stream(None)
-        self._seq += 1
-        raw = encode_entry(self._seq, kind, self._prev, self._clock(), data)
-        self._prev = entry_hash(raw)
-        self._ready.append(StoredEntry(self._seq, raw))
+        self._append_entry(kind, data)
         if kind == "settled" and data.get("document") is not None:
             self._commit_pending = True
         elif kind == "submit":
             self._submit_pending = True
+
+    def _append_entry(self, kind: str, data: Mapping[str, Any]) -> bytes:
+        self._seq += 1
+        raw = encode_entry(self._seq, kind, self._prev, self._clock(), data)
+        self._prev = entry_hash(raw)
+        self._ready.append(StoredEntry(self._seq, raw))
         if kind == "snapshot":
             self._since_snapshot, self._snapshot_size = 0, len(raw)
         else:
             self._since_snapshot += len(raw)
+        return raw
+
+    def _seal(self, signer: JournalSigner) -> None:
+        """Sign the head: the session, the last entry's number and its hash (a stream still held stays held)."""
+        message = head_message(self._session_id, self._seq, self._prev)
+        seal = {"session": self._session_id, "seq": self._seq, "head": self._prev, "key": signer.key_id}
+        self._last_seal = self._append_entry("seal", {**seal, "sig": signer.sign(message)})
 
     @property
     def snapshot_due(self) -> bool:
@@ -263,8 +293,23 @@ class JournalWriter:
         # UndoTurn is journaled by the session, which also restores the document (`undo` entry).
 
     def snapshot(self, snapshot: SessionSnapshot[Any]) -> None:
-        """The whole session: written first, then after every settled turn and every undo."""
-        self.add("snapshot", {"session": session_to_json(snapshot, dump_document=self.dump)})
+        """The whole session: written first, then after every settled turn and every undo.
+
+        A snapshot starts a batch of its own (what is ready before it is sealed first), and names what it
+        follows: the seal before it (``after``, its exact text), so a journal compacted to start at this
+        snapshot still accounts for the signed head of what was discarded, and whether the journal may be
+        compacted at all (``compact``: a journal that starts at a snapshot saying no was cut, not compacted)."""
+        if self._ready and self._signer is not None:
+            self._seal(self._signer)
+        seal = self._last_seal
+        after = seal.decode("ascii") if seal is not None and entry_hash(seal) == self._prev else None
+        data = {
+            "session": session_to_json(snapshot, dump_document=self.dump),
+            "journal": self._journal_id,
+            "compact": self._compact,
+            "after": after,
+        }
+        self.add("snapshot", data)
 
 
 _COMMANDS: Final[frozenset[type]] = frozenset(

@@ -34,7 +34,7 @@ from trioloop.machine.transaction import UndoEntry, UndoHistory, redo_step, undo
 from trioloop.protocol.events import StreamError, StreamEvent
 from trioloop.protocol.serialization import SerializationError, event_from_json
 
-__all__ = ["INTERRUPTED_CALL_TEXT", "Replayed", "recovery_inputs", "replay_journal", "replay_start"]
+__all__ = ["INTERRUPTED_CALL_TEXT", "Replayed", "recovery_inputs", "replay_journal", "replay_start", "tools_used"]
 
 D = TypeVar("D")
 
@@ -115,6 +115,24 @@ def replay_start(entries: Sequence[JournalEntry]) -> int:
     raise JournalError("the journal holds no session snapshot")
 
 
+def tools_used(entries: Sequence[JournalEntry]) -> frozenset[str]:
+    """The tools the calls replay will prepare again used (from `replay_start` on): a call's tool, when its turn
+    offered one by that name (a name the model made up was never a tool, and fails as unknown either way)."""
+    offered: set[str] = set()
+    used: set[str] = set()
+    for entry in entries[replay_start(entries) :]:
+        if entry.kind == "submit":
+            names = entry.data.get("tools")
+            offered = {name for name in names if type(name) is str} if type(names) is list else set()
+        elif entry.kind == "stream" and type(events := entry.data.get("events")) is list:
+            for event in events:
+                if type(event) is dict and event.get("type") == "tool_call_complete":
+                    name = event.get("name")
+                    if type(name) is str and name in offered:
+                        used.add(name)
+    return frozenset(used)
+
+
 def replay_journal(
     entries: Sequence[JournalEntry],
     *,
@@ -171,6 +189,8 @@ class _Folder(Generic[D]):
 
     def apply(self, entry: JournalEntry) -> None:
         kind, data, seq = entry.kind, entry.data, entry.seq
+        if kind == "seal":
+            return  # proves who wrote what came before (`verify_journal`); nothing to replay
         if kind != "suspend":
             self.machine_ms = self.review_ms = None  # a suspension is over once anything else happened
         if kind == "snapshot":

@@ -195,6 +195,9 @@ class MemoryJournalStore:
     ``fail_appends`` makes every append raise `JournalStoreError`, as a failing disk would.
     """
 
+    #: Its journals end with the process, so nothing outside it need witness their heads.
+    outlives_process = False
+
     def __init__(self) -> None:
         self._journals: dict[str, list[StoredEntry]] = {}
         self._leased: set[str] = set()

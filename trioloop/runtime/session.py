@@ -23,12 +23,15 @@ import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import trio
 
+from trioloop.durable.journal import JournalIntegrity
 from trioloop.durable.session_file import MAX_SESSION_BYTES, SessionSnapshot
+from trioloop.durable.signing import JournalKeys, JournalSigner
 from trioloop.durable.store import JournalStore
+from trioloop.durable.witness import HeadWitness
 from trioloop.machine.document import DocumentKind, TextDocumentKind
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.machine.questions import AnswerAction, Question
@@ -43,7 +46,15 @@ from trioloop.runtime.observer import TurnObserver
 from trioloop.runtime.publisher import StatePublisher
 from trioloop.runtime.runner import Workspace
 from trioloop.runtime.session_files import TranscriptError
-from trioloop.runtime.session_journal import SessionJournal, SessionJournalError, journal_into, open_session
+from trioloop.runtime.session_journal import (
+    DEFAULT_SIGNER,
+    DEFAULT_WITNESS,
+    SessionJournal,
+    SessionJournalError,
+    ToolsMissing,
+    journal_into,
+    open_session,
+)
 from trioloop.runtime.session_turns import SessionBusy, TurnSlot
 from trioloop.runtime.session_undo import UndoSteps
 from trioloop.runtime.toolsets import Toolset, Toolsets
@@ -53,6 +64,7 @@ __all__ = [
     "SessionBusy",
     "SessionClosed",
     "SessionJournalError",
+    "ToolsMissing",
     "Toolset",
     "TranscriptError",
     "default_system_prompt",
@@ -433,16 +445,28 @@ class Session(Generic[D]):
         nursery: trio.Nursery | None = None,
         wait_s: float = 0.0,
         compact: bool = False,
+        signer: JournalSigner | Literal["default"] | None = DEFAULT_SIGNER,
+        keys: JournalKeys | None = None,
+        witness: HeadWitness | Literal["default"] | None = DEFAULT_WITNESS,
     ) -> Session[D]:
         """A session whose every turn is journaled in ``store`` under ``session_id``, taking its lease.
 
-        A new id starts from ``document`` and ``model``. An existing journal is verified (numbering and hash
-        chain) and replayed: the conversation, document, undo history and, if a turn was suspended in review
-        or cut short by a crash, that turn (`suspended`, `state`; take it up with `continue_turn`). The
-        ``tools`` must be the ones the journaled turn offered: each call is prepared again from its tool, and
-        one whose digest changed is refused, never run. ``compact`` drops the entries before each new
-        snapshot (the audit trail then starts there). Raises `SessionLocked` while another lease drives the
-        session (after waiting up to ``wait_s``), `JournalError` for a journal that does not verify.
+        A new id starts from ``document`` and ``model``. An existing journal is verified before anything of it
+        is replayed (numbering, hash chain, and every batch's signature: a forged, edited, reordered, inserted or
+        transplanted entry, or entries nobody signed, raise `JournalError` naming the first bad entry) and then
+        replayed: the conversation, document, undo history and, if a turn was suspended in review or cut short
+        by a crash, that turn (`suspended`, `state`; take it up with `continue_turn`). The ``tools`` must be the
+        ones the journaled calls used (`ToolsMissing` names any not given): each call is prepared again from
+        its tool, and one whose digest changed is refused, never run. ``compact`` drops the entries before the
+        snapshot the last turn started from (the audit trail then starts there).
+
+        ``signer`` signs every append: by default the key ``TRIOLOOP_JOURNAL_KEY`` names, else a per-user key
+        made on first use (`JournalSigner.default`); ``None`` opts out (the journal is unsigned, and
+        `journal_integrity` says so). ``keys`` adds public keys that verify entries an earlier key signed.
+        ``witness`` keeps each new signed head outside the store (by default a `FileWitness` under the user's
+        config folder, for a signed journal), so a journal cut short or rolled back to an older copy is refused
+        too (`JournalError` naming the witnessed entry). Raises `SessionLocked` while another lease drives the
+        session (after waiting up to ``wait_s``).
         """
         return await open_session(
             cls,
@@ -459,16 +483,33 @@ class Session(Generic[D]):
             nursery=nursery,
             wait_s=wait_s,
             compact=compact,
+            signer=signer,
+            keys=keys,
+            witness=witness,
         )
 
     async def journal_into(
-        self, store: JournalStore, session_id: str, *, wait_s: float = 0.0, compact: bool = False
+        self,
+        store: JournalStore,
+        session_id: str,
+        *,
+        wait_s: float = 0.0,
+        compact: bool = False,
+        signer: JournalSigner | Literal["default"] | None = DEFAULT_SIGNER,
+        witness: HeadWitness | Literal["default"] | None = DEFAULT_WITNESS,
     ) -> None:
         """Journal this session from now on in ``store`` under the new id ``session_id`` (taking its lease):
         the first entry is a snapshot of the session as it stands (its conversation, document and undo
-        history), so a session resumed from a file, say, goes on durably. `SessionLocked` if another lease
-        holds the id; ValueError if it already has a journal (open that with `Session.open`)."""
-        await journal_into(self, store, session_id, wait_s=wait_s, compact=compact)
+        history), so a session resumed from a file, say, goes on durably; ``signer`` and ``witness`` as in `open`.
+        `SessionLocked` if another lease holds the id; ValueError if it already has a journal (open that with
+        `Session.open`)."""
+        await journal_into(self, store, session_id, wait_s=wait_s, compact=compact, signer=signer, witness=witness)
+
+    @property
+    def journal_integrity(self) -> JournalIntegrity | None:
+        """What opening proved of the session's journal (signed and verified, signed by an unknown key, or
+        unsigned), or None for a session without a journal."""
+        return None if self._journal is None else self._journal.integrity
 
     def transcript(self) -> dict[str, Any]:
         """The conversation as a versioned JSON-ready dict (`save_transcript` writes it)."""

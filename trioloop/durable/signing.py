@@ -1,0 +1,211 @@
+"""Signed journal heads: the key that signs what a session appends, and the public keys that verify it.
+
+Every append batch ends with a ``seal`` entry: an Ed25519 signature over the new chain head, binding the session
+id, the number of the last entry before the seal and that entry's hash (which covers everything before it). The
+private key is the app's, never the store's, so whoever holds the store can read the journal and verify it with
+the public key alone, but cannot forge, edit, reorder, insert or transplant an entry without the seal failing.
+
+Keys have ids (``ed25519:`` and the first 16 hex digits of the SHA-256 of the raw public key), so a journal
+signed before a key rotation still verifies with the old public key among the `JournalKeys`. Where a key comes
+from, unless the app passes one: `TRIOLOOP_JOURNAL_KEY` (a path to a key file), else a per-user key created on
+first use at ``$XDG_CONFIG_HOME/trioloop/journal-key`` (``~/.config`` by default), readable by its owner alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, final
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+__all__ = [
+    "KEY_ENV",
+    "JournalKeyError",
+    "JournalKeys",
+    "JournalSigner",
+    "default_key_path",
+    "head_message",
+    "key_id_of",
+]
+
+#: The environment variable naming the signing key's file (else the per-user default).
+KEY_ENV: Final = "TRIOLOOP_JOURNAL_KEY"
+_KEY_FILE_PREFIX: Final = b"trioloop-journal-key-v1 "
+_HEAD_DOMAIN: Final = b"trioloop journal head v1\x00"
+_SIGNATURE_BYTES: Final = 64
+
+
+class JournalKeyError(ValueError):
+    """A signing key that cannot be read or made (the message says which file and why)."""
+
+
+def head_message(session_id: str, seq: int, head: str) -> bytes:
+    """What a seal signs: the session, the number of the entry it seals and that entry's hash, unambiguously."""
+    return b"%s%s\x00%d\x00%s" % (_HEAD_DOMAIN, session_id.encode("utf-8"), seq, head.encode("ascii"))
+
+
+def key_id_of(public_key: bytes) -> str:
+    """A public key's id: ``ed25519:`` and the first 16 hex digits of the SHA-256 of its 32 raw bytes."""
+    return "ed25519:" + hashlib.sha256(public_key).hexdigest()[:16]
+
+
+def _raw_public(key: Ed25519PublicKey) -> bytes:
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+@final
+class JournalSigner:
+    """A private Ed25519 key that signs journal heads (see the module docstring). Its repr shows the id only."""
+
+    __slots__ = ("_key", "key_id", "public_key")
+
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        self._key = private_key
+        #: The 32 raw bytes of the public key: what a verifier needs (`JournalKeys`).
+        self.public_key: bytes = _raw_public(private_key.public_key())
+        self.key_id: str = key_id_of(self.public_key)
+
+    @classmethod
+    def generate(cls) -> JournalSigner:
+        """A new random key (kept in memory only: `save` writes it)."""
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_private_bytes(cls, raw: bytes) -> JournalSigner:
+        """The key whose 32-byte private seed is ``raw``."""
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        if len(raw) != 32:
+            raise JournalKeyError("an Ed25519 private key is 32 bytes")
+        return cls(Ed25519PrivateKey.from_private_bytes(raw))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> JournalSigner:
+        """The key in the file ``save`` wrote; `JournalKeyError` for a file that is not one, or that others
+        may read (a key readable by the group or the world is refused, as ssh refuses one)."""
+        path = Path(path)
+        try:
+            mode = path.stat().st_mode
+            text = path.read_bytes()
+        except OSError as exc:
+            raise JournalKeyError(f"the journal key {path} could not be read ({exc.strerror})") from None
+        if mode & 0o077:
+            raise JournalKeyError(f"the journal key {path} is readable by others: chmod 600 it")
+        if not text.startswith(_KEY_FILE_PREFIX):
+            raise JournalKeyError(f"{path} is not a trioloop journal key")
+        try:
+            raw = base64.b64decode(text[len(_KEY_FILE_PREFIX) :].strip(), validate=True)
+        except (binascii.Error, ValueError):
+            raise JournalKeyError(f"{path} is not a trioloop journal key") from None
+        return cls.from_private_bytes(raw)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the private key to a new file at ``path``, readable by its owner alone (never over a file)."""
+        from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+        raw = self._key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(_KEY_FILE_PREFIX + base64.b64encode(raw) + b"\n")
+            file.flush()
+            os.fsync(file.fileno())
+
+    @classmethod
+    def default(cls, environ: Mapping[str, str] | None = None) -> JournalSigner:
+        """The key named by `KEY_ENV`, else the per-user key at `default_key_path` (made on first use)."""
+        environ = os.environ if environ is None else environ
+        named = environ.get(KEY_ENV)
+        if named:
+            return cls.load(named)
+        path = default_key_path(environ)
+        if not path.exists():
+            with contextlib.suppress(FileExistsError):  # another process made it first: use theirs
+                cls.generate().save(path)
+        return cls.load(path)
+
+    def sign(self, message: bytes) -> str:
+        """The signature of ``message``, base64."""
+        return base64.b64encode(self._key.sign(message)).decode("ascii")
+
+    @property
+    def public_key_text(self) -> str:
+        """The public key as ``trioloop key`` prints it and ``trioloop audit --public-key`` reads it: base64."""
+        return base64.b64encode(self.public_key).decode("ascii")
+
+    @property
+    def keys(self) -> JournalKeys:
+        """The public half, as the keys that verify what this key signs."""
+        return JournalKeys([self.public_key])
+
+    def __repr__(self) -> str:
+        return f"JournalSigner(key_id={self.key_id!r})"
+
+
+def default_key_path(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CONFIG_HOME/trioloop/journal-key`` (``~/.config/trioloop/journal-key`` when it is not set)."""
+    environ = os.environ if environ is None else environ
+    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "trioloop" / "journal-key"
+
+
+@final
+class JournalKeys:
+    """Public keys by id: what verifies a journal's seals (and cannot make one)."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, public_keys: Iterable[bytes | JournalSigner]) -> None:
+        keys: dict[str, Any] = {}
+        for key in public_keys:
+            raw = key.public_key if isinstance(key, JournalSigner) else bytes(key)
+            if len(raw) != 32:
+                raise JournalKeyError("an Ed25519 public key is 32 bytes")
+            keys[key_id_of(raw)] = raw
+        self._keys = keys
+
+    @property
+    def ids(self) -> frozenset[str]:
+        """The ids of the keys held."""
+        return frozenset(self._keys)
+
+    def __bool__(self) -> bool:
+        return bool(self._keys)
+
+    def __or__(self, other: JournalKeys) -> JournalKeys:
+        return JournalKeys([*self._keys.values(), *other._keys.values()])
+
+    def verify(self, key_id: str, message: bytes, signature: str) -> bool:
+        """Whether ``signature`` (base64) is the key ``key_id``'s over ``message``; False for an unknown key."""
+        raw = self._keys.get(key_id)
+        if raw is None:
+            return False
+        try:
+            decoded = base64.b64decode(signature, validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        if len(decoded) != _SIGNATURE_BYTES:
+            return False
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        try:
+            Ed25519PublicKey.from_public_bytes(raw).verify(decoded, message)
+        except InvalidSignature:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"JournalKeys({sorted(self._keys)!r})"

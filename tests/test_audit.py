@@ -144,3 +144,63 @@ def test_the_signatures_are_verified_and_an_appended_approval_exits_1(
     assert main(["audit", str(journal)]) == 1
     err = capsys.readouterr().err
     assert f"entry {seq + 1} does not verify" in err and "follow the last seal" in err
+
+
+@pytest.mark.parametrize("kind", ["empty", "random bytes", "another SQLite database"])
+def test_a_file_that_is_not_a_journal_is_left_as_it_was_with_exit_2(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "not-a-journal.db"
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "random bytes":
+        path.write_bytes(bytes(range(256)) * 20)
+    else:
+        with closing(sqlite3.connect(path)) as db, db:
+            db.execute("CREATE TABLE notes (text TEXT)")
+            db.execute("INSERT INTO notes VALUES ('mine')")
+    before = path.read_bytes()
+    assert main(["audit", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and ("not a trioloop journal" in err or "not a database" in err)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-journal.db"]  # no -wal, -shm or .lock left
+
+
+def test_entries_that_cannot_be_read_are_named_by_number(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "damaged.db"
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute(
+            "CREATE TABLE trioloop_journal (session_id TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL, "
+            "PRIMARY KEY (session_id, seq)) WITHOUT ROWID"
+        )
+        db.execute("INSERT INTO trioloop_journal VALUES ('text', 4, 'stored as text')")
+        db.execute("INSERT INTO trioloop_journal VALUES ('garbage', 7, X'00ff10')")
+    assert main(["audit", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "session text: entry 4 does not verify" in err and "session garbage: entry 7 does not verify" in err
+    assert "None" not in err and "Traceback" not in err
+
+
+async def test_an_entry_over_the_size_cap_is_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import trioloop.durable._sql as sql
+    from trioloop import JournalError
+    from trioloop.durable.store import StoredEntry
+
+    monkeypatch.setattr(sql, "MAX_ENTRY_BYTES", 1000)
+    async with SQLiteJournalStore(tmp_path / "big.db") as store:
+        lease = await store.acquire("s")
+        await lease.append([StoredEntry(1, b"x" * 999), StoredEntry(2, b"y" * 5000)])
+        for read in (lambda: store.read("s"), lambda: lease.entries()):
+            with pytest.raises(JournalError, match="entry 2 is 5000 bytes, over the 1000-byte cap: it was not read"):
+                await read()
+        await lease.release()
+
+
+def test_resuming_a_path_that_does_not_exist_makes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    document = tmp_path / "model.thf"
+    document.write_text((Path(__file__).resolve().parent.parent / "examples" / "payment.thf").read_text())
+    missing = tmp_path / "model.thf.journal"
+    assert main(["chat", str(document), "--provider", "anthropic", "--resume", str(missing)]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+    assert not missing.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["model.thf"]

@@ -59,7 +59,7 @@ async def _audit(target: str, session: str | None, as_json: bool, keys: JournalK
     from trioloop.durable.witness import FileWitness, check_witnessed
 
     try:
-        store = open_store(target)
+        store = open_store(target, read_only=True)
     except (ValueError, ImportError) as exc:
         error(str(exc))
         return 2
@@ -68,7 +68,12 @@ async def _audit(target: str, session: str | None, as_json: bool, keys: JournalK
         try:
             ids = [session] if session is not None else list(await store.session_ids())
             for session_id in ids:
-                stored = await store.read(session_id)
+                try:
+                    stored = await store.read(session_id)
+                except JournalError as exc:  # an entry too large to read, or not stored as bytes
+                    error(_refusal(session_id, exc))
+                    failed = True
+                    continue
                 if not stored:
                     error(f"no journal for session {session_id!r}")
                     failed = True
@@ -91,9 +96,15 @@ async def _audit(target: str, session: str | None, as_json: bool, keys: JournalK
                         verdict = f"hash chain verified ({len(stored)} entries); {integrity.describe()}{witnessed}"
                         print(f"session {session_id}: {verdict}")
                 except JournalError as exc:
-                    error(f"session {session_id}: entry {exc.seq} does not verify: {exc}")
+                    error(_refusal(session_id, exc))
                     failed = True
         except JournalStoreError as exc:
             error(f"the journal store could not be read: {exc}")
             return 2
     return 1 if failed else 0
+
+
+def _refusal(session_id: str, exc: Exception) -> str:
+    seq = getattr(exc, "seq", None)
+    where = f"entry {seq}" if seq is not None else "the journal"
+    return f"session {session_id}: {where} does not verify: {exc}"

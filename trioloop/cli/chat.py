@@ -244,6 +244,9 @@ async def chat_session(
         async with restored or Session(document=loaded.model, **options) as session:
             code = await chat.run(session)
         return code
+    if resume and not await trio.Path(journal).is_file():  # nothing to resume, and no file made by looking
+        error(f"error: no journal at {journal} to resume")
+        return EXIT_USAGE
     try:
         async with SQLiteJournalStore(journal) as store:
             opened = await _open_chat(store, loaded.model, options, resume, restored)

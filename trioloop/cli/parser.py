@@ -57,6 +57,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_chat(args: argparse.Namespace) -> int:
     """The same loop against a real provider API, key from the environment."""
+    if args.resume is not None and not Path(args.resume).is_file():  # checked first: nothing is made, nothing asked
+        print(f"error: nothing to resume at {args.resume}", file=sys.stderr)
+        return EXIT_USAGE
     from trioloop.cli.chat import run_chat
 
     journal, session_file = _journal_path(args)

@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, decode_entry
+from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, decode_numbered
 from trioloop.durable.store import JournalStore, StoredEntry
 from trioloop.machine.untrusted_text import sanitize_scalar
 
@@ -28,7 +28,7 @@ def verified_entries(stored: Sequence[StoredEntry]) -> Iterator[JournalEntry]:
     prev: str | None = GENESIS
     expected: int | None = None
     for item in stored:
-        entry = decode_entry(item.data)
+        entry = decode_numbered(item)
         if entry.seq != item.seq:
             raise JournalError(f"entry {item.seq} says it is entry {entry.seq}", seq=item.seq)
         if expected is None:

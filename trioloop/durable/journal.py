@@ -61,6 +61,7 @@ __all__ = [
     "JournalIntegrity",
     "decode_entries",
     "decode_entry",
+    "decode_numbered",
     "encode_entry",
     "entry_hash",
     "journal_id_of",
@@ -159,6 +160,16 @@ def decode_entry(raw: bytes) -> JournalEntry:
     return JournalEntry(seq=seq, kind=kind, prev=prev, at_ms=at, data=data, raw=bytes(raw))
 
 
+def decode_numbered(item: StoredEntry) -> JournalEntry:
+    """`decode_entry` of a stored entry, a failure naming the entry by the number it is stored under."""
+    try:
+        return decode_entry(item.data)
+    except JournalError as exc:
+        if exc.seq is not None:
+            raise
+        raise JournalError(f"journal entry {item.seq} cannot be decoded: {exc}", seq=item.seq) from None
+
+
 def verify_chain(entries: Sequence[JournalEntry], *, first_prev: str | None = GENESIS) -> None:
     """Check numbering and the hash chain; `JournalError` names the first entry that does not match.
 
@@ -182,7 +193,7 @@ def decode_entries(stored: Iterable[StoredEntry]) -> list[JournalEntry]:
     """Decode stored entries, checking each one's number against the store's."""
     decoded = []
     for item in stored:
-        entry = decode_entry(item.data)
+        entry = decode_numbered(item)
         if entry.seq != item.seq:
             raise JournalError(f"journal entry stored as {item.seq} says it is {entry.seq}", seq=item.seq)
         decoded.append(entry)

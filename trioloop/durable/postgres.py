@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
 
-from trioloop.durable._sql import SqlJournals
+from trioloop.durable._sql import SqlJournals, entries_query, stored_entries
 from trioloop.durable._waiting import check_session_id, wait_for_lease
 from trioloop.durable.store import (
     JournalConflict,
@@ -95,9 +95,10 @@ class PostgresJournalStore(SqlJournals):
 
     _PLACEHOLDER = "%s"
 
-    def __init__(self, conninfo: str) -> None:
+    def __init__(self, conninfo: str, *, read_only: bool = False) -> None:
         _require_psycopg()
         self._conninfo = conninfo
+        self._read_only = read_only
         self._limiter = trio.CapacityLimiter(MAX_THREADS)
         self._admin: psycopg.Connection[tuple[Any, ...]] | None = None
         self._admin_lock = trio.Lock()
@@ -107,6 +108,9 @@ class PostgresJournalStore(SqlJournals):
     async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> JournalLease:
         """A lease on ``session_id``; `SessionLocked` if another lease holds it past ``wait_s`` seconds."""
         check_session_id(session_id)
+        if self._read_only:
+            await trio.lowlevel.checkpoint()
+            raise JournalStoreError("the PostgreSQL journal store is open read-only: it grants no lease")
         await self._on_admin("creating the journal table", lambda connection: None)
         key = advisory_key(session_id)
         connection = await self._in_thread(f"connecting to lease session {session_id!r}", self._connect)
@@ -159,9 +163,15 @@ class PostgresJournalStore(SqlJournals):
             return self._admin
         connection = self._connect()
         try:
-            with connection.transaction():
-                connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_KEY,))
-                connection.execute(_SCHEMA)
+            if self._read_only:  # an auditor's: it writes nothing, and a database without journals is not one
+                connection.execute("SET default_transaction_read_only = on")
+                row = connection.execute("SELECT to_regclass('trioloop_journal')").fetchone()
+                if row is None or row[0] is None:
+                    raise JournalStoreError("this PostgreSQL database holds no trioloop journal")
+            else:
+                with connection.transaction():
+                    connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_KEY,))
+                    connection.execute(_SCHEMA)
         except BaseException:
             connection.close()
             raise
@@ -225,13 +235,9 @@ class _PostgresLease:
 
     async def entries(self, *, after: int = 0) -> Sequence[StoredEntry]:
         rows = await self._run(
-            "reading",
-            lambda connection: connection.execute(
-                "SELECT seq, data FROM trioloop_journal WHERE session_id = %s AND seq > %s ORDER BY seq",
-                (self._session_id, after),
-            ).fetchall(),
+            "reading", lambda connection: connection.execute(entries_query("%s"), (self._session_id, after)).fetchall()
         )
-        return tuple(StoredEntry(int(seq), bytes(data)) for seq, data in rows)
+        return stored_entries(rows)
 
     async def last_seq(self) -> int:
         return await self._run("reading", lambda connection: _last_seq(connection, self._session_id))

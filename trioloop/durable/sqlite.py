@@ -24,6 +24,7 @@ import hashlib
 import os
 import sqlite3
 import threading
+import urllib.parse
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, final
@@ -31,7 +32,7 @@ from typing import Any, TypeVar, final
 import attrs
 import trio
 
-from trioloop.durable._sql import SqlJournals
+from trioloop.durable._sql import SqlJournals, entries_query, stored_entries
 from trioloop.durable._waiting import check_session_id, wait_for_lease
 from trioloop.durable.store import (
     JournalConflict,
@@ -130,12 +131,15 @@ class SQLiteJournalStore(SqlJournals):
 
     Leases exclude each other across processes through ``<path>.lock``; a killed process's leases end with it.
     ``close()`` (or the end of ``async with``) releases the leases this store granted and closes the file.
+    ``read_only=True`` (an auditor) opens an existing file and never writes: no table is made, no lease taken,
+    and a file that is not a trioloop journal raises `JournalStoreError` and is left byte for byte as it was.
     """
 
     _PLACEHOLDER = "?"
 
-    def __init__(self, path: str | os.PathLike[str], *, durable: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, durable: bool = True, read_only: bool = False) -> None:
         self._path = os.fspath(path)
+        self._read_only = read_only
         if not self._path or self._path == ":memory:" or self._path.startswith("file:"):
             raise ValueError(f"SQLiteJournalStore needs a file path, not {self._path!r} (MemoryJournalStore?)")
         self._file = os.path.abspath(self._path)  # a later chdir must not move the journal or its lock
@@ -154,6 +158,9 @@ class SQLiteJournalStore(SqlJournals):
     async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> JournalLease:
         """A lease on ``session_id``; `SessionLocked` if another lease holds it past ``wait_s`` seconds."""
         check_session_id(session_id)
+        if self._read_only:
+            await trio.lowlevel.checkpoint()
+            raise JournalStoreError(f"the SQLite journal store {self._path} is open read-only: it grants no lease")
         await self._run("opening the database", lambda connection: None)
         offset = _lock_offset(session_id)
 
@@ -200,6 +207,8 @@ class SQLiteJournalStore(SqlJournals):
             raise JournalStoreError(f"SQLite journal {self._path}: {what} failed: {exc}") from exc
 
     def _open(self) -> sqlite3.Connection:
+        if self._read_only:
+            return self._open_read_only()
         connection = sqlite3.connect(self._file, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         try:
             (mode,) = connection.execute("PRAGMA journal_mode=WAL").fetchone()
@@ -209,6 +218,24 @@ class SQLiteJournalStore(SqlJournals):
             connection.execute(_SCHEMA)
             if self._durable:
                 _sync_directory(os.path.dirname(self._file))
+        except BaseException:
+            connection.close()
+            raise
+        self._connection = connection
+        return connection
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        if not os.path.isfile(self._file):
+            raise JournalStoreError(f"no journal at {self._path}")
+        uri = "file:" + urllib.parse.quote(self._file) + "?mode=ro"
+        connection = sqlite3.connect(
+            uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        try:
+            query = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'trioloop_journal'"
+            (tables,) = connection.execute(query).fetchone()
+            if not tables:
+                raise JournalStoreError(f"{self._path} is not a trioloop journal (it has no trioloop_journal table)")
         except BaseException:
             connection.close()
             raise
@@ -259,15 +286,11 @@ class _SQLiteLease:
     async def entries(self, *, after: int = 0) -> Sequence[StoredEntry]:
         self._held()
 
-        def read(connection: sqlite3.Connection) -> list[tuple[int, bytes]]:
+        def read(connection: sqlite3.Connection) -> list[tuple[int, bytes, int]]:
             self._held()
-            return connection.execute(
-                "SELECT seq, data FROM trioloop_journal WHERE session_id = ? AND seq > ? ORDER BY seq",
-                (self._session_id, after),
-            ).fetchall()
+            return connection.execute(entries_query("?"), (self._session_id, after)).fetchall()
 
-        rows = await self._store._run(f"reading session {self._session_id!r}", read)
-        return tuple(StoredEntry(seq, bytes(data)) for seq, data in rows)
+        return stored_entries(await self._store._run(f"reading session {self._session_id!r}", read))
 
     async def last_seq(self) -> int:
         self._held()

@@ -11,20 +11,21 @@ _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 _SQLITE_SCHEME = "sqlite://"
 
 
-def open_store(target: str) -> SQLiteJournalStore | PostgresJournalStore:
+def open_store(target: str, *, read_only: bool = False) -> SQLiteJournalStore | PostgresJournalStore:
     """The store ``target`` names: a ``postgresql://`` / ``postgres://`` URL, ``sqlite:///PATH`` or a file path.
 
     As in SQLAlchemy, ``sqlite:///journal.db`` is relative and ``sqlite:////var/lib/app/journal.db``
     absolute: the path is what follows the third slash. Nothing is opened until the store is first used.
+    ``read_only=True`` opens it as an auditor does: nothing written, no lease granted.
     """
     lowered = target.lower()
     if lowered.startswith(_POSTGRES_SCHEMES):
-        return PostgresJournalStore(target)
+        return PostgresJournalStore(target, read_only=read_only)
     if lowered.startswith(_SQLITE_SCHEME):
         rest = target[len(_SQLITE_SCHEME) :]
         if not rest.startswith("/") or rest == "/":
             raise ValueError(f"a SQLite journal URL is sqlite:///PATH, not {target!r}")
-        return SQLiteJournalStore(rest[1:])
+        return SQLiteJournalStore(rest[1:], read_only=read_only)
     if "://" in target:
         raise ValueError(f"no journal store for {target!r}: use a postgresql:// URL, sqlite:///PATH or a file path")
-    return SQLiteJournalStore(target)
+    return SQLiteJournalStore(target, read_only=read_only)

@@ -1,6 +1,7 @@
 """The journal is an input like any other: no forged, edited, reordered, inserted, transplanted or cut entry may
-make a tool run. Each test tampers with a real SQLite journal file the way an attacker with the file would, then
-opens it as the app would; the destructive tool must never run.
+make a tool run. Each test tampers with a real journal (a SQLite file, and a database of a real PostgreSQL server
+the tests start) the way an attacker with write access to the store would, then opens it as the app would; the
+destructive tool must never run.
 
 The scene: a turn asks for ``wipe`` (destructive), the person has not decided yet, and the session is suspended
 in review. An attacker who can write the journal wants the call approved without the person.
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing, closing
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from pg_support import postgres_url  # noqa: F401 -- the session fixture, reached by name (getfixturevalue)
 
 from trioloop import (
     CallStatus,
@@ -33,6 +36,7 @@ from trioloop import (
     function_tool,
 )
 from trioloop.durable.journal import decode_entry, encode_entry, entry_hash
+from trioloop.durable.postgres import PostgresJournalStore
 from trioloop.durable.signing import JournalKeys, JournalSigner, head_message
 from trioloop.durable.sqlite import SQLiteJournalStore
 from trioloop.durable.witness import FileWitness
@@ -73,6 +77,61 @@ def signer() -> JournalSigner:
     return JournalSigner.generate()
 
 
+class Journal:
+    """Where the journal under attack lives: a real SQLite file, or a real PostgreSQL database (shared by the
+    tests, so each test's session ids carry a prefix of its own). ``rows`` and ``rewrite`` are the attacker's
+    direct access to the stored entries."""
+
+    def __init__(self, backend: str, tmp_path: Path, url: str | None) -> None:
+        self.backend = backend
+        self.file = tmp_path / "j.db"
+        self.url = url
+        self.prefix = f"t{secrets.token_hex(4)}-" if backend == "postgres" else ""
+        self.opened: list[Any] = []
+
+    def sid(self, name: str) -> str:
+        return self.prefix + name
+
+    def store(self) -> Any:
+        store = SQLiteJournalStore(self.file) if self.url is None else PostgresJournalStore(self.url)
+        self.opened.append(store)
+        return store
+
+    def _connect(self) -> Any:
+        if self.url is None:
+            return closing(sqlite3.connect(self.file))
+        import psycopg
+
+        return psycopg.connect(self.url, autocommit=True)
+
+    def rows(self, name: str = "s1") -> list[tuple[int, bytes]]:
+        mark = "?" if self.url is None else "%s"
+        query = f"SELECT seq, data FROM trioloop_journal WHERE session_id = {mark} ORDER BY seq"
+        with self._connect() as db:
+            return [(int(seq), bytes(data)) for seq, data in db.execute(query, (self.sid(name),)).fetchall()]
+
+    def rewrite(self, entries: Sequence[tuple[int, bytes]], name: str = "s1") -> None:
+        mark = "?" if self.url is None else "%s"
+        with self._connect() as db:
+            db.execute(f"DELETE FROM trioloop_journal WHERE session_id = {mark}", (self.sid(name),))
+            for seq, data in entries:
+                db.execute(
+                    f"INSERT INTO trioloop_journal (session_id, seq, data) VALUES ({mark}, {mark}, {mark})",
+                    (self.sid(name), seq, data),
+                )
+            if self.url is None:
+                db.commit()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def journal(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Journal]:
+    url = request.getfixturevalue("postgres_url") if request.param == "postgres" else None
+    place = Journal(request.param, tmp_path, url)
+    yield place
+    for store in place.opened:
+        await store.close()
+
+
 async def _review(session: Session[str]) -> None:
     async with aclosing(session.states()) as states:
         async for state in states:
@@ -80,20 +139,20 @@ async def _review(session: Session[str]) -> None:
                 return
 
 
-async def open_note(path: Path, session_id: str = "s1", **kw: Any) -> Session[str]:
+async def open_note(path: Journal, session_id: str = "s1", **kw: Any) -> Session[str]:
     kw.setdefault("tools", TOOLS)
     provider = ScriptedProvider(SCRIPT)
     return await Session.open(
-        SQLiteJournalStore(path), session_id, kind=NOTE, provider=provider, document="keep me\n", model="m", **kw
+        path.store(), path.sid(session_id), kind=NOTE, provider=provider, document="keep me\n", model="m", **kw
     )
 
 
-async def suspended_in_review(path: Path, signer: JournalSigner | None, session_id: str = "s1") -> None:
+async def suspended_in_review(path: Journal, signer: JournalSigner | None, session_id: str = "s1") -> None:
     """A journal whose last turn waits, suspended, for the person to decide on ``wipe``."""
     async with ScriptedProvider(SCRIPT) as provider:
         session = await Session.open(
-            SQLiteJournalStore(path),
-            session_id,
+            path.store(),
+            path.sid(session_id),
             kind=NOTE,
             provider=provider,
             document="keep me\n",
@@ -107,21 +166,6 @@ async def suspended_in_review(path: Path, signer: JournalSigner | None, session_
             await trio.testing.wait_all_tasks_blocked()
             await session.suspend()
     assert RUNS == []
-
-
-def rows(path: Path, session_id: str = "s1") -> list[tuple[int, bytes]]:
-    query = "SELECT seq, data FROM trioloop_journal WHERE session_id = ? ORDER BY seq"
-    with closing(sqlite3.connect(path)) as db:
-        return list(db.execute(query, (session_id,)))
-
-
-def rewrite(path: Path, entries: Sequence[tuple[int, bytes]], session_id: str = "s1") -> None:
-    with closing(sqlite3.connect(path)) as db, db:
-        db.execute("DELETE FROM trioloop_journal WHERE session_id = ?", (session_id,))
-        db.executemany(
-            "INSERT INTO trioloop_journal (session_id, seq, data) VALUES (?, ?, ?)",
-            [(session_id, seq, data) for seq, data in entries],
-        )
 
 
 def rechained(entries: Sequence[bytes], first_seq: int = 1, first_prev: str = "0" * 64) -> list[tuple[int, bytes]]:
@@ -157,7 +201,7 @@ def seal_by(signer: JournalSigner, session_id: str, last: bytes) -> bytes:
     return encode_entry(entry.seq + 1, "seal", head, entry.at_ms + 1, data)
 
 
-async def refused(path: Path, signer: JournalSigner | None, match: str, **kw: Any) -> JournalError:
+async def refused(path: Journal, signer: JournalSigner | None, match: str, **kw: Any) -> JournalError:
     with pytest.raises(JournalError, match=match) as caught:
         await open_note(path, signer=signer, **kw)
     assert RUNS == []
@@ -165,9 +209,9 @@ async def refused(path: Path, signer: JournalSigner | None, match: str, **kw: An
 
 
 async def test_an_untouched_signed_journal_opens_verified_and_the_person_still_decides(
-    tmp_path: Path, signer: JournalSigner
+    journal: Journal, signer: JournalSigner
 ) -> None:
-    path = tmp_path / "j.db"
+    path = journal
     await suspended_in_review(path, signer)
     session = await open_note(path, signer=signer)
     integrity = session.journal_integrity
@@ -175,34 +219,34 @@ async def test_an_untouched_signed_journal_opens_verified_and_the_person_still_d
     assert session.suspended and session.state is not None
     assert session.state.call("w1").status is CallStatus.PENDING  # type: ignore[union-attr]
     await session.aclose()
-    assert all(decode_entry(data).kind == "seal" for seq, data in rows(path)[-1:])
+    assert all(decode_entry(data).kind == "seal" for seq, data in path.rows()[-1:])
 
 
-async def test_an_approval_appended_with_a_recomputed_chain_is_refused(tmp_path: Path, signer: JournalSigner) -> None:
-    path = tmp_path / "j.db"
+async def test_an_approval_appended_with_a_recomputed_chain_is_refused(journal: Journal, signer: JournalSigner) -> None:
+    path = journal
     await suspended_in_review(path, signer)
-    entries = rows(path)
+    entries = path.rows()
     forged = forged_approval(entries[-1][1])
-    rewrite(path, [*entries, (len(entries) + 1, forged)])
+    path.rewrite([*entries, (len(entries) + 1, forged)])
     error = await refused(path, signer, "follow the last seal")
     assert error.seq == len(entries) + 1
 
 
-async def test_an_approval_sealed_with_another_key_is_refused(tmp_path: Path, signer: JournalSigner) -> None:
-    path = tmp_path / "j.db"
+async def test_an_approval_sealed_with_another_key_is_refused(journal: Journal, signer: JournalSigner) -> None:
+    path = journal
     await suspended_in_review(path, signer)
-    entries = rows(path)
+    entries = path.rows()
     forged = forged_approval(entries[-1][1])
     mallory = JournalSigner.generate()
-    rewrite(path, [*entries, (len(entries) + 1, forged), (len(entries) + 2, seal_by(mallory, "s1", forged))])
+    path.rewrite([*entries, (len(entries) + 1, forged), (len(entries) + 2, seal_by(mallory, path.sid("s1"), forged))])
     error = await refused(path, signer, "an unknown key")
     assert error.seq == len(entries) + 2
 
 
-async def test_an_edited_entry_the_last_one_included_is_refused(tmp_path: Path, signer: JournalSigner) -> None:
-    path = tmp_path / "j.db"
+async def test_an_edited_entry_the_last_one_included_is_refused(journal: Journal, signer: JournalSigner) -> None:
+    path = journal
     await suspended_in_review(path, signer)
-    entries = rows(path)
+    entries = path.rows()
     for index in (len(entries) // 2, len(entries) - 2, len(entries) - 1):
         changed = list(entries)
         seq, data = changed[index]
@@ -214,54 +258,54 @@ async def test_an_edited_entry_the_last_one_included_is_refused(tmp_path: Path, 
         else:
             new = {**entry.data, "edited": True}
         changed[index] = (seq, encode_entry(seq, entry.kind, entry.prev, entry.at_ms, new))
-        rewrite(path, changed)
+        path.rewrite(changed)
         await refused(path, signer, "does not (verify|carry the hash)")
     # Recomputing the chain after an edit does not help: the seals sign the old heads.
     edited = [data for _, data in entries]
     middle = decode_entry(edited[3])
     edited[3] = encode_entry(middle.seq, middle.kind, middle.prev, middle.at_ms, {**middle.data, "edited": True})
-    rewrite(path, rechained(edited))
+    path.rewrite(rechained(edited))
     await refused(path, signer, "seals an entry that is not|does not verify")
 
 
-async def test_reordered_inserted_and_deleted_entries_are_refused(tmp_path: Path, signer: JournalSigner) -> None:
-    path = tmp_path / "j.db"
+async def test_reordered_inserted_and_deleted_entries_are_refused(journal: Journal, signer: JournalSigner) -> None:
+    path = journal
     await suspended_in_review(path, signer)
-    raw = [data for _, data in rows(path)]
+    raw = [data for _, data in path.rows()]
     swapped = list(raw)
     swapped[2], swapped[3] = swapped[3], swapped[2]
     inserted = [*raw[:3], forged_approval(raw[2]), *raw[3:]]
     deleted = raw[:2] + raw[3:]
     for tampered in (swapped, inserted, deleted):
-        rewrite(path, rechained(tampered))  # even with every prev recomputed
+        path.rewrite(rechained(tampered))  # even with every prev recomputed
         await refused(path, signer, "seal|verify")
 
 
-async def test_a_prefix_removed_up_to_a_snapshot_is_refused(tmp_path: Path, signer: JournalSigner) -> None:
-    path = tmp_path / "j.db"
+async def test_a_prefix_removed_up_to_a_snapshot_is_refused(journal: Journal, signer: JournalSigner) -> None:
+    path = journal
     await suspended_in_review(path, signer)
     session = await open_note(path, signer=signer)
     async with session:
         session.deny("w1", "no")
         await session.continue_turn()
-    entries = rows(path)
+    entries = path.rows()
     snapshots = [i for i, (_, data) in enumerate(entries) if decode_entry(data).kind == "snapshot"]
     assert len(snapshots) >= 2
-    rewrite(path, entries[snapshots[-1] :])
+    path.rewrite(entries[snapshots[-1] :])
     await refused(path, signer, "entries before it were removed")
 
 
-async def test_entries_of_another_session_are_refused(tmp_path: Path, signer: JournalSigner) -> None:
-    path = tmp_path / "j.db"
+async def test_entries_of_another_session_are_refused(journal: Journal, signer: JournalSigner) -> None:
+    path = journal
     await suspended_in_review(path, signer, session_id="payments")
-    rewrite(path, rows(path, "payments"), session_id="garden")
+    path.rewrite(path.rows("payments"), "garden")
     with pytest.raises(JournalError, match="another session"):
         await open_note(path, "garden", signer=signer)
     assert RUNS == []
 
 
-async def test_a_journal_signed_by_an_older_key_verifies_with_its_public_key(tmp_path: Path) -> None:
-    path = tmp_path / "j.db"
+async def test_a_journal_signed_by_an_older_key_verifies_with_its_public_key(journal: Journal) -> None:
+    path = journal
     old, new = JournalSigner.generate(), JournalSigner.generate()
     await suspended_in_review(path, old)
     await refused(path, new, "an unknown key")
@@ -276,8 +320,8 @@ async def test_a_journal_signed_by_an_older_key_verifies_with_its_public_key(tmp
     await reopened.aclose()
 
 
-async def test_without_a_key_a_journal_is_read_as_unsigned_and_said_to_be(tmp_path: Path) -> None:
-    path = tmp_path / "j.db"
+async def test_without_a_key_a_journal_is_read_as_unsigned_and_said_to_be(journal: Journal) -> None:
+    path = journal
     await suspended_in_review(path, None)
     session = await open_note(path, signer=None)
     integrity = session.journal_integrity
@@ -289,9 +333,9 @@ async def test_without_a_key_a_journal_is_read_as_unsigned_and_said_to_be(tmp_pa
 
 
 async def test_opening_without_a_tool_the_calls_used_says_which_and_replays_nothing(
-    tmp_path: Path, signer: JournalSigner
+    journal: Journal, signer: JournalSigner
 ) -> None:
-    path = tmp_path / "j.db"
+    path = journal
     await suspended_in_review(path, signer)
     with pytest.raises(ToolsMissing, match="wipe") as caught:
         await open_note(path, signer=signer, tools=[read_note])
@@ -314,23 +358,25 @@ async def test_the_default_key_is_made_once_readable_by_its_owner_alone(tmp_path
     assert repr(first) == f"JournalSigner(key_id={first.key_id!r})"  # the private key never shows
 
 
-def _kinds(path: Path) -> list[str]:
-    return [decode_entry(data).kind for _, data in rows(path)]
+def _kinds(path: Journal) -> list[str]:
+    return [decode_entry(data).kind for _, data in path.rows()]
 
 
-async def test_every_batch_ends_with_a_seal(tmp_path: Path, signer: JournalSigner) -> None:
-    path = tmp_path / "j.db"
+async def test_every_batch_ends_with_a_seal(journal: Journal, signer: JournalSigner) -> None:
+    path = journal
     await suspended_in_review(path, signer)
     kinds = _kinds(path)
     assert kinds[-1] == "seal" and kinds.count("seal") >= 3
-    seals = [json.loads(data)["data"] for _, data in rows(path) if decode_entry(data).kind == "seal"]
-    assert {seal["session"] for seal in seals} == {"s1"} and {seal["key"] for seal in seals} == {signer.key_id}
+    seals = [json.loads(data)["data"] for _, data in path.rows() if decode_entry(data).kind == "seal"]
+    assert {seal["session"] for seal in seals} == {path.sid("s1")} and {seal["key"] for seal in seals} == {
+        signer.key_id
+    }
 
 
 async def test_a_compacted_journal_reopens_with_the_last_turn_and_verifies(
-    tmp_path: Path, signer: JournalSigner
+    journal: Journal, signer: JournalSigner
 ) -> None:
-    path = tmp_path / "j.db"
+    path = journal
     script = [
         ScriptStep(tool_calls=(ScriptedCall(id="r1", name="read_note", input={}),)),
         ScriptStep(text="It says keep me."),
@@ -340,8 +386,8 @@ async def test_a_compacted_journal_reopens_with_the_last_turn_and_verifies(
     ]
     async with ScriptedProvider(script) as provider:
         session = await Session.open(
-            SQLiteJournalStore(path),
-            "s1",
+            path.store(),
+            path.sid("s1"),
             kind=NOTE,
             provider=provider,
             document="keep me\n",
@@ -355,7 +401,7 @@ async def test_a_compacted_journal_reopens_with_the_last_turn_and_verifies(
                 await session.send(text)
         live = session.state
     assert live is not None and live.is_settled
-    stored = rows(path)
+    stored = path.rows()
     assert stored[0][0] > 1 and decode_entry(stored[0][1]).kind == "snapshot"  # compacted
     reopened = await open_note(path, signer=signer)
     assert reopened.state is not None
@@ -368,38 +414,38 @@ async def test_a_compacted_journal_reopens_with_the_last_turn_and_verifies(
     # The snapshot names the signed head it followed: a forged "after" is refused.
     first = decode_entry(stored[0][1])
     forged = encode_entry(first.seq, "snapshot", first.prev, first.at_ms, {**first.data, "after": "x"})
-    rewrite(path, [(stored[0][0], forged), *stored[1:]])
+    path.rewrite([(stored[0][0], forged), *stored[1:]])
     await refused(path, signer, "signed head|carry the hash")
 
 
 async def test_with_a_witness_a_cut_tail_and_a_rolled_back_copy_are_refused(
-    tmp_path: Path, signer: JournalSigner
+    journal: Journal, signer: JournalSigner
 ) -> None:
-    path = tmp_path / "j.db"
-    witness = FileWitness(tmp_path / "witness")
+    path = journal
+    witness = FileWitness(journal.file.parent / "witness")
     await suspended_in_review(path, signer)
-    older = rows(path)  # an attacker's copy, from before the person decided
+    older = path.rows()  # an attacker's copy, from before the person decided
     session = await open_note(path, signer=signer, witness=witness)
     async with session:
         session.deny("w1", "keep it")
         final = await session.continue_turn()
     assert final.outcome is not None and RUNS == []
-    after = rows(path)
+    after = path.rows()
     denial = next(i for i, (_, data) in enumerate(after) if decode_entry(data).kind == "deny")
     seal = next(i for i in range(denial, len(after)) if decode_entry(after[i][1]).kind == "seal")
     # Without a witness, a journal cut at a batch boundary (the denial gone) still verifies: it cannot see that.
-    rewrite(path, after[:denial])
+    path.rewrite(after[:denial])
     unwitnessed = await open_note(path, signer=signer, witness=None)
     assert unwitnessed.suspended
     await unwitnessed.aclose()
     # With the witness, the cut and the rolled-back copy are refused, naming the witnessed entry.
     for tampered in (after[:denial], older, after[: seal + 1]):
-        rewrite(path, tampered)
+        path.rewrite(tampered)
         error = await refused(path, signer, "witnessed", witness=witness)
         assert str(after[-1][0]) in str(error)
     # A copy that goes on from the older one and is signed again (a rewritten history) diverges from the head.
-    rewrite(path, older)
-    forked = await open_note(path, signer=signer, witness=FileWitness(tmp_path / "elsewhere"))
+    path.rewrite(older)
+    forked = await open_note(path, signer=signer, witness=FileWitness(journal.file.parent / "elsewhere"))
     async with forked:
         forked.deny("w1", "another answer")
         await forked.continue_turn()

@@ -40,8 +40,9 @@ class OAuthCallbackError(RuntimeError):
 
 def token_dir() -> Path:
     """Where the CLI keeps MCP servers' OAuth tokens."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "trioloop" / "mcp-oauth"
+    from trioloop.durable.files import config_folder
+
+    return config_folder() / "mcp-oauth"
 
 
 class FileTokens(TokenStorage):

@@ -9,13 +9,22 @@ import contextlib
 import errno
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["write_atomic"]
+__all__ = ["config_folder", "write_atomic"]
 
 # fsync on a folder is not supported everywhere (some filesystems, Windows): these mean "not here".
 _UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EACCES, errno.EISDIR})
 _TEMP_ATTEMPTS = 16
+
+
+def config_folder(environ: Mapping[str, str] | None = None) -> Path:
+    """Where trioloop keeps a user's own files (the journal key, witnessed heads, MCP sign-ins):
+    ``$XDG_CONFIG_HOME/trioloop``, ``~/.config/trioloop`` when it is not set."""
+    environ = os.environ if environ is None else environ
+    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "trioloop"
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:

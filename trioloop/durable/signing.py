@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, final
 
+from trioloop.durable.files import config_folder
+
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -156,9 +158,7 @@ class JournalSigner:
 
 def default_key_path(environ: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CONFIG_HOME/trioloop/journal-key`` (``~/.config/trioloop/journal-key`` when it is not set)."""
-    environ = os.environ if environ is None else environ
-    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "trioloop" / "journal-key"
+    return config_folder(environ) / "journal-key"
 
 
 @final

@@ -23,6 +23,7 @@ from typing import Protocol, final, runtime_checkable
 import attrs
 import trio
 
+from trioloop.durable.files import config_folder
 from trioloop.durable.journal import JournalEntry, JournalError
 
 __all__ = [
@@ -61,9 +62,7 @@ class HeadWitness(Protocol):
 
 def default_witness_path(environ: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CONFIG_HOME/trioloop/witness`` (``~/.config/trioloop/witness`` when it is not set)."""
-    environ = os.environ if environ is None else environ
-    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "trioloop" / "witness"
+    return config_folder(environ) / "witness"
 
 
 @final

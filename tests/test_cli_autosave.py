@@ -200,3 +200,59 @@ async def test_resume_without_a_journal_is_a_usage_error(thf: Path, tmp_path: Pa
             thf, provider, "scripted-1", "ask", answers(), journal=tmp_path / "none.journal", resume=True
         )
     assert code == 2
+
+
+async def test_a_second_chat_on_the_same_file_says_who_holds_it_and_touches_nothing(
+    thf: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _read(thf)
+    entered = trio.Event()
+    release = trio.Event()
+
+    def first_prompt(_: str) -> str:
+        trio.from_thread.run_sync(entered.set)
+        trio.from_thread.run(release.wait)
+        raise EOFError
+
+    async with (
+        ScriptedProvider([]) as first_provider,
+        ScriptedProvider([]) as second_provider,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(lambda: chat_session(thf, first_provider, "scripted-1", "ask", first_prompt))
+        await entered.wait()
+        listing = sorted(p.name for p in thf.parent.iterdir())
+        code = await chat_session(thf, second_provider, "scripted-1", "ask", answers("hello"))
+        assert sorted(p.name for p in thf.parent.iterdir()) == listing  # no journal, no file of its own
+        release.set()
+    err = capsys.readouterr().err
+    assert code == 2 and "is being edited by another trioloop chat" in err and f"pid {os.getpid()}" in err
+    assert _read(thf) == before and not second_provider.requests
+    # Once the first chat has ended, the file is free again.
+    async with ScriptedProvider([]) as provider:
+        assert await chat_session(thf, provider, "scripted-1", "ask", answers()) == 0
+
+
+async def test_a_save_after_the_file_changed_on_disk_goes_beside_it(
+    thf: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edited_by_hand = COMMENT + "# an edit made in another editor meanwhile\n" + PAYMENT.read_text(encoding="utf-8")
+
+    def prompt(label: str) -> str:
+        prompt.calls += 1  # type: ignore[attr-defined]
+        if prompt.calls == 1:  # type: ignore[attr-defined]
+            thf.write_text(edited_by_hand, encoding="utf-8")  # someone saves the file while the chat is open
+            return "add one"
+        if prompt.calls == 2:  # type: ignore[attr-defined]
+            return "a"
+        raise EOFError
+
+    prompt.calls = 0  # type: ignore[attr-defined]
+    base = len(load_thf(PAYMENT).threats)
+    async with ScriptedProvider([add_threat("c1", "Approved"), ScriptStep(text="Added.")]) as provider:
+        assert await chat_session(thf, provider, "scripted-1", "ask", prompt) == 0
+    assert _read(thf).decode("utf-8") == edited_by_hand  # their edit is not overwritten
+    beside = [p for p in thf.parent.iterdir() if p.name.startswith("model.conflict-") and p.suffix == ".thf"]
+    assert len(beside) == 1
+    assert [t.title for t in load_thf(beside[0]).threats[base:]] == ["Approved"]  # nor is the approved change lost
+    assert f"The approved changes go to {beside[0]}" in capsys.readouterr().err

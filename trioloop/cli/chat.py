@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from trioloop.cli.common import Saver, error, interruptible, load_document, make_console, one_turn, report, warn
+from trioloop.cli.document_lock import DocumentLock
 from trioloop.cli.parser import EXIT_TURN_FAILED, EXIT_USAGE
 from trioloop.cli.review import LinePrompt
 from trioloop.cli.view import ApproveMode, TurnView
@@ -218,11 +219,54 @@ async def chat_session(
     Exit status: 0, or `EXIT_TURN_FAILED` when a turn failed (or, in a one-shot run, ended at a limit), 1 when
     the document is not valid or an MCP server could not be started, 2 when the document, the journal or the
     session file cannot be read or used."""
+    target = out or path
+    lock = DocumentLock(target)
+    holder = lock.acquire()
+    if holder is not None:
+        error(f"error: {target} is being edited by another trioloop chat ({holder}); nothing was read or written")
+        return EXIT_USAGE
+    try:
+        return await _chat_session(
+            path,
+            provider,
+            model,
+            mode,
+            prompt,
+            out,
+            mcp_servers,
+            host,
+            journal,
+            resume,
+            session_file,
+            limits,
+            one_shot,
+            document,
+        )
+    finally:
+        lock.release()
+
+
+async def _chat_session(
+    path: Path,
+    provider: ChatProvider,
+    model: str,
+    mode: ApproveMode,
+    prompt: Callable[[str], str],
+    out: Path | None,
+    mcp_servers: McpOptions,
+    host: str,
+    journal: Path | None,
+    resume: bool,
+    session_file: Path | None,
+    limits: TurnLimits,
+    one_shot: str | None,
+    document: ThfFile | None,
+) -> int:
     console = make_console()
     loaded = document if document is not None else load_document(path)
     if isinstance(loaded, int):
         return loaded
-    saver = Saver(console, loaded, out or path)
+    saver = Saver(console, loaded, out or path, source=path)
     chat = _Chat(console, mode, prompt, host, saver, mcp_servers, model, one_shot)
     options: dict[str, Any] = {
         "kind": THREAT_MODEL,

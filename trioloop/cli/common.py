@@ -3,6 +3,7 @@ turn with its live view and Ctrl-C as Stop, the report after it."""
 
 from __future__ import annotations
 
+import datetime
 import signal
 import sys
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from trioloop.cli.view import TurnView, outcome_line
 from trioloop.machine.reducer import TurnState
 from trioloop.runtime.session import Session
 from trioloop.threatmodel import ThfError, ThfFile, ThreatModel, load_thf_file, save_thf
+from trioloop.threatmodel._safe_yaml import MAX_DOCUMENT_BYTES
 
 
 def make_console() -> Console:
@@ -93,18 +95,29 @@ def report(console: Console, session: Session[ThreatModel], state: TurnState, be
 
 
 class Saver:
-    """Writes the document when it changed since the last save (atomically, keeping the file's layout)."""
+    """Writes the document when it changed since the last save (atomically, keeping the file's layout).
 
-    def __init__(self, console: Console, loaded: ThfFile, target: Path) -> None:
+    Every save is compare-and-swap: when the file on disk is no longer what this chat last read or wrote there
+    (someone edited it meanwhile), it is left alone and the approved change is written beside it, under a name
+    the person is told, so neither their edit nor the approved change is lost."""
+
+    def __init__(self, console: Console, loaded: ThfFile, target: Path, *, source: Path | None = None) -> None:
         self.console = console
         self.file = loaded
         self.target = target
+        # What the target holds as far as this chat knows: the document it read, when it saves in place.
+        self._on_disk: bytes | None = loaded.encoded() if source in (None, target) else _current(target)
+        self.beside: Path | None = None  # where the changes go once the file changed under this chat
 
     def save(self, document: ThreatModel) -> None:
         if document is self.file.model or document == self.file.model:
             return
+        if self.beside is not None or _current(self.target) != self._on_disk:
+            self._save_beside(document)
+            return
         try:
             self.file = save_thf(self.target, document, self.file)
+            self._on_disk = self.file.encoded()
         except OSError as exc:
             reason = exc.strerror or str(exc)
             if "the new content is in place" in reason:  # the rename happened; only its durability is unknown
@@ -114,6 +127,33 @@ class Saver:
             return
         self.console.print(Text(f"Saved {self.target}"))
 
+    def _save_beside(self, document: ThreatModel) -> None:
+        if self.beside is None:
+            stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+            self.beside = self.target.with_name(f"{self.target.stem}.conflict-{stamp}{self.target.suffix}")
+            error(
+                f"error: {self.target} changed on disk since this chat last read or wrote it; it was left as it is. "
+                f"The approved changes go to {self.beside} instead: compare the two and keep what you want"
+            )
+        try:
+            written = save_thf(self.beside, document, self.file)
+        except OSError as exc:
+            error(f"error: could not save {self.beside}: {exc.strerror or exc}")
+            return
+        self.file = written
+        self.console.print(Text(f"Saved {self.beside} (not {self.target}: it changed on disk)"))
+
 
 def warn(text: str) -> None:
     Console(stderr=True, highlight=False, soft_wrap=True).print(Text(text), style="yellow")
+
+
+def _current(path: Path) -> bytes | None:
+    """The file's bytes now (None when there is none), read bounded: only to compare with what was written."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(MAX_DOCUMENT_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return b""  # unreadable now: not what was written, so the save goes beside it

@@ -112,13 +112,13 @@ def test_name_equals_command_names_a_server_and_env_is_its_whole_environment() -
 
 
 def test_the_cli_gives_servers_the_exported_environment_or_narrows_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trioloop.cli.chat import _server_environment
+    from trioloop.cli.mcp_servers import server_environment
 
     monkeypatch.setenv("MY_SERVER_TOKEN", "t0k3n")
     monkeypatch.setenv("UNRELATED", "x")
-    whole = _server_environment(None)
+    whole = server_environment(None)
     assert whole["MY_SERVER_TOKEN"] == "t0k3n" and whole["UNRELATED"] == "x"
-    narrowed = _server_environment(["MY_SERVER_TOKEN"])
+    narrowed = server_environment(["MY_SERVER_TOKEN"])
     assert narrowed["MY_SERVER_TOKEN"] == "t0k3n" and "UNRELATED" not in narrowed and "PATH" in narrowed
 
 

@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import attrs
 import httpx
 import trio
 from rich.console import Console
@@ -17,6 +16,7 @@ from rich.text import Text
 
 from trioloop.cli.common import Saver, error, interruptible, load_document, make_console, one_turn, report, warn
 from trioloop.cli.document_lock import DocumentLock
+from trioloop.cli.mcp_servers import McpOptions, add_mcp_servers
 from trioloop.cli.parser import EXIT_TURN_FAILED, EXIT_USAGE
 from trioloop.cli.review import LinePrompt
 from trioloop.cli.view import ApproveMode, TurnView
@@ -37,7 +37,7 @@ from trioloop.threatmodel.session import THREAT_MODEL_SYSTEM_PROMPT
 from trioloop.threatmodel.thf_file import ThfFile
 
 if TYPE_CHECKING:
-    from trioloop.mcp import HttpServer
+    pass
 
 __all__ = ["DEFAULT_MODELS", "chat_session", "run_chat"]
 
@@ -79,7 +79,6 @@ def _real_provider(
 
 #: The --mcp commands, the --mcp-config file, and the variables --mcp-env narrows the servers' environment to
 #: (None: the whole environment the user exported).
-McpOptions = tuple[Sequence[str], str | None] | tuple[Sequence[str], str | None, Sequence[str] | None]
 
 
 """``--mcp`` command lines and the ``--mcp-config`` file, if any."""
@@ -226,87 +225,54 @@ async def chat_session(
         error(f"error: {target} is being edited by another trioloop chat ({holder}); nothing was read or written")
         return EXIT_USAGE
     try:
-        return await _chat_session(
-            path,
-            provider,
-            model,
-            mode,
-            prompt,
-            out,
-            mcp_servers,
-            host,
-            journal,
-            resume,
-            session_file,
-            limits,
-            one_shot,
-            document,
-        )
-    finally:
-        lock.release()
-
-
-async def _chat_session(
-    path: Path,
-    provider: ChatProvider,
-    model: str,
-    mode: ApproveMode,
-    prompt: Callable[[str], str],
-    out: Path | None,
-    mcp_servers: McpOptions,
-    host: str,
-    journal: Path | None,
-    resume: bool,
-    session_file: Path | None,
-    limits: TurnLimits,
-    one_shot: str | None,
-    document: ThfFile | None,
-) -> int:
-    console = make_console()
-    loaded = document if document is not None else load_document(path)
-    if isinstance(loaded, int):
-        return loaded
-    saver = Saver(console, loaded, out or path, source=path)
-    chat = _Chat(console, mode, prompt, host, saver, mcp_servers, model, one_shot)
-    options: dict[str, Any] = {
-        "kind": THREAT_MODEL,
-        "provider": provider,
-        "model": model,
-        "tools": create_ai_tool_registry(),
-        "system_prompt": THREAT_MODEL_SYSTEM_PROMPT,
-        "limits": limits,
-    }
-    if session_file is not None:
-        try:
-            restored: Session[ThreatModel] | None = Session.resume(session_file, **options)
-        except SessionFileError as exc:
-            error(f"error: {session_file} cannot be resumed: {exc}")
-            return EXIT_USAGE
-    else:
-        restored = None
-    if journal is None:
-        async with restored or Session(document=loaded.model, **options) as session:
-            code = await chat.run(session)
-        return code
-    if resume and not await trio.Path(journal).is_file():  # nothing to resume, and no file made by looking
-        error(f"error: no journal at {journal} to resume")
-        return EXIT_USAGE
-    try:
-        async with SQLiteJournalStore(journal) as store:
-            opened = await _open_chat(store, loaded.model, options, resume, restored)
-            if opened is None:
-                error(f"error: {journal} holds no chat to resume")
+        console = make_console()
+        loaded = document if document is not None else load_document(path)
+        if isinstance(loaded, int):
+            return loaded
+        saver = Saver(console, loaded, out or path, source=path)
+        chat = _Chat(console, mode, prompt, host, saver, mcp_servers, model, one_shot)
+        options: dict[str, Any] = {
+            "kind": THREAT_MODEL,
+            "provider": provider,
+            "model": model,
+            "tools": create_ai_tool_registry(),
+            "system_prompt": THREAT_MODEL_SYSTEM_PROMPT,
+            "limits": limits,
+        }
+        if session_file is not None:
+            try:
+                restored: Session[ThreatModel] | None = Session.resume(session_file, **options)
+            except SessionFileError as exc:
+                error(f"error: {session_file} cannot be resumed: {exc}")
                 return EXIT_USAGE
-            async with opened as session:
-                console.print(Text(f"Journal: {journal} (resume with --resume {journal})", style="dim"))
+        else:
+            restored = None
+        if journal is None:
+            async with restored or Session(document=loaded.model, **options) as session:
                 code = await chat.run(session)
             return code
-    except SessionLocked:
-        error(f"error: another trioloop process is using {journal}")
-        return EXIT_USAGE
-    except (JournalError, JournalStoreError) as exc:
-        error(f"error: the journal {journal} cannot be used: {exc}")
-        return EXIT_USAGE
+        if resume and not await trio.Path(journal).is_file():  # nothing to resume, and no file made by looking
+            error(f"error: no journal at {journal} to resume")
+            return EXIT_USAGE
+        try:
+            async with SQLiteJournalStore(journal) as store:
+                opened = await _open_chat(store, loaded.model, options, resume, restored)
+                if opened is None:
+                    error(f"error: {journal} holds no chat to resume")
+                    return EXIT_USAGE
+                async with opened as session:
+                    console.print(Text(f"Journal: {journal} (resume with --resume {journal})", style="dim"))
+                    code = await chat.run(session)
+                return code
+        except SessionLocked:
+            error(f"error: another trioloop process is using {journal}")
+            return EXIT_USAGE
+        except (JournalError, JournalStoreError) as exc:
+            error(f"error: the journal {journal} cannot be used: {exc}")
+            return EXIT_USAGE
+
+    finally:
+        lock.release()
 
 
 async def _open_chat(
@@ -367,7 +333,7 @@ class _Chat:
         self.failed = False
 
     async def run(self, session: Session[ThreatModel]) -> int:
-        if not await _add_mcp_servers(session, self.mcp_servers):
+        if not await add_mcp_servers(session, self.mcp_servers):
             return 1  # servers that did start close with the session
         self.console.print(Text(f"{self.model} at {self.host}; changes are saved to {self.saver.target}", style="dim"))
         try:
@@ -451,65 +417,6 @@ def _print_diff(console: Console, session: Session[ThreatModel], before: ThreatM
     for line in diff.splitlines():
         style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
         console.print(Text(line, style=style))
-
-
-def _server_environment(narrowed: Sequence[str] | None) -> dict[str, str]:
-    """What an --mcp server's process gets: the environment the user exported (a server reads its own keys and
-    settings from it), or with --mcp-env only the variables named, beside PATH, HOME and the like."""
-    if narrowed is None:
-        return dict(os.environ)
-    from mcp.client.stdio import get_default_environment
-
-    environment = get_default_environment()
-    environment.update({name: os.environ[name] for name in narrowed if name in os.environ})
-    return environment
-
-
-async def _add_mcp_servers(session: Session[ThreatModel], mcp_servers: McpOptions) -> bool:
-    """Connect every MCP server as a toolset of ``session`` (its connection lives in the session's nursery)."""
-    commands, config = mcp_servers[0], mcp_servers[1]
-    narrowed = mcp_servers[2] if len(mcp_servers) > 2 else None
-    if not commands and config is None:
-        return True
-    try:
-        from trioloop import mcp
-    except ImportError:
-        error('error: --mcp needs the mcp extra: pip install "trioloop[mcp]"')
-        return False
-    try:
-        servers: list[mcp.McpServer] = []
-        if config is not None:
-            servers.extend(mcp.load_mcp_config(await trio.Path(config).read_text(encoding="utf-8")))
-        environment = _server_environment(narrowed)
-        for command in commands:
-            taken = [server.name for server in servers]
-            servers.append(mcp.stdio_server_from_command(command, taken=taken, env=environment))
-        console = make_console()
-        for server in servers:
-            if isinstance(server, mcp.HttpServer) and server.oauth and server.auth is None:
-                server = await _with_oauth(server, console)
-            toolset = mcp.McpToolset(server)
-            added = await session.add_toolset(toolset)
-            console.print(Text(f'MCP server "{server.name}": {len(added)} tool(s)', style="dim"))
-            for skipped in toolset.skipped:
-                console.print(Text(f"  skipped {skipped.name}: {skipped.reason}", style="dim"))
-        return True
-    except OSError as exc:
-        error(f"error: cannot read the MCP config {config}: {exc.strerror}")
-    except (mcp.McpConfigError, mcp.McpConnectionError, ValueError) as exc:
-        error(f"error: {exc}")
-    return False
-
-
-async def _with_oauth(server: HttpServer, console: Console) -> HttpServer:
-    """``server`` signing in with OAuth: tokens kept in the user's config directory, the authorization URL
-    printed (and opened in a browser when one can start), the code taken on a loopback redirect URI."""
-    from trioloop.cli.mcp_oauth import LoopbackCallback, cli_oauth
-
-    callback = LoopbackCallback()
-    await callback.listen()
-    auth = cli_oauth(server.name, server.url, callback, lambda text: console.print(Text(text)))
-    return attrs.evolve(server, auth=auth)
 
 
 def _usage_text(usage: Usage) -> str:

@@ -1115,6 +1115,14 @@ def forged_inputs(draw: st.DrawFn) -> Any:
 any_input = st.one_of(st.sampled_from(list(SAMPLES.values())), forged_inputs(), hostile_values, st.builds(object))
 
 
+def test_a_forged_message_start_is_dropped_not_read() -> None:
+    # The reducer reads a response's model name: one set past the validator to an object whose truth or
+    # comparison raises must be turned away at the door (found by the property test below).
+    for phase, state in phase_states().items():
+        for value in (_Hostile(), 7, None):
+            assert reduce_turn(state, _forge(MessageStart(model="m"), "model", value)) is state, phase
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(any_input, max_size=12), st.sampled_from(list(Phase)))
 def test_reduce_turn_never_raises_for_any_input(inputs: list[Any], phase: Phase) -> None:

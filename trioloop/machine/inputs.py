@@ -300,7 +300,7 @@ _Check: TypeAlias = Callable[[Any], bool]
 _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
     {
         Submit: (InputKind.SUBMIT, _submit_ok),
-        MessageStart: (InputKind.MESSAGE_START, lambda e: True),
+        MessageStart: (InputKind.MESSAGE_START, lambda e: _is_str(e.model)),
         TextDelta: (InputKind.TEXT_DELTA, lambda e: _is_str(e.text)),
         ThinkingDelta: (InputKind.THINKING_DELTA, lambda e: True),
         ThinkingComplete: (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_machine import REGISTRY
 
@@ -133,7 +133,7 @@ def test_for_any_server_ids_every_call_is_kept_answered_and_unique(turns: list[l
 def _same_shape(server_id: str, renamed: str) -> bool:
     if re.fullmatch(r"[A-Za-z0-9]{9}", server_id):
         return re.fullmatch(r"[A-Za-z0-9]{9}", renamed) is not None
-    if ":" in server_id and server_id.rsplit(":", 1)[1].isdigit():
+    if ":" in server_id and re.fullmatch(r"[0-9]+", server_id.rsplit(":", 1)[1]):  # the index is ASCII digits
         prefix, index = renamed.rsplit(":", 1)
         return prefix == server_id.rsplit(":", 1)[0] and index.isdigit()
     fits = len(renamed) <= 40 if len(server_id) <= 40 else True
@@ -143,6 +143,8 @@ def _same_shape(server_id: str, renamed: str) -> bool:
     return fits and keeps_alphabet
 
 
+@example(server_id=":0", salt="")  # an empty name before the index (found by this test)
+@example(server_id="get\nweather:0123456789", salt="")  # a line break in the name, a ten-digit index
 @given(st.text(max_size=50), st.text(max_size=20))
 def test_fresh_ids_are_pure_and_shaped(server_id: str, salt: str) -> None:
     first = fresh_call_id(server_id, salt)

@@ -3,9 +3,10 @@
 Some servers number their calls ``call_1``, ``call_2``... anew in every response, or send no id at all;
 a session's history must still hold each id once, or its pairing breaks and a grant could seem to
 name another call. The reducer gives such a call a fresh id of the same shape, so the server accepts it
-back: nine letters and digits stay nine letters and digits (Mistral checks that), ``NAME:INDEX`` keeps a
-number after its colon (Kimi's ``functions.get_weather:0``), and anything else gets a short suffix in the
-characters every API accepts, within OpenAI's 40 characters when the original fits in them.
+back: nine letters and digits stay nine letters and digits (Mistral checks that), ``NAME:INDEX`` keeps its
+name and a number (ASCII digits) after its last colon (Kimi's ``functions.get_weather:0``), and anything else
+gets a short suffix in the characters every API accepts, within OpenAI's 40 characters when the original fits
+in them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ __all__ = ["fresh_call_id"]
 
 _ALNUM: Final = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _NINE_ALNUM: Final = re.compile(r"[A-Za-z0-9]{9}")
-_INDEXED: Final = re.compile(r"(.{1,200}):([0-9]{1,9})")
+_INDEXED: Final = re.compile(r"(.*):([0-9]+)", re.DOTALL)
 _OPENAI_MAX: Final = 40
 _TAG: Final = 8
 

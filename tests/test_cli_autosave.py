@@ -164,6 +164,7 @@ async def test_a_killed_chat_resumes_from_its_journal_at_the_open_review(
         pass
 
     replies: Iterator[str] = iter(["add two", "a"])
+    at_kill: list[bytes] = []
 
     def prompt(label: str) -> str:
         reply = next(replies, None)
@@ -174,6 +175,7 @@ async def test_a_killed_chat_resumes_from_its_journal_at_the_open_review(
             if source.exists():
                 Path(f"{killed}{suffix}").write_bytes(source.read_bytes())
         shutil.copytree(default_witness_path(), witnessed)  # and the witness of its heads, as it stood
+        at_kill.append(_read(thf))  # and the document: a SIGKILL saves nothing on the way out
         raise Killed
 
     steps = [add_threat("c1", "First"), add_threat("c2", "Second"), ScriptStep(text="unreached")]
@@ -184,11 +186,13 @@ async def test_a_killed_chat_resumes_from_its_journal_at_the_open_review(
     # This process went on after the "kill" and wrote more: put back the witness a killed one leaves.
     shutil.rmtree(default_witness_path())
     shutil.copytree(witnessed, default_witness_path())
+    await trio.Path(thf).write_bytes(at_kill[0])  # c1 committed, not saved yet
 
     async with ScriptedProvider([ScriptStep(text="Both added.")]) as provider:
         code = await chat_session(thf, provider, "scripted-1", "ask", answers("a"), journal=killed, resume=True)
     out = capsys.readouterr().out
     assert code == 0 and "Continuing the turn the journal left open." in out
+    assert f"{thf} is one change behind {killed} (the chat stopped before saving it)" in out
     threats = load_thf(thf).threats
     assert [t.title for t in threats[base:]] == ["First", "Second"]  # c1 once (not run again), then c2
     assert len(provider.requests) == 1  # the open review did not ask the model again

@@ -100,6 +100,8 @@ TOP_LEVEL = [
     "ChatProvider",
     "ChatRequest",
     "DocumentKind",
+    "DocumentMatch",
+    "DocumentMismatch",
     "Effect",
     "EntityChange",
     "FieldChange",

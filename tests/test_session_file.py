@@ -122,7 +122,21 @@ def test_the_file_is_ascii_and_versioned() -> None:
     data = encode_session(snapshot, dump_document=dump_thf)
     data.decode("ascii")
     value = json.loads(data)
-    assert value["format"] == "trioloop-session" and value["version"] == 1
+    assert value["format"] == "trioloop-session" and value["version"] == 2
+
+
+def test_a_version_1_file_is_read_and_names_no_kind_or_source() -> None:
+    snapshot, _ = _snapshot()
+    named = attrs.evolve(snapshot, kind="threat model", source="/a.thf")
+    value = json.loads(encode_session(named, dump_document=dump_thf))
+    assert (value["kind"], value["source"]) == ("threat model", "/a.thf")
+    del value["kind"], value["source"]
+    value["version"] = 1
+    read = decode_session(json.dumps(value).encode(), load_document=_load)
+    assert (read.kind, read.source) == (None, None) and read == snapshot
+    value["kind"] = "note"  # version 1 has no such key
+    with pytest.raises(SessionFileError, match="unknown key 'kind'"):
+        decode_session(json.dumps(value).encode(), load_document=_load)
 
 
 def test_an_unpairable_conversation_is_not_written() -> None:
@@ -164,7 +178,8 @@ HOSTILE = {
     "nan": b'{"format": NaN}',
     "duplicate key": b'{"format": "trioloop-session", "format": "x"}',
     "other format": _with(format="something-else"),
-    "future version": _with(version=2),
+    "future version": _with(version=3),
+    "source not text": _with(source=7),
     "version as text": _with(version="1"),
     "missing key": _without("undo"),
     "unknown key": _with(extra_key=1),

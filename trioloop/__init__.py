@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
         ToolRegistry,
         create_tool_registry,
     )
-    from trioloop.machine.transaction import UndoAvailability, UndoHistory
+    from trioloop.machine.transaction import DocumentMatch, UndoAvailability, UndoHistory
     from trioloop.protocol import (
         Aborted,
         ChatProvider,
@@ -95,6 +95,7 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
     from trioloop.runtime.controls import TurnControls
     from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
     from trioloop.runtime.session import (
+        DocumentMismatch,
         Session,
         SessionBusy,
         SessionClosed,
@@ -132,6 +133,8 @@ _HOMES: Final[dict[str, str]] = {
     "ChatRequest": "trioloop.protocol",
     "DEFAULT_TURN_LIMITS": "trioloop.machine.limits",
     "DocumentKind": "trioloop.machine.document",
+    "DocumentMatch": "trioloop.machine.transaction",
+    "DocumentMismatch": "trioloop.runtime.session",
     "Effect": "trioloop.machine.tools",
     "EntityChange": "trioloop.machine.preview",
     "FieldChange": "trioloop.machine.preview",
@@ -247,6 +250,8 @@ __all__ = [
     "ChatProvider",
     "ChatRequest",
     "DocumentKind",
+    "DocumentMatch",
+    "DocumentMismatch",
     "Effect",
     "EntityChange",
     "FieldChange",

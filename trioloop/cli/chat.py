@@ -18,6 +18,7 @@ from trioloop.cli.common import Saver, error, interruptible, load_document, make
 from trioloop.cli.document_lock import DocumentLock
 from trioloop.cli.mcp_servers import McpOptions, add_mcp_servers
 from trioloop.cli.parser import EXIT_TURN_FAILED, EXIT_USAGE
+from trioloop.cli.resume_check import check_resumed
 from trioloop.cli.review import LinePrompt
 from trioloop.cli.view import ApproveMode, TurnView
 from trioloop.durable.journal import JournalError
@@ -31,7 +32,7 @@ from trioloop.protocol.preflight import lookup_model, unknown_model_warning
 from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.retry import RetryNotice
 from trioloop.providers.transport import is_loopback_host
-from trioloop.runtime.session import Session, SessionBusy
+from trioloop.runtime.session import DocumentMismatch, Session, SessionBusy
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel, create_ai_tool_registry
 from trioloop.threatmodel.session import THREAT_MODEL_SYSTEM_PROMPT
 from trioloop.threatmodel.thf_file import ThfFile
@@ -239,16 +240,20 @@ async def chat_session(
             "system_prompt": THREAT_MODEL_SYSTEM_PROMPT,
             "limits": limits,
         }
+        here = str(target.resolve())
         if session_file is not None:
             try:
                 restored: Session[ThreatModel] | None = Session.resume(session_file, **options)
             except SessionFileError as exc:
                 error(f"error: {session_file} cannot be resumed: {exc}")
                 return EXIT_USAGE
+            assert restored is not None
+            if not check_resumed(restored, path, loaded, out, session_file, saver, console):
+                return EXIT_USAGE
         else:
             restored = None
         if journal is None:
-            async with restored or Session(document=loaded.model, **options) as session:
+            async with restored or Session(document=loaded.model, source=here, **options) as session:
                 code = await chat.run(session)
             return code
         if resume and not await trio.Path(journal).is_file():  # nothing to resume, and no file made by looking
@@ -256,9 +261,12 @@ async def chat_session(
             return EXIT_USAGE
         try:
             async with SQLiteJournalStore(journal) as store:
-                opened = await _open_chat(store, loaded.model, options, resume, restored)
+                opened = await _open_chat(store, loaded.model, options, resume, restored, here)
                 if opened is None:
                     error(f"error: {journal} holds no chat to resume")
+                    return EXIT_USAGE
+                if resume and not check_resumed(opened, path, loaded, out, journal, saver, console):
+                    await opened.aclose()
                     return EXIT_USAGE
                 async with opened as session:
                     console.print(Text(f"Journal: {journal} (resume with --resume {journal})", style="dim"))
@@ -267,7 +275,7 @@ async def chat_session(
         except SessionLocked:
             error(f"error: another trioloop process is using {journal}")
             return EXIT_USAGE
-        except (JournalError, JournalStoreError) as exc:
+        except (JournalError, JournalStoreError, DocumentMismatch) as exc:
             error(f"error: the journal {journal} cannot be used: {exc}")
             return EXIT_USAGE
 
@@ -281,6 +289,7 @@ async def _open_chat(
     options: dict[str, Any],
     resume: bool,
     restored: Session[ThreatModel] | None,
+    source: str,
 ) -> Session[ThreatModel] | None:
     """The file's latest chat (``resume``), or a new one numbered by the time it started (``restored``'s
     conversation and document when a session file was resumed)."""
@@ -293,7 +302,7 @@ async def _open_chat(
     if restored is not None:
         await restored.journal_into(store, started)
         return restored
-    return await Session.open(store, started, document=document, **options)
+    return await Session.open(store, started, document=document, source=source, **options)
 
 
 _COMMANDS_HELP: Final = (

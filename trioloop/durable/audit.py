@@ -10,11 +10,10 @@ match, raising `JournalError` naming it, after yielding every entry before it.
 from __future__ import annotations
 
 import datetime
-import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, decode_numbered
+from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, decode_numbered, document_digest
 from trioloop.durable.store import JournalStore, StoredEntry
 from trioloop.machine.untrusted_text import sanitize_scalar
 
@@ -86,10 +85,13 @@ def _describe(entry: JournalEntry) -> list[str]:
         if not isinstance(session, Mapping):
             return ["session snapshot (not readable)"]
         document = session.get("document")
-        sha = hashlib.sha256(document.encode("utf-8", "replace")).hexdigest()[:16] if isinstance(document, str) else ""
+        sha = document_digest(document)[:16] if isinstance(document, str) else ""
         messages = session.get("messages")
         count = len(messages) if isinstance(messages, list) else 0
-        return [f"session snapshot: {count} messages, {_show(session.get('turn_count'))} turns, document sha256 {sha}…"]
+        of = f" of the {_show(session['kind'])}" if isinstance(session.get("kind"), str) else ""
+        source = f" ({_show(session['source'])})" if isinstance(session.get("source"), str) else ""
+        turns = _show(session.get("turn_count"))
+        return [f"session snapshot{of}{source}: {count} messages, {turns} turns, document sha256 {sha}…"]
     if kind == "submit":
         tools = ", ".join(_show(t) for t in data.get("tools") or ())
         return [f"turn {_show(data.get('turn_id'))} starts: {_show(data.get('text'))}", f"  tools offered: {tools}"]
@@ -133,7 +135,7 @@ def _describe(entry: JournalEntry) -> list[str]:
         document = data.get("document")
         committed = ""
         if isinstance(document, str):
-            digest = hashlib.sha256(document.encode("utf-8", "replace")).hexdigest()[:16]
+            digest = document_digest(document)[:16]
             committed = f", committed the document (sha256 {digest}…)"
         return [f"call {_show(data.get('call_id'))} {status}{committed}: {_show(data.get('result'))}"]
     if kind == "advance":

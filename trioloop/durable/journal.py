@@ -20,7 +20,7 @@ for the first entry), so changing, removing or reordering any entry breaks the c
 - ``approve``, ``approve_batch``, ``deny``: the person's decisions, with who made them, the edited input or
   the reason, and the digest and lines of the card decided on.
 - ``start``, ``settled``: a call started, and how it ended; a commit carries the committed document in the
-  kind's text form.
+  kind's text form and its digest (`document_digest`). The snapshots name the document's kind and source.
 - ``advance``, ``retry``, ``cancel``, ``revoke``, ``undo``: the other reducer inputs.
 - ``suspend``, ``resume``: the turn was suspended in review (with the machine time spent and the time the
   review had waited), and taken up again.
@@ -62,6 +62,7 @@ __all__ = [
     "decode_entries",
     "decode_entry",
     "decode_numbered",
+    "document_digest",
     "encode_entry",
     "entry_hash",
     "journal_id_of",
@@ -126,6 +127,11 @@ class JournalEntry:
 
 def entry_hash(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
+
+
+def document_digest(text: str) -> str:
+    """A document's identity in the journal: the SHA-256 (hex) of its text form, UTF-8 encoded."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def encode_entry(seq: int, kind: str, prev: str, at_ms: int, data: Mapping[str, Any]) -> bytes:

@@ -11,7 +11,7 @@ from typing import Any, Final
 
 import attrs
 
-from trioloop.durable.journal import encode_entry, entry_hash
+from trioloop.durable.journal import document_digest, encode_entry, entry_hash
 from trioloop.durable.session_file import SessionSnapshot, session_to_json
 from trioloop.durable.signing import JournalSigner, head_message
 from trioloop.durable.store import StoredEntry
@@ -270,6 +270,7 @@ class JournalWriter:
                 and after is not None
                 and after.changed_document
             )
+            dumped = self.dump(document) if committed else None
             self.add(
                 "settled",
                 {
@@ -278,7 +279,8 @@ class JournalWriter:
                     "result": outcome.result if text else None,
                     "changed_document": bool(item.changed_document),
                     "now_ms": item.now_ms,
-                    "document": self.dump(document) if committed else None,
+                    "document": dumped,
+                    "document_digest": None if dumped is None else document_digest(dumped),
                 },
             )
         elif isinstance(item, Advance):

@@ -10,7 +10,7 @@ from typing import Any, Final, Generic, TypeVar, final
 
 import attrs
 
-from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, verify_chain
+from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, document_digest, verify_chain
 from trioloop.durable.session_file import SessionFileError, SessionSnapshot, session_from_json
 from trioloop.machine.inputs import (
     Advance,
@@ -72,6 +72,10 @@ class Replayed(Generic[D]):
     last_hash: str = GENESIS
     #: How many entries were replayed (from the last snapshot on).
     replayed: int = 0
+    #: The document kind's name and the document's source, as the newest snapshot records them (None in a
+    #: journal written before they were recorded).
+    kind: str | None = None
+    source: str | None = None
 
 
 def _need(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], seq: int) -> Any:
@@ -95,9 +99,11 @@ def _event(value: Any, seq: int) -> StreamEvent:
         raise JournalError(f"journal entry {seq} holds an event that is not valid", seq=seq) from None
 
 
-def _document(load: Callable[[str], D], text: Any, seq: int) -> D:
+def _document(load: Callable[[str], D], text: Any, seq: int, digest: Any = None) -> D:
     if type(text) is not str:
         raise JournalError(f"journal entry {seq} lacks the committed document", seq=seq)
+    if digest is not None and digest != document_digest(text):  # absent in journals written before it was recorded
+        raise JournalError(f"journal entry {seq} holds a document whose digest is not the one it records", seq=seq)
     try:
         return load(text)
     except Exception:
@@ -175,6 +181,8 @@ class _Folder(Generic[D]):
         self.review_ms: int | None = None
         self.cards: dict[str, str] = {}
         self.advanced_ms = 0
+        self.kind: str | None = None
+        self.source: str | None = None
 
     def feed(self, item: TurnInput, seq: int) -> None:
         if self.turn is None:
@@ -197,8 +205,9 @@ class _Folder(Generic[D]):
             if self.snapshot is None:
                 self.restore(entry)  # where replay starts
             else:
-                # A later snapshot records what the fold already holds (and keeps no redo): nothing to take.
+                # A later snapshot records what the fold already holds (and keeps no redo): only its names.
                 self.turn, self.cards = None, {}
+                self.names(entry.data.get("session"), seq)
         elif kind == "submit":
             self.submit(data, seq)
         elif kind == "stream":
@@ -269,8 +278,18 @@ class _Folder(Generic[D]):
         self.last_turn_id = snapshot.last_turn_id
         self.turn_count = snapshot.turns_started()
         self.model = snapshot.model
+        self.kind, self.source = snapshot.kind, snapshot.source
         self.turn = None  # a snapshot is written only between turns (``state`` keeps the last turn's)
         self.cards = {}
+
+    def names(self, session: Any, seq: int) -> None:
+        """The kind and source a later snapshot records (an app may move its document)."""
+        if type(session) is not dict:
+            raise JournalError(f"journal entry {seq} holds a session that is not valid", seq=seq)
+        kind, source = session.get("kind"), session.get("source")
+        if not all(v is None or type(v) is str for v in (kind, source)):
+            raise JournalError(f"journal entry {seq} names its document's kind or source wrongly", seq=seq)
+        self.kind, self.source = kind, source
 
     def submit(self, data: Mapping[str, Any], seq: int) -> None:
         if self.turn is not None:
@@ -310,7 +329,7 @@ class _Folder(Generic[D]):
             if top is None or top.turn_id != turn_id:
                 assert self.document is not None
                 self.undo = self.undo.push(UndoEntry(turn_id=turn_id, document=self.document))
-            self.document = _document(self.load, data.get("document"), seq)
+            self.document = _document(self.load, data.get("document"), seq, data.get("document_digest"))
         outcome: ToolOutcome[Any] = (
             ToolOutcome(ok=ok, result=result) if result is not None else ToolOutcome(ok=False, result=None)  # type: ignore[arg-type]
         )
@@ -355,6 +374,8 @@ class _Folder(Generic[D]):
             last_seq=last_seq,
             last_hash=last_hash,
             replayed=replayed,
+            kind=self.kind,
+            source=self.source,
         )
 
 

@@ -7,15 +7,19 @@ it passes ``dump_document`` (D -> str) and ``load_document`` (str -> D; it must 
 itself, as `load_thf` does, and raise on anything invalid). Write the bytes with
 `trioloop.durable.files.write_atomic`.
 
-Format (version 1), one JSON object with exactly these keys::
+Format (version 2), one JSON object with exactly these keys::
 
-    {"format": "trioloop-session", "version": 1, "model": str | null,
+    {"format": "trioloop-session", "version": 2, "model": str | null,
+     "kind": str | null,                     # the document kind's name ("threat model")
+     "source": str | null,                   # where the document lives, as the app named it (the CLI: its file)
      "messages": [...],                      # trioloop.protocol.serialization, pairable
      "document": str,                        # dump_document(the live document)
      "undo": [{"turn_id": str, "document": str}, ...],   # oldest first, the pre-turn documents
      "undo_max_entries": int,
      "last_turn_id": str | null,
      "turn_count": int}                      # turns started so far: new turn ids continue after it
+
+Version 1 files (without ``kind`` and ``source``) are still read; they name no kind and no source.
 
 Decoding refuses, with `SessionFileError` (a `ValueError`) and never anything else: more than
 ``max_bytes``, bytes that are not UTF-8, text that is not JSON (NaN and Infinity included, and a
@@ -62,7 +66,7 @@ __all__ = [
 ]
 
 SESSION_FORMAT: Final = "trioloop-session"
-SESSION_VERSION: Final = 1
+SESSION_VERSION: Final = 2
 #: Default cap on a session file's size (a document may be up to 5 MiB, and undo keeps several).
 MAX_SESSION_BYTES: Final = 64 * 1024 * 1024
 #: Most undo entries a session file may hold (the default undo history keeps 20).
@@ -70,9 +74,10 @@ MAX_UNDO_ENTRIES: Final = 100
 #: Deepest JSON nesting accepted (a message needs about 6; tool inputs nest further).
 MAX_JSON_DEPTH: Final = 128
 
-_KEYS: Final = frozenset(
+_KEYS_V1: Final = frozenset(
     {"format", "version", "model", "messages", "document", "undo", "undo_max_entries", "last_turn_id", "turn_count"}
 )
+_KEYS: Final = _KEYS_V1 | {"kind", "source"}
 
 D = TypeVar("D")
 _TURN_ID: Final = re.compile(r"turn-([0-9]{1,18})")
@@ -99,7 +104,9 @@ class SessionSnapshot(Generic[D]):
     ``undo`` is oldest first. ``last_turn_id`` is the turn an "undo last turn" would undo; its
     pre-turn document is the top undo entry's when that entry is the last turn's, and otherwise
     the live document (the turn changed nothing, or was already undone). ``turn_count`` is how many
-    turns were started, so a resumed session numbers new turns after every id already used.
+    turns were started, so a resumed session numbers new turns after every id already used. ``kind`` is
+    the document kind's name and ``source`` where the document lives, as the app named it (the CLI: the
+    file's absolute path); both None in a version 1 file.
     """
 
     messages: tuple[Message, ...]
@@ -109,6 +116,8 @@ class SessionSnapshot(Generic[D]):
     last_turn_id: str | None = None
     turn_count: int = 0
     model: str | None = None
+    kind: str | None = None
+    source: str | None = None
 
     def undo_history(self) -> UndoHistory[D]:
         """The undo history these records make (oldest first, capped as saved)."""
@@ -137,6 +146,8 @@ def session_to_json(snapshot: SessionSnapshot[D], *, dump_document: Callable[[D]
     return {
         "format": SESSION_FORMAT,
         "version": SESSION_VERSION,
+        "kind": snapshot.kind,
+        "source": snapshot.source,
         "model": snapshot.model,
         "messages": messages_to_json(snapshot.messages),
         "document": dump_document(snapshot.document),
@@ -166,15 +177,18 @@ def session_from_json(value: Any, *, load_document: Callable[[str], D]) -> Sessi
     if value.get("format") != SESSION_FORMAT:
         raise SessionFileError("not a trioloop session file")
     version = value.get("version")
-    if type(version) is not int or version != SESSION_VERSION:
-        raise SessionFileError(f"session file version {version!r} is not supported (this reads {SESSION_VERSION})")
-    missing = sorted(_KEYS - value.keys())
-    unknown = sorted(value.keys() - _KEYS)
+    if type(version) is not int or version not in (1, SESSION_VERSION):
+        raise SessionFileError(f"session file version {version!r} is not supported (this reads 1 to {SESSION_VERSION})")
+    keys = _KEYS if version == SESSION_VERSION else _KEYS_V1
+    missing = sorted(keys - value.keys())
+    unknown = sorted(value.keys() - keys)
     if missing or unknown:
         raise SessionFileError(
             f"the session file {'lacks' if missing else 'has the unknown key'} {(missing or unknown)[0]!r}"
         )
     model = _optional_text(value["model"], "model")
+    kind = _optional_text(value.get("kind"), "kind")
+    source = _optional_text(value.get("source"), "source")
     messages = _messages(value["messages"])
     undo_max = value["undo_max_entries"]
     if type(undo_max) is not int or not 1 <= undo_max <= MAX_UNDO_ENTRIES:
@@ -197,6 +211,8 @@ def session_from_json(value: Any, *, load_document: Callable[[str], D]) -> Sessi
         last_turn_id=last_turn_id,
         turn_count=turn_count,
         model=model,
+        kind=kind,
+        source=source,
     )
 
 

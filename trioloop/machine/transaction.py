@@ -20,6 +20,7 @@ from trioloop.machine.tools import RegisteredTool, ToolOutcome
 __all__ = [
     "DEFAULT_UNDO_ENTRIES",
     "Committed",
+    "DocumentMatch",
     "Refusal",
     "Refused",
     "Unchanged",
@@ -27,6 +28,7 @@ __all__ = [
     "UndoEntry",
     "UndoHistory",
     "commit_tool_outcome",
+    "match_document",
     "redo_step",
     "turn_undo_availability",
     "undo_step",
@@ -289,3 +291,28 @@ def _undone(history: UndoHistory[D], live_document: D) -> UndoHistory[D]:
     popped = history.pop()
     redo = (*history.redo, UndoEntry(turn_id=top.turn_id, document=live_document))[-history.max_entries :]
     return attrs.evolve(popped, redo=redo)
+
+
+class DocumentMatch(enum.StrEnum):
+    """How a document (a file read back, say) stands to a session's: `match_document`."""
+
+    #: The session's live document.
+    SAME = "same"
+    #: The document as it was before the session's latest change (its latest committing turn, or its latest undo
+    #: or redo): what a file holds when the app stopped between committing a change and saving it.
+    BEHIND = "behind"
+    #: Neither: another document, or this one changed outside the session.
+    OTHER = "other"
+
+
+def match_document(kind: DocumentKind[D], candidate: D, live_document: D, history: UndoHistory[D]) -> DocumentMatch:
+    """Whether ``candidate`` is the live document, the document one change behind it, or another (by ``kind.same``).
+
+    One change behind is the top of the redo stack after an undo (the document the undone turn had left) and
+    otherwise the top undo entry (the document before the newest turn that changed it)."""
+    if kind.same(candidate, live_document):
+        return DocumentMatch.SAME
+    before = history.redo[-1] if history.redo else history.top
+    if before is not None and kind.same(candidate, before.document):
+        return DocumentMatch.BEHIND
+    return DocumentMatch.OTHER

@@ -37,7 +37,7 @@ from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.machine.questions import AnswerAction, Question
 from trioloop.machine.state import TurnState
 from trioloop.machine.tools import RegisteredTool, ToolRegistry, create_tool_registry
-from trioloop.machine.transaction import UndoAvailability, UndoHistory
+from trioloop.machine.transaction import DocumentMatch, UndoAvailability, UndoHistory, match_document
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.provider import ChatProvider, HoldsConnections
 from trioloop.runtime import session_files
@@ -49,6 +49,7 @@ from trioloop.runtime.session_files import TranscriptError
 from trioloop.runtime.session_journal import (
     DEFAULT_SIGNER,
     DEFAULT_WITNESS,
+    DocumentMismatch,
     SessionJournal,
     SessionJournalError,
     ToolsMissing,
@@ -60,6 +61,7 @@ from trioloop.runtime.session_undo import UndoSteps
 from trioloop.runtime.toolsets import Toolset, Toolsets
 
 __all__ = [
+    "DocumentMismatch",
     "Session",
     "SessionBusy",
     "SessionClosed",
@@ -111,6 +113,7 @@ class Session(Generic[D]):
         max_output_tokens: int = 4096,
         nursery: trio.Nursery | None = None,
         observers: Iterable[TurnObserver] = (),
+        source: str | None = None,
     ) -> None:
         self._workspace: Workspace[D] = Workspace(document=document, kind=kind, undo=UndoHistory())
         self.kind = kind
@@ -133,6 +136,9 @@ class Session(Generic[D]):
         self._journal: SessionJournal | None = None  # when opened from a store (`open`, `journal_into`)
         #: Who the person deciding is, as the journal records each decision (the OS user by default).
         self.actor = _default_actor()
+        #: Where the document lives, as the app names it (the CLI: the file's absolute path); session files and
+        #: journal snapshots record it, so a reopened session says which document it belongs to.
+        self.source = source
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -211,6 +217,11 @@ class Session(Generic[D]):
     def undo_history(self) -> UndoHistory[D]:
         """The undo history: each undoable turn's pre-turn document, newest last, and what can be redone."""
         return self._workspace.undo
+
+    def match_document(self, document: D) -> DocumentMatch:
+        """Whether ``document`` (a file read back, say) is the live document, the one before the latest change
+        (`DocumentMatch.BEHIND`: the app stopped between committing and saving), or another."""
+        return match_document(self.kind, document, self._workspace.document, self._workspace.undo)
 
     @property
     def history(self) -> tuple[Message, ...]:
@@ -448,6 +459,7 @@ class Session(Generic[D]):
         signer: JournalSigner | Literal["default"] | None = DEFAULT_SIGNER,
         keys: JournalKeys | None = None,
         witness: HeadWitness | Literal["default"] | None = DEFAULT_WITNESS,
+        source: str | None = None,
     ) -> Session[D]:
         """A session whose every turn is journaled in ``store`` under ``session_id``, taking its lease.
 
@@ -465,8 +477,10 @@ class Session(Generic[D]):
         `journal_integrity` says so). ``keys`` adds public keys that verify entries an earlier key signed.
         ``witness`` keeps each new signed head outside the store (by default a `FileWitness` under the user's
         config folder, for a signed journal), so a journal cut short or rolled back to an older copy is refused
-        too (`JournalError` naming the witnessed entry). Raises `SessionLocked` while another lease drives the
-        session (after waiting up to ``wait_s``).
+        too (`JournalError` naming the witnessed entry). ``source`` names the document (`Session.source`): a new
+        journal records it, an existing one must record the same (or none), and its kind's name must be
+        ``kind``'s, else `DocumentMismatch`. Raises `SessionLocked` while another lease drives the session (after
+        waiting up to ``wait_s``).
         """
         return await open_session(
             cls,
@@ -486,6 +500,7 @@ class Session(Generic[D]):
             signer=signer,
             keys=keys,
             witness=witness,
+            source=source,
         )
 
     async def journal_into(

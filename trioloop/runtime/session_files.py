@@ -53,6 +53,8 @@ def snapshot_of(session: Session[D]) -> SessionSnapshot[D]:
         last_turn_id=session._last_turn_id,
         turn_count=session._turns_started,
         model=session.model,
+        kind=session.kind.name,
+        source=session.source,
     )
 
 
@@ -85,6 +87,8 @@ def resume_session(
     except OSError as exc:
         raise SessionFileError(f"the session file could not be read ({exc.strerror or type(exc).__name__})") from None
     snapshot = decode_session(data, load_document=kind.load, max_bytes=max_bytes)
+    if snapshot.kind not in (None, kind.name):
+        raise SessionFileError(f"the session file holds a {snapshot.kind} document, not a {kind.name}")
     chosen = model if model is not None else snapshot.model
     if chosen is None:
         raise SessionFileError("the session file names no model: pass model=")
@@ -102,6 +106,7 @@ def resume_session(
         system_prompt=system_prompt,
         max_output_tokens=max_output_tokens,
         nursery=nursery,
+        source=snapshot.source,
     )
 
 

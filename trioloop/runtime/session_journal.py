@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_SIGNER",
     "DEFAULT_WITNESS",
+    "DocumentMismatch",
     "SessionJournal",
     "SessionJournalError",
     "ToolsMissing",
@@ -68,6 +69,15 @@ class ToolsMissing(ValueError):
         listed = ", ".join(sorted(names))
         super().__init__(f"the journal's calls used tools this session was not given: {listed} (pass them in tools=)")
         self.names = names
+
+
+class DocumentMismatch(ValueError):
+    """`Session.open` found a journal recorded for another document: of another kind, or (when ``source=`` was
+    given) from another source. Nothing was replayed; ``recorded`` and ``given`` say what differs."""
+
+    def __init__(self, what: str, recorded: str, given: str) -> None:
+        super().__init__(f"the journal's document {what} is {recorded!r}, not {given!r}")
+        self.what, self.recorded, self.given = what, recorded, given
 
 
 class SessionJournal:
@@ -169,6 +179,7 @@ async def open_session(
     signer: Signer,
     keys: JournalKeys | None,
     witness: Witness,
+    source: str | None,
 ) -> Session[D]:
     """`Session.open`: take the lease, then start a new journal or verify and replay the one there."""
     key = await _resolve(signer, keys)
@@ -189,7 +200,7 @@ async def open_session(
         if not stored:
             if document is None or model is None:
                 raise ValueError(f"session {session_id!r} is new: pass document= and model= to start it")
-            session = cls(document=document, model=model, **options)
+            session = cls(document=document, model=model, source=source, **options)
             await _start(session, lease, compact, session_id, key, heads)
             return session
         entries = decode_entries(stored)
@@ -202,6 +213,10 @@ async def open_session(
         if missing:
             raise ToolsMissing(missing)
         replayed = replay_journal(entries, load_document=kind.load, registry=registry)
+        if replayed.kind not in (None, kind.name):
+            raise DocumentMismatch("kind", replayed.kind, kind.name)
+        if source is not None and replayed.source not in (None, source):
+            raise DocumentMismatch("source", replayed.source, source)
         chosen = model if model is not None else replayed.model
         if chosen is None:
             raise ValueError("the journal names no model: pass model=")
@@ -212,6 +227,7 @@ async def open_session(
             turns_started=replayed.turn_count,
             last_turn_id=replayed.last_turn_id,
             model=chosen,
+            source=replayed.source if replayed.source is not None else source,
             **options,
         )
         resume = None

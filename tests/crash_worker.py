@@ -189,6 +189,20 @@ class KillingLease:
     def session_id(self) -> str:
         return self._inner.session_id
 
+    @property
+    def epoch(self) -> int:
+        return self._inner.epoch
+
+    @property
+    def renew_every_s(self) -> float | None:
+        return getattr(self._inner, "renew_every_s", None)
+
+    async def renew(self) -> None:
+        await self._inner.renew()
+
+    def check_held(self) -> None:
+        self._inner.check_held()
+
     async def entries(self, *, after: int = 0) -> Sequence[StoredEntry]:
         return await self._inner.entries(after=after)
 

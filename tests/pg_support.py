@@ -11,6 +11,7 @@ Without the binaries the tests that need the server are skipped, unless ``TRIOLO
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["find_postgres_bin", "postgres_url"]
+__all__ = ["find_postgres_bin", "postgres_url", "running_postgres"]
 
 DATABASE = "trioloop_test"
 
@@ -73,6 +74,13 @@ def postgres_url() -> Iterator[str]:
         if os.environ.get("TRIOLOOP_REQUIRE_POSTGRES") == "1":
             pytest.fail(f"TRIOLOOP_REQUIRE_POSTGRES=1 but {reason}")
         pytest.skip(f"{reason}; install PostgreSQL or set TRIOLOOP_REQUIRE_POSTGRES=1 to make this a failure")
+    with running_postgres(bindir) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def running_postgres(bindir: Path) -> Iterator[str]:
+    """A throwaway server from the binaries in ``bindir``, for as long as the block runs: its database's URL."""
     prefix, user = _as_server_user()
     root = Path(tempfile.mkdtemp(prefix="trioloop-pg-"))
     data = root / "data"

@@ -5,8 +5,7 @@ digest of every committed document, and a session says whether a document read b
 from __future__ import annotations
 
 import hashlib
-import sqlite3
-from contextlib import closing
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,9 @@ import pytest
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
+from pg_support import postgres_url  # noqa: F401 -- the session fixture the journal fixture reaches by name
 
-from tests.test_journal_integrity import SCRIPT, TOOLS, _review, rechained
+from tests.test_journal_integrity import SCRIPT, TOOLS, Journal, _review, rechained
 from trioloop import (
     DocumentMatch,
     DocumentMismatch,
@@ -26,18 +26,35 @@ from trioloop import (
     define_document_kind,
 )
 from trioloop.durable.journal import decode_entry, document_digest, encode_entry
-from trioloop.durable.sqlite import SQLiteJournalStore
 from trioloop.machine.transaction import UndoEntry, UndoHistory, match_document, redo_step, undo_step
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def place(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Journal]:
+    """A real SQLite file, and a database of a real PostgreSQL server."""
+    url = request.getfixturevalue("postgres_url") if request.param == "postgres" else None
+    where = Journal(request.param, tmp_path, url)
+    yield where
+    for store in where.opened:
+        await store.close()
+
 
 NOTE = define_document_kind("note", dump=lambda text: text, load=lambda text: text)
 MEMO = define_document_kind("memo", dump=lambda text: text, load=lambda text: text)
 
 
-async def _wiped(path: Path, **kw: Any) -> None:
-    """A journal at ``path`` whose one turn committed (``wipe`` approved): its document is now empty."""
-    async with ScriptedProvider(SCRIPT) as provider, SQLiteJournalStore(path) as store:
+async def _wiped(place: Journal, **kw: Any) -> None:
+    """A journal whose one turn committed (``wipe`` approved): its document is now empty."""
+    async with ScriptedProvider(SCRIPT) as provider:
         session = await Session.open(
-            store, "s1", kind=NOTE, provider=provider, document="keep me\n", model="m", tools=TOOLS, **kw
+            place.store(),
+            place.sid("s1"),
+            kind=NOTE,
+            provider=provider,
+            document="keep me\n",
+            model="m",
+            tools=TOOLS,
+            **kw,
         )
         async with session, trio.open_nursery() as nursery:
             nursery.start_soon(session.send, "tidy up")
@@ -46,30 +63,18 @@ async def _wiped(path: Path, **kw: Any) -> None:
     assert session.document == ""
 
 
-def _rows(path: Path) -> list[tuple[int, bytes]]:
-    with closing(sqlite3.connect(path)) as db:
-        query = "SELECT seq, data FROM trioloop_journal WHERE session_id = 's1' ORDER BY seq"
-        return [(int(seq), bytes(data)) for seq, data in db.execute(query)]
+async def _open(place: Journal, kind: Any = NOTE, **kw: Any) -> Session[str]:
+    session = await Session.open(
+        place.store(), place.sid("s1"), kind=kind, provider=ScriptedProvider([]), tools=TOOLS, **kw
+    )
+    await session.aclose()
+    return session
 
 
-def _rewrite(path: Path, entries: list[tuple[int, bytes]]) -> None:
-    with closing(sqlite3.connect(path)) as db:
-        db.execute("DELETE FROM trioloop_journal WHERE session_id = 's1'")
-        db.executemany("INSERT INTO trioloop_journal (session_id, seq, data) VALUES ('s1', ?, ?)", entries)
-        db.commit()
-
-
-async def _open(path: Path, kind: Any = NOTE, **kw: Any) -> Session[str]:
-    async with SQLiteJournalStore(path) as store:
-        session = await Session.open(store, "s1", kind=kind, provider=ScriptedProvider([]), tools=TOOLS, **kw)
-        await session.aclose()
-        return session
-
-
-async def test_the_journal_records_kind_source_and_the_digest_of_each_commit(tmp_path: Path) -> None:
-    path = tmp_path / "j.db"
+async def test_the_journal_records_kind_source_and_the_digest_of_each_commit(place: Journal) -> None:
+    path = place
     await _wiped(path, source="/notes/a.txt")
-    entries = [decode_entry(raw) for _, raw in _rows(path)]
+    entries = [decode_entry(raw) for _, raw in path.rows()]
     snapshot = entries[0].data["session"]
     assert (snapshot["kind"], snapshot["source"]) == ("note", "/notes/a.txt")
     commits = [e.data for e in entries if e.kind == "settled" and e.data["document"] is not None]
@@ -81,8 +86,8 @@ async def test_the_journal_records_kind_source_and_the_digest_of_each_commit(tmp
     assert session.match_document("something else\n") is DocumentMatch.OTHER
 
 
-async def test_another_source_or_kind_is_refused_before_replay(tmp_path: Path) -> None:
-    path = tmp_path / "j.db"
+async def test_another_source_or_kind_is_refused_before_replay(place: Journal) -> None:
+    path = place
     await _wiped(path, source="/notes/a.txt")
     with pytest.raises(DocumentMismatch, match=r"source is '/notes/a\.txt', not '/notes/b\.txt'") as caught:
         await _open(path, source="/notes/b.txt")
@@ -92,18 +97,18 @@ async def test_another_source_or_kind_is_refused_before_replay(tmp_path: Path) -
     assert (await _open(path, source="/notes/a.txt")).source == "/notes/a.txt"
 
 
-async def test_a_commit_whose_digest_is_not_its_document_is_refused(tmp_path: Path) -> None:
+async def test_a_commit_whose_digest_is_not_its_document_is_refused(place: Journal) -> None:
     # Unsigned, so that only the digest can tell (a signed journal refuses any edit at its seal).
-    path = tmp_path / "j.db"
+    path = place
     await _wiped(path, signer=None, witness=None)
-    rows = _rows(path)
+    rows = path.rows()
     edited = []
     for _, raw in rows:
         entry = decode_entry(raw)
         if entry.kind == "settled" and entry.data["document"] is not None:
             raw = encode_entry(entry.seq, entry.kind, entry.prev, entry.at_ms, {**entry.data, "document": "forged\n"})
         edited.append(raw)
-    _rewrite(path, rechained(edited))
+    path.rewrite(rechained(edited))
     with pytest.raises(JournalError, match="digest is not the one it records") as caught:
         await _open(path, signer=None, witness=None)
     assert caught.value.seq is not None

@@ -114,6 +114,7 @@ TOP_LEVEL = [
     "JournalSigner",
     "JournalStore",
     "JournalStoreError",
+    "LeaseLost",
     "MemoryJournalStore",
     "MemoryWitness",
     "Message",

@@ -24,6 +24,7 @@ from trioloop._lazy import lazy_names
 
 if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name loads on first use (below)
     from trioloop.durable.journal import JournalError, JournalIntegrity
+    from trioloop.durable.leases import LeaseLost
     from trioloop.durable.session_file import SessionFileError
     from trioloop.durable.signing import JournalKeys, JournalSigner
     from trioloop.durable.store import (
@@ -174,6 +175,7 @@ _HOMES: Final[dict[str, str]] = {
     "SessionFileError": "trioloop.durable.session_file",
     "SessionJournalError": "trioloop.runtime.session",
     "SessionLocked": "trioloop.durable.store",
+    "LeaseLost": "trioloop.durable.leases",
     "SimpleDocumentKind": "trioloop.machine.document",
     "StreamError": "trioloop.protocol",
     "StreamEvent": "trioloop.protocol",
@@ -264,6 +266,7 @@ __all__ = [
     "JournalSigner",
     "JournalStore",
     "JournalStoreError",
+    "LeaseLost",
     "MemoryJournalStore",
     "MemoryWitness",
     "Message",

@@ -1,12 +1,13 @@
 """Journals in PostgreSQL (psycopg 3): one database shared by a fleet of processes.
 
 Theory of operation: psycopg's sync API (its async API needs asyncio, which a Trio app lacks), every call
-in a worker thread under the store's own limiter. Each lease owns one connection. On it the lease holds the
-session-level advisory lock ``pg_try_advisory_lock(key)`` (key: the first 64 bits of the session id's
-sha256) and runs its own transactions, so a lease whose connection is lost can no longer write, and a killed
+in a worker thread under the store's own limiter. Each lease owns one connection and is a row of
+``trioloop_lease`` with a time to live and a fencing epoch (`trioloop.durable.leases`), checked (the row locked
+``FOR SHARE``) in the transaction of every append; times are the server's clock. On its connection the lease
+also holds the advisory lock of its session and epoch (the first 64 bits of their sha256), so a killed
 process's lease ends as soon as the server sees its connection close (at once when the kernel closes the
-socket; for a machine that vanished, after the server's TCP keepalive, ``tcp_keepalives_idle``). The store
-keeps one more connection for `session_ids` and for creating the table.
+socket; for a machine that vanished, after the server's TCP keepalive), and a frozen one's when its time to
+live runs out. The store keeps one more connection for `session_ids` and for creating the tables.
 
 An append is one transaction: read the last number, `check_batch`, insert. Should a second writer ever read
 the same last number (the lease makes that a bug, not a race), the primary key stops it: its insert waits for
@@ -27,6 +28,7 @@ import trio
 
 from trioloop.durable._sql import SqlJournals, entries_query, stored_entries
 from trioloop.durable._waiting import check_session_id, wait_for_lease
+from trioloop.durable.leases import DEFAULT_LEASE_TTL_S, LEASE_SCHEMA, LeaseClock, LeaseLost, LeaseSql, check_ttl
 from trioloop.durable.store import (
     JournalConflict,
     JournalLease,
@@ -63,6 +65,11 @@ def advisory_key(text: str) -> int:
 
 
 _SCHEMA_KEY = advisory_key("trioloop_journal: CREATE TABLE")
+_LEASES = LeaseSql(p="%s", now="extract(epoch from clock_timestamp())::float8", row_lock=" FOR SHARE")
+
+
+def _epoch_key(session_id: str, epoch: int) -> int:
+    return advisory_key(f"{session_id}\x00{epoch}")
 
 
 def _require_psycopg() -> None:
@@ -95,8 +102,9 @@ class PostgresJournalStore(SqlJournals):
 
     _PLACEHOLDER = "%s"
 
-    def __init__(self, conninfo: str, *, read_only: bool = False) -> None:
+    def __init__(self, conninfo: str, *, read_only: bool = False, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
         _require_psycopg()
+        self.lease_ttl_s = check_ttl(lease_ttl_s)
         self._conninfo = conninfo
         self._read_only = read_only
         self._limiter = trio.CapacityLimiter(MAX_THREADS)
@@ -112,17 +120,18 @@ class PostgresJournalStore(SqlJournals):
             await trio.lowlevel.checkpoint()
             raise JournalStoreError("the PostgreSQL journal store is open read-only: it grants no lease")
         await self._on_admin("creating the journal table", lambda connection: None)
-        key = advisory_key(session_id)
         connection = await self._in_thread(f"connecting to lease session {session_id!r}", self._connect)
         try:
 
             async def try_once() -> _PostgresLease | None:
-                taken = await self._in_thread(
-                    f"locking session {session_id!r}", lambda: _try_advisory_lock(connection, key)
+                asked_at = trio.current_time()
+                epoch = await self._in_thread(
+                    f"leasing session {session_id!r}", lambda: _claim(connection, session_id, self.lease_ttl_s)
                 )
-                if not taken:
+                if epoch is None:
                     return None
-                lease = _PostgresLease(self, session_id, connection)
+                lease = _PostgresLease(self, session_id, connection, epoch)
+                lease.clock.granted(asked_at)
                 self._leases[id(lease)] = lease
                 return lease
 
@@ -172,6 +181,7 @@ class PostgresJournalStore(SqlJournals):
                 with connection.transaction():
                     connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_KEY,))
                     connection.execute(_SCHEMA)
+                    connection.execute(LEASE_SCHEMA)
         except BaseException:
             connection.close()
             raise
@@ -204,20 +214,65 @@ def _try_advisory_lock(connection: psycopg.Connection[tuple[Any, ...]], key: int
     return bool(row and row[0])
 
 
+def _claim(connection: psycopg.Connection[tuple[Any, ...]], session_id: str, ttl_s: float) -> int | None:
+    """The epoch of the lease taken on ``connection``, or None while a live holder has it (a worker thread)."""
+
+    def hold(epoch: int) -> bool:
+        return _try_advisory_lock(connection, _epoch_key(session_id, epoch))
+
+    def unhold(epoch: int) -> None:
+        connection.execute("SELECT pg_advisory_unlock(%s)", (_epoch_key(session_id, epoch),))
+
+    def holder_gone(epoch: int) -> bool:
+        if not hold(epoch):
+            return False
+        unhold(epoch)
+        return True
+
+    return _LEASES.claim(connection, session_id, ttl_s, hold, unhold, holder_gone)
+
+
 @final
 class _PostgresLease:
     def __init__(
-        self, store: PostgresJournalStore, session_id: str, connection: psycopg.Connection[tuple[Any, ...]]
+        self, store: PostgresJournalStore, session_id: str, connection: psycopg.Connection[tuple[Any, ...]], epoch: int
     ) -> None:
         self._store = store
         self._session_id = session_id
         self._connection = connection
+        self._epoch = epoch
         self._lock = trio.Lock()  # one call at a time on the lease's connection
         self._released = False
+        self.clock = LeaseClock(store.lease_ttl_s)
 
     @property
     def session_id(self) -> str:
         return self._session_id
+
+    @property
+    def epoch(self) -> int:
+        """The fencing epoch: larger than every earlier lease's on this session."""
+        return self._epoch
+
+    @property
+    def renew_every_s(self) -> float:
+        """How often the holder renews the lease: three times per time to live."""
+        return self._store.lease_ttl_s / 3
+
+    def check_held(self) -> None:
+        """`LeaseLost` once the lease may have run out (no I/O)."""
+        self.clock.check(self._session_id, self._epoch)
+
+    async def renew(self) -> None:
+        """Push the lease's end on by its time to live; `LeaseLost` if it is no longer this holder's."""
+        asked_at = trio.current_time()
+        renewed = await self._run(
+            "renewing the lease on", lambda c: _LEASES.renew(c, self._session_id, self._epoch, self._store.lease_ttl_s)
+        )
+        if not renewed:
+            self.clock.lost()
+            raise LeaseLost(f"the lease on session {self._session_id!r} (epoch {self._epoch}) was lost")
+        self.clock.granted(asked_at)
 
     async def _run(self, what: str, work: Callable[[psycopg.Connection[tuple[Any, ...]]], _T]) -> _T:
         if self._released:
@@ -247,6 +302,7 @@ class _PostgresLease:
 
         def write(connection: psycopg.Connection[tuple[Any, ...]]) -> None:
             with connection.transaction():
+                _LEASES.check(connection, self._session_id, self._epoch)
                 check_batch(_last_seq(connection, self._session_id), batch)
                 if batch:
                     with connection.cursor() as cursor:
@@ -277,6 +333,9 @@ class _PostgresLease:
         await trio.lowlevel.checkpoint()
 
     def _close(self) -> None:
+        with contextlib.suppress(Exception):
+            if not self._connection.closed:  # the row's time would run out by itself; ending it frees it now
+                _LEASES.end(self._connection, self._session_id, self._epoch)
         with contextlib.suppress(Exception):
             self._connection.close()
 

@@ -7,12 +7,15 @@ is on disk when `append` returns (``durable=False`` keeps ``NORMAL``: a commit s
 the machine losing power). An append is one ``BEGIN IMMEDIATE`` transaction that reads the last number,
 applies `check_batch` and inserts the batch, so it is all or nothing even against another process.
 
-A lease is a one-byte POSIX lock (``fcntl.lockf``) on the sidecar file ``<database>.lock``, at an offset
-taken from the session id's sha256, plus a registry in this process, because POSIX locks never exclude two
-holders in one process. The kernel drops the lock when its process dies, so a killed driver leaves its session
-free at once. Closing *any* descriptor of a file drops all of the process's POSIX locks on it, so the registry
-keeps one descriptor per lock file, shared by every store in the process, and closes it only when no lease on
-that file is left. Do not delete the ``.lock`` file while a store uses the database. POSIX systems only.
+A lease is a row of ``trioloop_lease`` with a time to live and a fencing epoch (`trioloop.durable.leases`), checked
+in the transaction of every append. Its holder also holds a one-byte POSIX lock (``fcntl.lockf``) on the sidecar
+file ``<database>.lock``, at an offset taken from the sha256 of the session id and the epoch, plus a registry in
+this process, because POSIX locks never exclude two holders in one process. The kernel drops the lock when its
+process dies, so a killed driver leaves its session free at once; a frozen one (SIGSTOP) keeps its lock, and loses
+its lease when the time to live runs out. Closing *any* descriptor of a file drops all of the process's POSIX locks
+on it, so the registry keeps one descriptor per lock file, shared by every store in the process, and closes it only
+when no lease on that file is left. Do not delete the ``.lock`` file while a store uses the database. POSIX systems
+only.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ import threading
 import urllib.parse
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar, final
+from typing import Any, Final, TypeVar, final
 
 import attrs
 import trio
 
 from trioloop.durable._sql import SqlJournals, entries_query, stored_entries
 from trioloop.durable._waiting import check_session_id, wait_for_lease
+from trioloop.durable.leases import DEFAULT_LEASE_TTL_S, LEASE_SCHEMA, LeaseClock, LeaseLost, LeaseSql, check_ttl
 from trioloop.durable.store import (
     JournalConflict,
     JournalLease,
@@ -57,11 +61,15 @@ CREATE TABLE IF NOT EXISTS trioloop_journal (
 """
 
 _T = TypeVar("_T")
+#: The lease statements in SQLite's spelling; its clock is the machine's (every process on it agrees).
+_LEASES: Final = LeaseSql(p="?", now="((julianday('now') - 2440587.5) * 86400.0)")
 
 
-def _lock_offset(session_id: str) -> int:
-    """The byte a lease on ``session_id`` locks: 62 bits of its sha256, so offset + 1 still fits an off_t."""
-    return int.from_bytes(hashlib.sha256(session_id.encode("utf-8")).digest()[:8], "big") >> 2
+def _lock_offset(session_id: str, epoch: int) -> int:
+    """The byte epoch ``epoch`` of a lease on ``session_id`` locks: 62 bits of a sha256, so offset + 1 still fits
+    an off_t."""
+    named = f"{session_id}\x00{epoch}".encode()
+    return int.from_bytes(hashlib.sha256(named).digest()[:8], "big") >> 2
 
 
 @attrs.define
@@ -137,8 +145,16 @@ class SQLiteJournalStore(SqlJournals):
 
     _PLACEHOLDER = "?"
 
-    def __init__(self, path: str | os.PathLike[str], *, durable: bool = True, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durable: bool = True,
+        read_only: bool = False,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+    ) -> None:
         self._path = os.fspath(path)
+        self.lease_ttl_s = check_ttl(lease_ttl_s)
         self._read_only = read_only
         if not self._path or self._path == ":memory:" or self._path.startswith("file:"):
             raise ValueError(f"SQLiteJournalStore needs a file path, not {self._path!r} (MemoryJournalStore?)")
@@ -162,13 +178,15 @@ class SQLiteJournalStore(SqlJournals):
             await trio.lowlevel.checkpoint()
             raise JournalStoreError(f"the SQLite journal store {self._path} is open read-only: it grants no lease")
         await self._run("opening the database", lambda connection: None)
-        offset = _lock_offset(session_id)
 
         async def try_once() -> _SQLiteLease | None:
-            key = await trio.to_thread.run_sync(self._lock, session_id, offset, limiter=self._limiter)
-            if key is None:
+            asked_at = trio.current_time()
+            taken = await self._run(f"leasing session {session_id!r}", lambda c: self._claim(c, session_id))
+            if taken is None:
                 return None
-            lease = _SQLiteLease(self, session_id, key, offset)
+            key, epoch = taken
+            lease = _SQLiteLease(self, session_id, key, epoch)
+            lease.clock.granted(asked_at)
             self._leases[id(lease)] = lease
             return lease
 
@@ -216,6 +234,7 @@ class SQLiteJournalStore(SqlJournals):
                 raise JournalStoreError(f"SQLite journal {self._path}: WAL mode refused (journal mode {mode!r})")
             connection.execute(f"PRAGMA synchronous={'FULL' if self._durable else 'NORMAL'}")
             connection.execute(_SCHEMA)
+            connection.execute(LEASE_SCHEMA)
             if self._durable:
                 _sync_directory(os.path.dirname(self._file))
         except BaseException:
@@ -242,13 +261,34 @@ class SQLiteJournalStore(SqlJournals):
         self._connection = connection
         return connection
 
-    def _lock(self, session_id: str, offset: int) -> tuple[int, int] | None:
-        if self._closed:
-            raise JournalStoreError(f"the SQLite journal store {self._path} is closed")
+    def _claim(self, connection: sqlite3.Connection, session_id: str) -> tuple[tuple[int, int], int] | None:
+        """The lease's lock-file key and epoch, or None while a live holder has it (a worker thread)."""
+        keys: dict[int, tuple[int, int]] = {}
+
+        def hold(epoch: int) -> bool:
+            key = _try_lock(self._lock_path, session_id, _lock_offset(session_id, epoch))
+            if key is not None:
+                keys[epoch] = key
+            return key is not None
+
+        def unhold(epoch: int) -> None:
+            _unlock(keys.pop(epoch), _lock_offset(session_id, epoch))
+
+        def holder_gone(epoch: int) -> bool:
+            if not hold(epoch):
+                return False
+            unhold(epoch)
+            return True
+
         try:
-            return _try_lock(self._lock_path, session_id, offset)
+            epoch = _LEASES.claim(connection, session_id, self.lease_ttl_s, hold, unhold, holder_gone)
         except OSError as exc:
             raise JournalStoreError(f"SQLite journal {self._path}: locking {self._lock_path} failed: {exc}") from exc
+        except BaseException:
+            for held in list(keys):
+                unhold(held)
+            raise
+        return None if epoch is None else (keys[epoch], epoch)
 
     def _close_connection(self) -> None:
         connection, self._connection = self._connection, None
@@ -268,16 +308,45 @@ def _sync_directory(directory: str) -> None:
 
 @final
 class _SQLiteLease:
-    def __init__(self, store: SQLiteJournalStore, session_id: str, key: tuple[int, int], offset: int) -> None:
+    def __init__(self, store: SQLiteJournalStore, session_id: str, key: tuple[int, int], epoch: int) -> None:
         self._store = store
         self._session_id = session_id
         self._key = key
-        self._offset = offset
+        self._epoch = epoch
+        self._offset = _lock_offset(session_id, epoch)
         self._released = False
+        self.clock = LeaseClock(store.lease_ttl_s)
 
     @property
     def session_id(self) -> str:
         return self._session_id
+
+    @property
+    def epoch(self) -> int:
+        """The fencing epoch: larger than every earlier lease's on this session."""
+        return self._epoch
+
+    @property
+    def renew_every_s(self) -> float:
+        """How often the holder renews the lease: three times per time to live."""
+        return self._store.lease_ttl_s / 3
+
+    def check_held(self) -> None:
+        """`LeaseLost` once the lease may have run out (no I/O)."""
+        self.clock.check(self._session_id, self._epoch)
+
+    async def renew(self) -> None:
+        """Push the lease's end on by its time to live; `LeaseLost` if it is no longer this holder's."""
+        self._held()
+        asked_at = trio.current_time()
+        renewed = await self._store._run(
+            f"renewing the lease on session {self._session_id!r}",
+            lambda c: _LEASES.renew(c, self._session_id, self._epoch, self._store.lease_ttl_s),
+        )
+        if not renewed:
+            self.clock.lost()
+            raise LeaseLost(f"the lease on session {self._session_id!r} (epoch {self._epoch}) was lost")
+        self.clock.granted(asked_at)
 
     def _held(self) -> None:
         if self._released:
@@ -309,6 +378,7 @@ class _SQLiteLease:
             self._held()
             connection.execute("BEGIN IMMEDIATE")
             try:
+                _LEASES.check(connection, self._session_id, self._epoch)
                 check_batch(_last_seq(connection, self._session_id), batch)
                 connection.executemany(
                     "INSERT INTO trioloop_journal (session_id, seq, data) VALUES (?, ?, ?)",
@@ -341,6 +411,8 @@ class _SQLiteLease:
             self._released = True
             self._store._leases.pop(id(self), None)
             with trio.CancelScope(shield=True):
+                with contextlib.suppress(JournalStoreError):  # the row's time runs out by itself anyway
+                    await self._store._run("ending a lease", lambda c: _LEASES.end(c, self._session_id, self._epoch))
                 await trio.to_thread.run_sync(_unlock, self._key, self._offset, limiter=self._store._limiter)
         await trio.lowlevel.checkpoint()
 

@@ -17,6 +17,11 @@ an ordered run of ``(seq, bytes)`` with three promises:
   same session id is granted, in this process or another (`SessionLocked`, or a wait up to ``wait_s``). A
   lease ends with `JournalLease.release` or with its process (a killed process never leaves a session locked
   for longer than the store documents).
+- **Fenced.** Each lease has an ``epoch`` larger than every earlier lease's on the session. The SQL stores'
+  leases also have a time to live their holder renews (`JournalLease.renew`; the session does it while it is
+  open): a frozen holder loses its lease, and its appends then raise `LeaseLost` (the epoch is checked in the
+  append's own transaction). `JournalLease.check_held` asks the holder's clock (no I/O) right before a tool
+  starts.
 
 Stores run their blocking calls in worker threads under a limiter of their own, never on the event loop.
 `MemoryJournalStore` keeps everything in the process: for tests, and for an app that wants the journal's
@@ -89,6 +94,19 @@ class JournalLease(Protocol):
     @property
     def session_id(self) -> str: ...
 
+    @property
+    def epoch(self) -> int:
+        """The fencing epoch: larger than every earlier lease's on this session (a token for external systems)."""
+        ...
+
+    async def renew(self) -> None:
+        """Keep the lease alive for its time to live; raises (`LeaseLost`) when it is no longer this holder's."""
+        ...
+
+    def check_held(self) -> None:
+        """Raise (`LeaseLost`) when the lease may have run out, by the holder's own clock (no I/O)."""
+        ...
+
     async def entries(self, *, after: int = 0) -> Sequence[StoredEntry]:
         """The stored entries with ``seq > after``, in order."""
         ...
@@ -134,14 +152,26 @@ class JournalStore(Protocol):
 
 
 class _MemoryLease:
-    def __init__(self, store: MemoryJournalStore, session_id: str) -> None:
+    def __init__(self, store: MemoryJournalStore, session_id: str, epoch: int) -> None:
         self._store = store
         self._session_id = session_id
+        self._epoch = epoch
         self._released = False
 
     @property
     def session_id(self) -> str:
         return self._session_id
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    async def renew(self) -> None:  # nothing outside this process can take a memory lease over
+        self._journal()
+        await trio.lowlevel.checkpoint()
+
+    def check_held(self) -> None:
+        self._journal()
 
     def _journal(self) -> list[StoredEntry]:
         if self._released:
@@ -201,6 +231,7 @@ class MemoryJournalStore:
     def __init__(self) -> None:
         self._journals: dict[str, list[StoredEntry]] = {}
         self._leased: set[str] = set()
+        self._epochs: dict[str, int] = {}
         self._freed = trio.lowlevel.ParkingLot()
         self.fail_appends = False
 
@@ -215,7 +246,8 @@ class MemoryJournalStore:
             raise SessionLocked(f"session {session_id!r} is driven by another lease")
         self._leased.add(session_id)
         self._journals.setdefault(session_id, [])
-        return _MemoryLease(self, session_id)
+        self._epochs[session_id] = epoch = self._epochs.get(session_id, 0) + 1
+        return _MemoryLease(self, session_id, epoch)
 
     async def session_ids(self) -> Sequence[str]:
         """The ids of every session with a journal, sorted."""

@@ -70,13 +70,16 @@ class UndoHistory(Generic[D]):
     ``retired`` remembers (up to the cap) which turns left the stack and whether by undo or by
     trimming, so availability can say "already undone" rather than "nothing to undo". ``redo`` holds
     what undo took back (the document each undone turn had left, newest last): `redo_step` re-applies
-    it while nothing newer was committed (a `push`, every commit, clears it).
+    it while nothing newer was committed (a `push`, every commit, clears it). ``undone_last`` says whether
+    the newest change was an undo (then the top of ``redo`` is the document before it; else the top entry is),
+    for `match_document`; it is not saved, and not part of equality.
     """
 
     entries: tuple[UndoEntry[D], ...] = ()
     max_entries: int = attrs.field(default=DEFAULT_UNDO_ENTRIES, validator=_positive)
     retired: tuple[_Retired, ...] = ()
     redo: tuple[UndoEntry[D], ...] = ()
+    undone_last: bool = attrs.field(default=False, eq=False)
 
     @property
     def top(self) -> UndoEntry[D] | None:
@@ -88,7 +91,9 @@ class UndoHistory(Generic[D]):
         entries = (*self.entries, entry)
         cut = len(entries) - self.max_entries
         trimmed = tuple(_Retired(turn_id=e.turn_id, undone=False) for e in entries[:cut]) if cut > 0 else ()
-        return attrs.evolve(self, entries=entries[max(cut, 0) :], retired=self._remember(trimmed), redo=())
+        return attrs.evolve(
+            self, entries=entries[max(cut, 0) :], retired=self._remember(trimmed), redo=(), undone_last=False
+        )
 
     def pop(self) -> UndoHistory[D]:
         """The history without its top entry (unchanged when empty)."""
@@ -279,7 +284,7 @@ def redo_step(history: UndoHistory[D], live_document: D) -> tuple[D, UndoHistory
     retired = tuple(r for r in history.retired if r.turn_id != entry.turn_id)
     return (
         entry.document,
-        attrs.evolve(history, entries=entries, retired=retired, redo=history.redo[:-1]),
+        attrs.evolve(history, entries=entries, retired=retired, redo=history.redo[:-1], undone_last=False),
         entry.turn_id,
     )
 
@@ -290,7 +295,7 @@ def _undone(history: UndoHistory[D], live_document: D) -> UndoHistory[D]:
     assert top is not None
     popped = history.pop()
     redo = (*history.redo, UndoEntry(turn_id=top.turn_id, document=live_document))[-history.max_entries :]
-    return attrs.evolve(popped, redo=redo)
+    return attrs.evolve(popped, redo=redo, undone_last=True)
 
 
 class DocumentMatch(enum.StrEnum):
@@ -309,10 +314,10 @@ def match_document(kind: DocumentKind[D], candidate: D, live_document: D, histor
     """Whether ``candidate`` is the live document, the document one change behind it, or another (by ``kind.same``).
 
     One change behind is the top of the redo stack after an undo (the document the undone turn had left) and
-    otherwise the top undo entry (the document before the newest turn that changed it)."""
+    otherwise the top undo entry (the document before the newest turn that changed it, or before a redo)."""
     if kind.same(candidate, live_document):
         return DocumentMatch.SAME
-    before = history.redo[-1] if history.redo else history.top
+    before = history.redo[-1] if history.undone_last and history.redo else history.top
     if before is not None and kind.same(candidate, before.document):
         return DocumentMatch.BEHIND
     return DocumentMatch.OTHER

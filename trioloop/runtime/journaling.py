@@ -28,10 +28,34 @@ class TurnJournal:
     (nothing runs that could not be recorded); ``error`` keeps the failure, and later entries are dropped.
     """
 
-    def __init__(self, writer: JournalWriter, append: Callable[[Sequence[StoredEntry]], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        writer: JournalWriter,
+        append: Callable[[Sequence[StoredEntry]], Awaitable[None]],
+        check_held: Callable[[], None] | None = None,
+        epoch: int | None = None,
+    ) -> None:
         self.writer = writer
         self._append = append
+        self._check_held = check_held
+        #: The lease's fencing epoch (`ToolExecutionContext.fencing_epoch`), when the store has one.
+        self.epoch = epoch
         self.error: Exception | None = None
+
+    def fail(self, error: Exception) -> None:
+        """The journal can no longer be written (its lease was lost, say): the turn stops at its next append."""
+        if self.error is None:
+            self.error = error
+
+    def fenced(self) -> bool:
+        """Whether the lease still holds by the holder's own clock (no I/O, no checkpoint): asked right before a
+        tool starts. False (the error kept) once it may have run out: that tool, and anything after, never runs."""
+        if self.error is None and self._check_held is not None:
+            try:
+                self._check_held()
+            except Exception as exc:
+                self.error = exc
+        return self.error is None
 
     async def flush(self) -> bool:
         """Append what is ready (shielded: a half-known append is worse than a late Stop); False on failure."""

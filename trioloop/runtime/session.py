@@ -159,6 +159,8 @@ class Session(Generic[D]):
             raise
         self._nursery_manager = manager
         self._held = held
+        if self._journal is not None:
+            self._nursery.start_soon(self._journal.keep_alive, name="trioloop lease renewal")
         return self
 
     async def __aexit__(

@@ -21,9 +21,10 @@ from trioloop.durable.journal import (
     verify_journal,
 )
 from trioloop.durable.journal_writer import JournalWriter
+from trioloop.durable.leases import LeaseLost
 from trioloop.durable.replay import replay_journal, replay_start, tools_used
 from trioloop.durable.signing import JournalKeys, JournalSigner
-from trioloop.durable.store import JournalLease, JournalStore, StoredEntry
+from trioloop.durable.store import JournalLease, JournalStore, JournalStoreError, StoredEntry
 from trioloop.durable.witness import FileWitness, HeadWitness, WitnessedHead, check_witnessed
 from trioloop.machine.document import TextDocumentKind
 from trioloop.machine.limits import TurnLimits
@@ -101,7 +102,9 @@ class SessionJournal:
         self.journal_id = journal_id
         self.compact = compact
         self.closed = False
-        self.turns = TurnJournal(writer, self._append)
+        self.turns = TurnJournal(
+            writer, self._append, getattr(lease, "check_held", None), getattr(lease, "epoch", None)
+        )
         #: What opening proved of the journal (a new journal: what it will be).
         self.integrity = integrity
         self._snapshot = replay_from  # the newest snapshot's number
@@ -128,6 +131,30 @@ class SessionJournal:
         if self._replay_from > self._discarded_to:
             await self.lease.discard_before(self._replay_from)
             self._discarded_to = self._replay_from
+
+    async def keep_alive(self) -> None:
+        """Renew the lease a few times per time to live while the session is open (a store whose leases do not
+        expire has nothing to renew). A lease found lost, or not renewed before it may have run out, fails the
+        journal: the turn stops at its next append or tool start, and the session refuses new turns."""
+        every = getattr(self.lease, "renew_every_s", None)
+        if every is None:
+            return
+        while not self.closed:
+            await trio.sleep(every)
+            if self.closed:
+                return
+            try:
+                await self.lease.renew()
+            except LeaseLost as exc:
+                self.turns.fail(exc)
+                return
+            except JournalStoreError:
+                pass  # the store did not answer this time; the holder's clock decides below
+            try:
+                self.lease.check_held()
+            except LeaseLost as exc:
+                self.turns.fail(exc)
+                return
 
     def add(self, kind: str, data: Mapping[str, Any]) -> None:
         """Journal a session-level entry (an undo, a redo, a resume) with the next append."""
@@ -252,7 +279,7 @@ async def open_session(
             journal_id=journal_id,
         )
         replay_from = entries[replay_start(entries)].seq
-        session._journal = SessionJournal(lease, writer, compact, integrity, replay_from, heads, journal_id)
+        _attach(session, SessionJournal(lease, writer, compact, integrity, replay_from, heads, journal_id))
         if heads is not None:  # a journal written before it had a witness is witnessed from now on
             last = entries[-1]
             await heads.witness(WitnessedHead(journal=journal_id, session=session_id, seq=last.seq, hash=last.hash))
@@ -319,9 +346,17 @@ async def _start(
         key_ids=frozenset() if key is None else frozenset({key.key_id}),
     )
     journal = SessionJournal(lease, writer, compact, integrity, witness=heads, journal_id=journal_id)
-    session._journal = journal
+    _attach(session, journal)
     journal.turns.writer.snapshot(session.snapshot())
     await journal.flush()
+
+
+def _attach(session: Session[Any], journal: SessionJournal) -> None:
+    """``journal`` is the session's; its lease is renewed in the session's nursery while there is one (else
+    from when the session is entered)."""
+    session._journal = journal
+    if session._nursery is not None:
+        session._nursery.start_soon(journal.keep_alive, name="trioloop lease renewal")
 
 
 async def _resolve(signer: Signer, keys: JournalKeys | None) -> JournalSigner | None:

@@ -109,6 +109,7 @@ class ToolCalls(Generic[D]):
             # Every start (and what led to it: the approvals) is durable before any of these tools runs, in
             # one append: a crash never runs a tool twice.
             await turn.sync()
+        epoch = None if turn.journal is None else turn.journal.epoch
         for call, prepared in starting:
             tool = turn.state.tool_set.get(call.tool_name)
             if tool is None:  # unreachable: the reducer checked the frozen tool set
@@ -117,6 +118,9 @@ class ToolCalls(Generic[D]):
             # tool sees its own scope cancelled, not just a Cancelled from further out.
             if turn.controls.turn_cancelled:
                 continue  # Stop or the deadline came first: none of the tool's code runs; the settle ends the call
+            if turn.journal is not None and not turn.journal.fenced():
+                turn.controls.stop()  # the lease may be another process's now: nothing more runs under it
+                continue
             scope = trio.CancelScope(deadline=turn.clock.scope_deadline)
             # The tool gets a private copy, made when it first reads ctx.document (or the snapshot
             # itself when the kind is immutable): nothing it does to it can reach the live document or
@@ -131,6 +135,7 @@ class ToolCalls(Generic[D]):
                 context = ToolExecutionContext(
                     document=snapshot, cancel_scope=scope, on_progress=progress, on_ask=ask, on_sample=sample
                 )
+                context.fencing_epoch = epoch
             else:
                 context = ToolExecutionContext.deferred(
                     partial(kind.private_copy, snapshot),
@@ -139,6 +144,7 @@ class ToolCalls(Generic[D]):
                     on_ask=ask,
                     on_sample=sample,
                 )
+                context.fencing_epoch = epoch
             invoke = prepared.invoke
             if invoke is None:
                 pending: Awaitable[object] = prepared.run(context)

@@ -47,7 +47,15 @@ class ToolExecutionContext(Generic[D]):
     every read.
     """
 
-    __slots__ = ("_cancel_scope", "_document", "_make_document", "_on_ask", "_on_progress", "_on_sample")
+    __slots__ = (
+        "_cancel_scope",
+        "_document",
+        "_make_document",
+        "_on_ask",
+        "_on_progress",
+        "_on_sample",
+        "fencing_epoch",
+    )
 
     _document: D
 
@@ -66,6 +74,10 @@ class ToolExecutionContext(Generic[D]):
         self._on_progress = on_progress
         self._on_ask = on_ask
         self._on_sample = on_sample
+        #: The fencing epoch of the journal lease this call runs under (None without a journal, or with a store
+        #: that has none): larger than every earlier lease's on the session, so an external system that accepts
+        #: fencing tokens can refuse a write from a holder whose lease was taken over.
+        self.fencing_epoch: int | None = None
 
     @classmethod
     def deferred(
@@ -84,6 +96,7 @@ class ToolExecutionContext(Generic[D]):
         context._on_progress = on_progress
         context._on_ask = on_ask
         context._on_sample = on_sample
+        context.fencing_epoch = None
         return context
 
     async def sample(self, *, source: str, request: SamplingRequest) -> Sampled:

@@ -1,0 +1,111 @@
+"""A lease holder in a process of its own, for the lease tests (``tests/test_leases.py``) and
+``benchmarks/leases.py``: ``python tests/lease_worker.py STORE SESSION TTL_S MODE DIR``.
+
+STORE is a SQLite file or a ``postgresql://`` URL. The worker opens a session on it (lease time to live TTL_S)
+and says so by creating ``DIR/holding``. Then, by MODE:
+
+- ``hold``: it keeps the session open (renewing its lease) until it is killed.
+- ``tool``: it runs a turn whose one call, ``effect``, is approved; right after the journal append that holds
+  the call's ``start`` it creates ``DIR/started`` and waits 2 s without a checkpoint (a blocking sleep: the
+  test freezes it meanwhile, SIGSTOP). Then the turn goes on as the runtime decides. The tool creates
+  ``DIR/effect`` if it ever runs; the worker ends by writing how the turn ended to ``DIR/ended``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from trioloop import ScriptedProvider, Session, ToolExecutionContext, ToolOutcome, define_document_kind, function_tool
+from trioloop.durable.postgres import PostgresJournalStore
+from trioloop.durable.sqlite import SQLiteJournalStore
+from trioloop.durable.store import StoredEntry
+from trioloop.providers.scripted import ScriptedCall, ScriptStep
+
+NOTE = define_document_kind("note", dump=lambda text: text, load=lambda text: text)
+SCRIPT = [ScriptStep(tool_calls=(ScriptedCall(id="e1", name="effect", input={}),)), ScriptStep(text="Done.")]
+
+
+def make_store(target: str, ttl_s: float) -> Any:
+    if target.startswith("postgresql://"):
+        return PostgresJournalStore(target, lease_ttl_s=ttl_s)
+    return SQLiteJournalStore(target, lease_ttl_s=ttl_s)
+
+
+def effect_tool(folder: Path) -> Any:
+    @function_tool(effect="mutate")
+    def effect(ctx: ToolExecutionContext[str]) -> ToolOutcome[str]:
+        """Do something outside the document that must happen at most once."""
+        (folder / "effect").write_text(str(ctx.fencing_epoch))
+        return ToolOutcome.success("done", document=ctx.document + "effect\n")
+
+    return effect
+
+
+class _PausingLease:
+    """The real lease, pausing (blocking, no checkpoint) right after the append that holds a ``start``."""
+
+    def __init__(self, inner: Any, folder: Path) -> None:
+        self._inner = inner
+        self._folder = folder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def append(self, entries: Sequence[StoredEntry]) -> None:
+        await self._inner.append(entries)
+        if any(b'"kind":"start"' in e.data[:40] for e in entries):
+            (self._folder / "started").touch()
+            time.sleep(2.0)  # noqa: ASYNC251 -- blocking on purpose: the test freezes the process in here
+
+
+class _PausingStore:
+    def __init__(self, inner: Any, folder: Path) -> None:
+        self._inner = inner
+        self._folder = folder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> Any:
+        return _PausingLease(await self._inner.acquire(session_id, wait_s=wait_s), self._folder)
+
+
+async def main(target: str, session_id: str, ttl_s: float, mode: str, folder: Path) -> None:
+    async with make_store(target, ttl_s) as store, ScriptedProvider(SCRIPT) as provider:
+        wrapped = _PausingStore(store, folder) if mode == "tool" else store
+        session = await Session.open(
+            wrapped, session_id, kind=NOTE, provider=provider, document="", model="m", tools=[effect_tool(folder)]
+        )
+        async with session:
+            (folder / "holding").touch()
+            if mode == "hold":
+                await trio.sleep_forever()
+            async with trio.open_nursery() as nursery:
+
+                async def approve_when_asked() -> None:
+                    async with aclosing(session.states()) as states:
+                        async for state in states:
+                            if any(c.id == "e1" and c.status.value == "pending" for c in state.current_calls):
+                                session.approve("e1")
+                                return
+
+                nursery.start_soon(approve_when_asked)
+                try:
+                    state = await session.send("do it")
+                    ended = f"{state.outcome.value if state.outcome else state.phase.value}"
+                except Exception as exc:  # the session refused (its journal failed): say how
+                    ended = f"{type(exc).__name__}: {exc}"
+                nursery.cancel_scope.cancel()
+            (folder / "ended").write_text(ended)
+
+
+if __name__ == "__main__":
+    store_target, sid, ttl, run_mode, out = sys.argv[1:6]
+    trio.run(main, store_target, sid, float(ttl), run_mode, Path(out))

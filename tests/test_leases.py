@@ -22,7 +22,7 @@ from pg_support import postgres_url  # noqa: F401 -- the session fixture, reache
 from tests.lease_worker import NOTE, SCRIPT, effect_tool, make_store
 from trioloop import CallStatus, ScriptedProvider, Session, SessionLocked
 from trioloop.durable.leases import LeaseLost
-from trioloop.durable.store import StoredEntry
+from trioloop.durable.store import JournalStoreError, StoredEntry
 from trioloop.providers.scripted import ScriptStep
 
 WORKER = Path(__file__).resolve().parent / "lease_worker.py"
@@ -190,3 +190,29 @@ async def test_a_frozen_holder_is_fenced_and_never_runs_the_call_it_had_started(
             os.kill(worker.pid, signal.SIGCONT)
             worker.kill()
             worker.wait()
+
+
+async def test_a_holder_frozen_inside_an_append_is_cut_off_by_the_server(request: pytest.FixtureRequest) -> None:
+    # PostgreSQL: what a holder frozen in the middle of an append leaves is an open transaction holding the lease
+    # row's lock (its process lock held too). The server ends that session once it has idled in the transaction
+    # for the time to live, so the next holder waits that long, not for ever. (SQLite has no server to do this: a
+    # holder frozen inside its write transaction blocks the file's writers until it runs again.)
+    place = Place(request.getfixturevalue("postgres_url"))
+    sid = place.sid()
+    frozen = await place.store().acquire(sid)
+    row = "SELECT epoch FROM trioloop_lease WHERE session_id = %s FOR SHARE"
+    connection = frozen._connection
+
+    def begin_and_freeze() -> None:
+        connection.execute("BEGIN")
+        connection.execute(row, (sid,))
+
+    await trio.to_thread.run_sync(begin_and_freeze)
+    started = trio.current_time()
+    taker = await place.store(ttl_s=60).acquire(sid, wait_s=10)
+    assert taker.epoch == frozen.epoch + 1 and trio.current_time() - started < 5
+    with pytest.raises(JournalStoreError):
+        await frozen.append([StoredEntry(1, b"late")])
+    await taker.append([StoredEntry(1, b"mine")])
+    for store in place.stores:
+        await store.close()

@@ -46,6 +46,8 @@ __all__ = ["PostgresJournalStore"]
 MAX_THREADS = 8
 #: Seconds a connection attempt may take when the conninfo does not say (``connect_timeout``).
 CONNECT_TIMEOUT_S = 10
+#: How long a lease's statement waits for a row lock another connection holds before it gives up.
+LOCK_WAIT_MS = 1000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS trioloop_journal (
@@ -215,7 +217,17 @@ def _try_advisory_lock(connection: psycopg.Connection[tuple[Any, ...]], key: int
 
 
 def _claim(connection: psycopg.Connection[tuple[Any, ...]], session_id: str, ttl_s: float) -> int | None:
-    """The epoch of the lease taken on ``connection``, or None while a live holder has it (a worker thread)."""
+    """The epoch of the lease taken on ``connection``, or None while a live holder has it (a worker thread).
+
+    The connection is set up first so that no holder, frozen or not, can keep the row locked past the time to
+    live: the server ends a session left idle inside a transaction that long (a holder frozen mid-append: its
+    locks go with it, and its woken process finds its connection gone), and a wait for the row's lock gives up
+    after a second (the session counts as held: the caller polls again, within ``wait_s``)."""
+    import psycopg
+
+    idle_ms = str(max(int(ttl_s * 1000), 1))
+    connection.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (idle_ms,))
+    connection.execute("SELECT set_config('lock_timeout', %s, false)", (str(LOCK_WAIT_MS),))
 
     def hold(epoch: int) -> bool:
         return _try_advisory_lock(connection, _epoch_key(session_id, epoch))
@@ -229,7 +241,10 @@ def _claim(connection: psycopg.Connection[tuple[Any, ...]], session_id: str, ttl
         unhold(epoch)
         return True
 
-    return _LEASES.claim(connection, session_id, ttl_s, hold, unhold, holder_gone)
+    try:
+        return _LEASES.claim(connection, session_id, ttl_s, hold, unhold, holder_gone)
+    except psycopg.errors.LockNotAvailable:
+        return None
 
 
 @final

@@ -282,11 +282,14 @@ class SQLiteJournalStore(SqlJournals):
 
         try:
             epoch = _LEASES.claim(connection, session_id, self.lease_ttl_s, hold, unhold, holder_gone)
-        except OSError as exc:
-            raise JournalStoreError(f"SQLite journal {self._path}: locking {self._lock_path} failed: {exc}") from exc
-        except BaseException:
+        except BaseException as exc:
             for held in list(keys):
                 unhold(held)
+            if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
+                return None  # another process's write holds the file (past the busy timeout): held, for now
+            if isinstance(exc, OSError):
+                detail = f"SQLite journal {self._path}: locking {self._lock_path} failed: {exc}"
+                raise JournalStoreError(detail) from exc
             raise
         return None if epoch is None else (keys[epoch], epoch)
 

@@ -482,7 +482,9 @@ class Session(Generic[D]):
         too (`JournalError` naming the witnessed entry). ``source`` names the document (`Session.source`): a new
         journal records it, an existing one must record the same (or none), and its kind's name must be
         ``kind``'s, else `DocumentMismatch`. Raises `SessionLocked` while another lease drives the session (after
-        waiting up to ``wait_s``).
+        waiting up to ``wait_s``). While the session is open its lease is renewed (SQLite and PostgreSQL leases
+        have a time to live); a lease lost meanwhile (the process frozen past it, another process taking over)
+        stops the turn before anything more is written or run, and the session raises `SessionJournalError`.
         """
         return await open_session(
             cls,

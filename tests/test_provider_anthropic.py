@@ -23,6 +23,7 @@ from trioloop.protocol import (
     TextDelta,
     ToolCallBlock,
     ToolCallComplete,
+    ToolCallInputDelta,
     ToolCallStart,
     ToolDefinition,
     ToolResultBlock,
@@ -154,7 +155,7 @@ def test_api_error_types_and_detail() -> None:
 
 def test_malformed_shapes_are_notices() -> None:
     bad = [
-        frame("content_block_start", index=0, content_block={"type": "tool_use", "id": "", "name": "x"}),
+        frame("content_block_start", index=0, content_block={"type": "tool_use", "id": "t", "name": ""}),
         frame("content_block_start", index=-1, content_block={"type": "text", "text": ""}),
         frame("content_block_delta", index=0, delta={"type": "text_delta", "text": 5}),
         frame("message_delta", delta="end_turn"),
@@ -183,6 +184,46 @@ def test_duplicate_keys_and_deep_nesting_make_an_unreadable_call_without_crashin
         (complete,) = [e for e in events if isinstance(e, ToolCallComplete)]
         assert complete.input == {} and (complete.input_error or "").startswith(Messages.BAD_TOOL_ARGUMENTS)
     assert ToolCallComplete(id="t", name="n", input={"ok": [1.5, None]}) in call('{"ok": [1.5, null]}')
+
+
+def test_a_tool_use_without_an_id_gets_one_of_ours_unique_in_the_response() -> None:
+    # Issue 40: an empty, missing or null id made the call vanish behind a notice; like the other wires, the
+    # call now gets an id (toolu_<index>, suffixed while this response already holds it) and flows as any call.
+    def call(index: int, **content_block: Any) -> list[SseFrame]:
+        opening = frame("content_block_start", index=index, content_block={"type": "tool_use", **content_block})
+        return [opening, frame("content_block_stop", index=index)]
+
+    events = feed(
+        frame("message_start", message={"model": "m", "content": []}),
+        frame("content_block_start", index=0, content_block={"type": "tool_use", "id": "", "name": "get_entity"}),
+        frame("content_block_delta", index=0, delta={"type": "input_json_delta", "partial_json": '{"id": '}),
+        frame("content_block_delta", index=0, delta={"type": "input_json_delta", "partial_json": '"a"}'}),
+        frame("content_block_stop", index=0),
+        *call(1, id="toolu_2", name="get_entity", input={"id": "b"}),  # a server's own id: untouched
+        *call(2, name="get_entity", input={"id": "c"}),  # no id, and toolu_2 is taken
+        *call(3, id=None, name="get_entity"),
+        frame("message_delta", delta={"stop_reason": "tool_use"}),
+        frame("message_stop"),
+    )
+    assert events == [
+        MessageStart(model="m"),
+        ToolCallStart(id="toolu_0", name="get_entity"),
+        ToolCallInputDelta(id="toolu_0", partial_json='{"id": '),
+        ToolCallInputDelta(id="toolu_0", partial_json='"a"}'),
+        ToolCallComplete(id="toolu_0", name="get_entity", input={"id": "a"}),
+        ToolCallStart(id="toolu_2", name="get_entity"),
+        ToolCallComplete(id="toolu_2", name="get_entity", input={"id": "b"}),
+        ToolCallStart(id="toolu_2_1", name="get_entity"),
+        ToolCallComplete(id="toolu_2_1", name="get_entity", input={"id": "c"}),
+        ToolCallStart(id="toolu_3", name="get_entity"),
+        ToolCallComplete(id="toolu_3", name="get_entity", input={}),
+        MessageStop(stop_reason=StopReason.TOOL_USE),
+    ]
+    # A block already in message_start is read the same way.
+    block = {"type": "tool_use", "id": "", "name": "get_entity", "input": {"id": "d"}}
+    started = feed(frame("message_start", message={"model": "m", "content": [block]}), frame("message_stop"))
+    assert ToolCallComplete(id="toolu_0", name="get_entity", input={"id": "d"}) in started
+    assert not any(isinstance(e, StreamError) for e in started)
 
 
 def test_server_block_deltas_are_its_input_not_orphans_and_never_a_call() -> None:

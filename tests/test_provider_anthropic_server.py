@@ -455,7 +455,7 @@ def test_hostile_message_start_content_is_total() -> None:
     assert events[0] == MessageStart(model="m2") and len(notices(events)) == 1
     assert events[-1] == MessageStop(stop_reason=StopReason.END_TURN)
     # Bad entries are notices, one each; the good ones around them are kept.
-    bad = [7, {"type": "tool_use", "id": "", "name": "x"}, {"no": "type"}, {"type": "text", "text": "ok"}]
+    bad = [7, {"type": "tool_use", "id": "t", "name": ""}, {"no": "type"}, {"type": "text", "text": "ok"}]
     events = feed(start_frame(bad), *ending())
     assert [e for e in events if isinstance(e, TextDelta)] == [TextDelta(text="ok")] and len(notices(events)) == 3
     # A second message_start never adds its blocks again.
@@ -791,6 +791,35 @@ async def test_calls_in_message_start_run_too(autojump_clock: trio.testing.MockC
     seen: list[str] = []
     final, _ = await drive_turn([body("tool_use_in_message_start"), body("final_answer")], seen)
     assert sorted(seen) == ["Oslo", "Rome"] and final.outcome is Outcome.COMPLETED
+
+
+async def test_a_tool_use_without_an_id_is_recorded_and_answered(autojump_clock: trio.testing.MockClock) -> None:
+    # Issue 40: a tool_use with an empty id used to be dropped (a notice, no record, the model never told).
+    frames = [
+        start_frame(model=MODEL),
+        block(0, {"type": "text", "text": "Checking."}),
+        stop(0),
+        block(1, {"type": "tool_use", "id": "", "name": "get_weather", "input": {}}),
+        delta(1, type="input_json_delta", partial_json='{"city": '),
+        delta(1, type="input_json_delta", partial_json='"Paris"}'),
+        stop(1),
+        *ending("tool_use"),
+    ]
+    raw = "".join(f"event: {f.event}\ndata: {f.data}\n\n" for f in frames).encode()
+    seen: list[str] = []
+    final, requests = await drive_turn([raw, body("final_answer")], seen)
+    assert seen == ["Paris"] and final.outcome is Outcome.COMPLETED
+    [record] = final.calls
+    assert record.id == "toolu_1" and record.status is CallStatus.SUCCEEDED and not final.notices
+    sent = requests[1]["messages"]
+    assert sent[-2]["content"][-1] == {
+        "type": "tool_use",
+        "id": record.id,
+        "name": "get_weather",
+        "input": {"city": "Paris"},
+    }
+    [result] = sent[-1]["content"]
+    assert result["type"] == "tool_result" and result["tool_use_id"] == record.id and not result["is_error"]
 
 
 # -- the key canary: a server block echoing the key is scrubbed before anything sees it -------------

@@ -450,6 +450,64 @@ def test_the_final_item_settles_what_the_deltas_left_open() -> None:
     ]
 
 
+def two_calls_under_one_item_id(response_id: str = "r", *, second_streams: bool = True) -> list[dict[str, Any]]:
+    """Two function calls sharing the item id ``fc_shared``, each with its own ``call_id``, deltas interleaved."""
+    first = {"type": "function_call", "id": "fc_shared", "call_id": "call_a", "name": "look", "arguments": ""}
+    second = {**first, "call_id": "call_b"}
+    whole = [{**first, "arguments": '{"heading": "Intro"}'}, {**second, "arguments": '{"heading": "End"}'}]
+    done = [{**item, "status": "completed"} for item in whole]
+
+    def pieces(index: int, *deltas: str) -> list[dict[str, Any]]:
+        kind = "response.function_call_arguments.delta"
+        return [{"type": kind, "item_id": "fc_shared", "output_index": index, "delta": d} for d in deltas]
+
+    a, b = pieces(0, '{"heading": ', '"Intro"}'), pieces(1, '{"heading": ', '"End"}')
+    streamed = [
+        {"type": "response.output_item.added", "output_index": 1, "item": second},
+        b[0],
+        a[1],
+        b[1],
+        {
+            "type": "response.function_call_arguments.done",
+            "item_id": "fc_shared",
+            "output_index": 1,
+            "arguments": whole[1]["arguments"],
+        },
+        {"type": "response.output_item.done", "output_index": 1, "item": done[1]},
+    ]
+    return [
+        {"type": "response.created", "response": response_object(response_id, [], "in_progress")},
+        {"type": "response.output_item.added", "output_index": 0, "item": first},
+        a[0],
+        *(streamed if second_streams else [a[1]]),
+        {
+            "type": "response.function_call_arguments.done",
+            "item_id": "fc_shared",
+            "output_index": 0,
+            "arguments": whole[0]["arguments"],
+        },
+        {"type": "response.output_item.done", "output_index": 0, "item": done[0]},
+        {"type": "response.completed", "response": response_object(response_id, done)},
+    ]
+
+
+@pytest.mark.parametrize("second_streams", [True, False])
+def test_two_calls_under_one_item_id_each_come_through_whole(second_streams: bool) -> None:
+    # Issue 40: the second call of a shared item id was lost behind a notice. Calls are told apart by call_id,
+    # and argument deltas by output_index; one only in the final response object is read from it.
+    events = mapped(sse(*two_calls_under_one_item_id(second_streams=second_streams)))
+    assert not any(isinstance(e, StreamError) for e in events)
+    assert sorted(e.id for e in events if isinstance(e, ToolCallStart)) == ["call_a", "call_b"]
+    assert sorted((e for e in events if isinstance(e, ToolCallComplete)), key=lambda e: e.id) == [
+        ToolCallComplete(id="call_a", name="look", input={"heading": "Intro"}),
+        ToolCallComplete(id="call_b", name="look", input={"heading": "End"}),
+    ]
+    deltas = [e for e in events if isinstance(e, ToolCallInputDelta)]
+    for call_id, heading in (("call_a", "Intro"), ("call_b", "End")):
+        assert "".join(d.partial_json for d in deltas if d.id == call_id) == f'{{"heading": "{heading}"}}'
+    assert events[-1] == MessageStop(stop_reason=StopReason.TOOL_USE)
+
+
 def test_an_error_event_nested_or_flat_is_classified_like_the_other_wires() -> None:
     flat = {"type": "error", "code": "rate_limit_exceeded", "message": "slow down", "param": None}
     nested = {"type": "error", "error": {"type": "server_error", "code": "server_error", "message": "boom"}}
@@ -853,6 +911,24 @@ async def test_a_call_without_call_id_is_answered_under_the_id_it_was_given() ->
     call = next(item for item in items if item["type"] == "function_call")
     result = next(item for item in items if item["type"] == "function_call_output")
     assert call["call_id"] == result["call_id"] == "fc_no_call_id"  # get_entity is unknown here: answered so
+
+
+async def test_two_calls_under_one_item_id_are_both_run_and_answered() -> None:
+    answers = [
+        LoopbackResponse(body=sse(*two_calls_under_one_item_id("resp_1")), chunk_size=61),
+        LoopbackResponse(body=answer("resp_2", "Both read.")),
+    ]
+    async with open_loopback_server(replay(answers), keep_alive=True) as server:
+        provider = OpenAIResponsesProvider(KEY, base_url=server.url + "/v1", options=OpenAIResponsesOptions())
+        _, states = await run_session(provider, "read the intro and the end")
+    assert states[0].outcome is Outcome.COMPLETED and len(server.requests) == 2 and not states[0].notices
+    # Recorded in the order they completed (the second call finished first).
+    assert sorted((c.id, c.result) for c in states[0].calls) == [("call_a", "Intro: hello"), ("call_b", "End: hello")]
+    items = server.requests[1].json()["input"]
+    calls = [(i["call_id"], json.loads(i["arguments"])) for i in items if i["type"] == "function_call"]
+    assert sorted(calls) == [("call_a", {"heading": "Intro"}), ("call_b", {"heading": "End"})]
+    outputs = {i["call_id"]: i["output"] for i in items if i["type"] == "function_call_output"}
+    assert outputs == {"call_a": "Intro: hello", "call_b": "End: hello"}
 
 
 async def test_the_scripted_provider_speaks_the_responses_wire() -> None:

@@ -98,6 +98,7 @@ class AnthropicStreamMapper:
         self._stop: StopReason | None = None
         self._open: dict[int, _OpenBlock] = {}
         self._completed_calls = 0
+        self._call_ids: set[str] = set()  # every tool_use id of this response, its own or ours
         self._ignored: set[int] = set()
         self._model = ""
         self._cache_read = 0
@@ -243,9 +244,10 @@ class AnthropicStreamMapper:
         if not isinstance(kind, str) or not kind or kind in _REQUEST_ONLY or index in self._open:
             raise _Undecodable
         if kind == "tool_use":
-            call_id, name = block.get("id"), block.get("name")
-            if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name):
+            name = block.get("name")
+            if not (isinstance(name, str) and name):
                 raise _Undecodable
+            call_id = self._call_id(block.get("id"), index)
             self._start(out)
             call = self._open_call(call_id, name, block.get("input"))
             caller = block.get("caller")
@@ -280,6 +282,21 @@ class AnthropicStreamMapper:
             # Any other type is kept too, as the SDK keeps it: the API takes its own blocks back, and some
             # must come back in place (a ``fallback`` marks where thinking verification chains split).
             self._open[index] = _OpenServer(dict(block), known=kind in SERVER_BLOCKS)
+
+    def _call_id(self, given: Any, index: int) -> str:
+        """The block's own id, or one of ours when it sent none usable (empty, null, missing, not a string).
+
+        Ours is ``toolu_<index>``, suffixed ``_<n>`` while an earlier block of this response holds it, so the
+        call gets a record and its tool_result like any other (the reducer renames an id the session holds).
+        """
+        call_id = given if isinstance(given, str) and given else ""
+        if not call_id:
+            call_id, attempt = f"toolu_{index}", 0
+            while call_id in self._call_ids:
+                attempt += 1
+                call_id = f"toolu_{index}_{attempt}"
+        self._call_ids.add(call_id)
+        return call_id
 
     def _remember_container(self, container: Any) -> None:
         if isinstance(container, dict) and isinstance(container.get("id"), str) and container["id"]:

@@ -4,7 +4,8 @@ A response streams as output items (a message, a function call, a reasoning item
 ``response.output_item.added``, filled by deltas and closed by ``response.output_item.done``; the stream ends
 with ``response.completed``, ``response.incomplete`` or ``response.failed`` (there is no ``[DONE]``). A call
 is known by its ``call_id``, which pairs it with its ``function_call_output``; the item's own ``id`` is only
-the fallback for a server that sends none. Every reasoning item becomes a ``ProviderBlock`` so it goes back
+the fallback for a server that sends none, and an item ``id`` two calls share finds neither (their
+``call_id`` and ``output_index`` do). Every reasoning item becomes a ``ProviderBlock`` so it goes back
 on the next request. The final response object is authoritative: an item the stream never finished is read
 from its ``output``.
 """
@@ -71,16 +72,6 @@ class _OpenCall:
     final: str | None = None  # the arguments ``function_call_arguments.done`` gave
 
 
-def _keys(index: int | None, item_id: str) -> list[tuple[str, int | str]]:
-    """Every key an output item may be found by: its ``output_index`` and its ``id``."""
-    keys: list[tuple[str, int | str]] = []
-    if index is not None:
-        keys.append(("index", index))
-    if item_id:
-        keys.append(("id", item_id))
-    return keys
-
-
 def _locate(payload: Mapping[str, Any]) -> tuple[int | None, str]:
     raw = payload.get("output_index")
     index = non_negative_int(raw)
@@ -131,6 +122,8 @@ class ResponsesStreamMapper:
         self._model = ""
         self._response_id = ""
         self._calls: dict[tuple[str, int | str], _OpenCall] = {}  # an open call under each of its keys
+        self._shared: set[tuple[str, int | str]] = set()  # ids two calls carried: they find neither
+        self._givens: dict[str, str] = {}  # the call_id of each function call's item id
         self._handled: set[tuple[str, int | str]] = set()  # items completed or skipped
         self._call_ids: list[str] = []
         self._text_items: set[tuple[str, int | str]] = set()  # items whose text was shown
@@ -196,6 +189,16 @@ class ResponsesStreamMapper:
 
     # -- output items ------------------------------------------------------------------------------
 
+    def _keys(self, index: int | None, item_id: str, call_id: str = "") -> list[tuple[str, int | str]]:
+        """The keys an output item is found by, surest first: ``call_id``, ``output_index``, then ``id``."""
+        keys: list[tuple[str, int | str]] = [("call", call_id), ("index", -1 if index is None else index)]
+        return [key for key in [*keys, ("id", item_id)] if key[1] not in ("", -1) and key not in self._shared]
+
+    def _tell_apart(self, item_id: str, given: str) -> None:
+        """Calls under one item ``id``, each with its own ``call_id``: from then on the id finds neither."""
+        if item_id and given and self._givens.setdefault(item_id, given) != given:
+            self._shared.add(("id", item_id))
+
     def _item_added(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
         index, item = _item(payload)
         if item.get("type") == "function_call":
@@ -207,8 +210,9 @@ class ResponsesStreamMapper:
 
     def _complete_item(self, index: int | None, item: Mapping[str, Any], out: list[StreamEvent], *, cut: bool) -> None:
         """One finished output item; ``cut``: the response ended early, so a call still streaming is unfinished."""
-        keys = _keys(index, text_or_empty(item.get("id")))
-        kind = item.get("type")
+        kind, item_id, given = item.get("type"), text_or_empty(item.get("id")), text_or_empty(item.get("call_id"))
+        self._tell_apart(item_id, given)  # only a function call carries a call_id
+        keys = self._keys(index, item_id, given)
         if any(key in self._handled for key in keys):
             return
         if kind == "function_call":
@@ -221,8 +225,11 @@ class ResponsesStreamMapper:
             self._message_done(keys, item, out)
 
     def _open_call(self, index: int | None, item: Mapping[str, Any], out: list[StreamEvent]) -> _OpenCall | None:
-        item_id = text_or_empty(item.get("id"))
-        keys = _keys(index, item_id)
+        item_id, given = text_or_empty(item.get("id")), text_or_empty(item.get("call_id"))
+        self._tell_apart(item_id, given)
+        if ("call", given) in self._calls or ("call", given) in self._handled:
+            self._shared.add(("call", given))  # a repeated call_id: the reducer answers the repeat as a duplicate
+        keys = self._keys(index, item_id, given)
         if not keys or any(key in self._calls or key in self._handled for key in keys):
             raise _Undecodable
         name = text_or_empty(item.get("name"))
@@ -232,7 +239,7 @@ class ResponsesStreamMapper:
             out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(compact_json(item) or "")[:200]))
             return None
         # The call_id pairs the call with its output; a server that sends none still gets its call answered.
-        call_id = text_or_empty(item.get("call_id")) or item_id or f"call_{index}"
+        call_id = given or item_id or f"call_{index}"
         call = _OpenCall(call_id, name)
         for key in keys:
             self._calls[key] = call
@@ -288,7 +295,7 @@ class ResponsesStreamMapper:
     def _arguments_delta(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
         fragment = _piece(payload, "delta")
         index, item_id = _locate(payload)
-        keys = _keys(index, item_id)
+        keys = self._keys(index, item_id)
         call = self._find_call(keys)
         if call is None:
             if not any(key in self._handled for key in keys):
@@ -300,7 +307,7 @@ class ResponsesStreamMapper:
     def _arguments_done(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
         arguments = _piece(payload, "arguments")
         index, item_id = _locate(payload)
-        call = self._find_call(_keys(index, item_id))
+        call = self._find_call(self._keys(index, item_id))
         if call is not None:
             call.final = arguments
 
@@ -328,12 +335,12 @@ class ResponsesStreamMapper:
 
     def _text_shown(self, payload: Mapping[str, Any]) -> bool:
         """Whether deltas of the event's item were shown (any text at all, for an event that names no item)."""
-        keys = _keys(*_locate(payload))
+        keys = self._keys(*_locate(payload))
         return any(key in self._text_items for key in keys) if keys else self._any_text
 
     def _show_text(self, payload: Mapping[str, Any], text: str, out: list[StreamEvent]) -> None:
         index, item_id = _locate(payload)
-        self._text_items.update(_keys(index, item_id))
+        self._text_items.update(self._keys(index, item_id))
         if text:
             self._any_text = True
             self._start(out)
@@ -355,7 +362,7 @@ class ResponsesStreamMapper:
     def _thinking_delta(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
         piece = _piece(payload, "delta")
         index, item_id = _locate(payload)
-        keys = _keys(index, item_id)
+        keys = self._keys(index, item_id)
         summary = non_negative_int(payload.get("summary_index")) or 0
         anchor = keys[0] if keys else None
         if summary and self._summary_at != (anchor, summary):

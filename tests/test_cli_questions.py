@@ -84,7 +84,7 @@ async def test_decline_and_a_url_shown_with_its_host() -> None:
 @pytest.mark.parametrize("mode", ["none", "safe"])
 async def test_nobody_there_to_answer_cancels_and_says_so(mode: ApproveMode) -> None:
     _state, got, screen = await _run([], mode=mode)
-    assert got == [Answer("cancel")] and f"cancelled question q1 (--approve {mode}" in screen
+    assert got == [Answer("cancel")] and f"cancelled question turn-1:q1 (--approve {mode}" in screen
 
 
 async def test_q_stops_the_turn_and_the_end_of_input_cancels() -> None:

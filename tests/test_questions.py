@@ -4,6 +4,7 @@ the turn deadline standing still while the person answers, Stop and the call's e
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 import attrs
@@ -98,7 +99,7 @@ async def test_a_form_question_is_answered_by_the_person_with_defaults_filled_in
     final, got, session = await _turn(accept)
     assert final.outcome is Outcome.COMPLETED
     [question] = shown
-    assert question.id == "q1" and question.call_id == "c0" and question.tool_name == "ask_person"
+    assert question.id == "turn-1:q1" and question.call_id == "c0" and question.tool_name == "ask_person"
     assert question.message == "Who are you?"  # the asker's bidi control is gone before any face sees it
     [answer] = got
     assert isinstance(answer, Answer) and answer.action == "accept"
@@ -183,7 +184,7 @@ async def test_questions_of_parallel_calls_are_each_their_own_card() -> None:
 
     final, got, _ = await _turn(accept, calls=2)
     assert final.outcome is Outcome.COMPLETED
-    assert sorted(seen) == [("q1", "c0"), ("q2", "c1")] or sorted(seen) == [("q1", "c1"), ("q2", "c0")]
+    assert sorted(seen) in ([("turn-1:q1", "c0"), ("turn-1:q2", "c1")], [("turn-1:q1", "c1"), ("turn-1:q2", "c0")])
     names = sorted(a.content["name"] for a in got if isinstance(a, Answer))
     assert names == ["c0", "c1"]  # each answer went to the call that asked
 
@@ -290,3 +291,68 @@ def test_for_all_asker_text_a_card_shows_no_control_or_bidi_code_point(message: 
     assert len(question.message) <= MAX_MESSAGE
     assert attrs.evolve(question, id="q1") == attrs.evolve(question, id="q1", message=question.message)
     assert attrs.evolve(question, id="q1").message == question.message
+
+
+async def test_an_answer_to_a_stopped_turns_question_never_answers_the_next_turns() -> None:
+    # Question ids are the session's: turn 2's first question is not turn 1's, so a late answer to the question
+    # of a stopped turn is refused (False), and the open question stays open for the person.
+    got: list[Answer] = []
+
+    @function_tool(effect="read")
+    async def ask_person(ctx: ToolExecutionContext[str]) -> ToolOutcome[str]:
+        """Ask the person."""
+        got.append(await ctx.ask(source='MCP server "forms"', message="Plan?", fields=FORM[2:3]))
+        return ToolOutcome.success("asked")
+
+    steps = [_steps()[0], *_steps()]  # turn 1 is stopped at its question, before it asks the model again
+    async with ScriptedProvider(steps) as provider:
+        session = Session(document="", kind=NOTE, provider=provider, model="m", tools=[ask_person])
+        async with session, trio.open_nursery() as nursery:
+
+            async def asked() -> Question:
+                with trio.fail_after(10):
+                    async with aclosing(session.states()) as states:
+                        async for _ in states:
+                            if session.questions:
+                                return session.questions[0]
+                raise AssertionError("unreachable")
+
+            nursery.start_soon(session.send, "ask me")
+            first = await asked()
+            session.stop()
+            await trio.testing.wait_all_tasks_blocked()
+            assert session.questions == ()
+            nursery.start_soon(session.send, "ask me again")
+            second = await asked()
+            assert second.id != first.id
+            assert not session.answer(first.id, "accept", {"plan": "pro"})  # the late click
+            assert session.questions == (second,)
+            assert session.answer(second.id, "accept", {"plan": "free"})
+    assert [dict(a.content) for a in got if a.action == "accept"] == [{"plan": "free"}]
+
+
+def test_every_string_of_a_question_is_cleaned_values_and_defaults_included() -> None:
+    hidden = "\u202e\u200b\u2066"
+    choice = QuestionField(
+        name="plan", kind="choice", options=((f"pro{hidden}", f"Pro{hidden}"), ("free", "Free")), default=f"pro{hidden}"
+    )
+    assert choice.options == (("pro", "Pro"), ("free", "Free")) and choice.default == "pro"
+    assert choice.check("pro") == "pro"  # answered as the person saw it
+    picks = QuestionField(
+        name="extras", kind="choices", options=((f"a{hidden}", "A"), ("b", "B")), default=[f"a{hidden}"]
+    )
+    assert picks.options[0][0] == "a" and picks.default == ["a"]
+    text = QuestionField(name="note", kind="text", default=f"hello{hidden}\nworld")
+    assert text.default == "hello\nworld"
+    with pytest.raises(ValueError, match="same value"):
+        QuestionField(name="x", kind="choice", options=(("a\u200b", "A"), ("a", "also A")))
+
+
+@given(st.text(max_size=40))
+def test_a_cleaned_question_field_shows_nothing_invisible(value: str) -> None:
+    from trioloop.machine.untrusted_text import is_stripped_code_point
+
+    field = QuestionField(name="t", kind="text", default=value)
+    assert not any(is_stripped_code_point(c, True) for c in field.default)
+    option = QuestionField(name="c", kind="choice", options=((value or "v", "V"),))
+    assert not any(is_stripped_code_point(c, False) for c in option.options[0][0])

@@ -93,10 +93,22 @@ def _message(value: object) -> str:
 
 
 def _options(value: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    options = tuple((str(v), _cleaned(label, _LABEL)) for v, label in value)
+    """The choices, values cleaned like labels (a value is shown, and answered, as the person sees it)."""
+    options = tuple((_cleaned(v, MAX_TEXT_VALUE), _cleaned(label, _LABEL)) for v, label in value)
     if len(options) > MAX_OPTIONS:
         raise ValueError(f"a field offers at most {MAX_OPTIONS} choices")
+    if len({v for v, _ in options}) != len(options):
+        raise ValueError("two choices have the same value (once invisible code points are removed)")
     return options
+
+
+def _default(value: Any) -> Any:
+    """A default cleaned as the faces show it filled in: text of any kind, and each picked choice."""
+    if isinstance(value, str):
+        return _cleaned(value, MAX_TEXT_VALUE, newlines=True)
+    if isinstance(value, list | tuple):
+        return [_cleaned(v, MAX_TEXT_VALUE) if isinstance(v, str) else v for v in value]
+    return value
 
 
 def _bound(value: object) -> float | None:
@@ -122,7 +134,7 @@ class QuestionField:
     title: str = attrs.field(default="", converter=_label)
     description: str = attrs.field(default="", converter=_description)
     required: bool = False
-    default: Any = None
+    default: Any = attrs.field(default=None, converter=_default)
     options: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_options)
     minimum: float | None = attrs.field(default=None, converter=_bound)
     maximum: float | None = attrs.field(default=None, converter=_bound)

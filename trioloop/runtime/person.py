@@ -59,7 +59,10 @@ class PersonWaits:
                 "questions to the person (max_questions_per_turn)."
             )
         self.asked += 1
-        question = attrs.evolve(question, id=f"q{self.asked}", call_id=call_id, tool_name=tool_name)
+        # Named after the turn too: an answer meant for an earlier turn's question (a late click) is refused,
+        # never taken for this turn's question of the same number.
+        question_id = f"{turn.state.turn_id}:q{self.asked}"
+        question = attrs.evolve(question, id=question_id, call_id=call_id, tool_name=tool_name)
         waiter = QuestionWaiter(question)
         controls._waiting[question.id] = waiter
         self.check()

@@ -20,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 from trioloop.machine.questions import QuestionRefused
 from trioloop.machine.tools import ToolOutcome
 from trioloop.machine.untrusted_text import sanitize_scalar
-from trioloop.mcp._connection import Connection, describe
+from trioloop.mcp._connection import Connection, RequestAbandoned, describe
 from trioloop.mcp.elicitation import UnusableRequest, elicit_result, question_parts
 from trioloop.mcp.results import mcp_result_outcome
 from trioloop.mcp.sampling import sampling_request, sampling_result
@@ -64,9 +64,15 @@ async def call_on_connection(
     calling = _CALLING.set(ctx)
     result: mcp_types.CallToolResult | None = None
     failure: str | None = None
+    client = connection.client
     try:
         with watch:
-            result = await connection.client.call_tool(tool, arguments, progress_callback=_progress_to(ctx))
+            # In a task of its own: at the timeout the caller returns whatever the SDK still waits on.
+            result = await connection.request(
+                lambda: client.call_tool(tool, arguments, progress_callback=_progress_to(ctx))
+            )
+    except RequestAbandoned:
+        connection.lose()
     except MCPError as exc:
         if exc.code == mcp_types.CONNECTION_CLOSED:
             connection.lose()

@@ -11,9 +11,9 @@ import contextlib
 import importlib.metadata
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any, Final, Self, TextIO, final
+from typing import Any, Final, Self, TextIO, TypeVar, final
 
 import anyio
 import mcp_types
@@ -32,8 +32,17 @@ from trioloop.providers._redact import mask_key_in_logs
 from trioloop.runtime.tools import ToolExecutionContext
 
 _log = logging.getLogger("trioloop.mcp")
+_R = TypeVar("_R")
 
-__all__ = ["CLIENT_INFO", "Connection", "describe", "server_errlog", "server_transport", "watched"]
+__all__ = [
+    "CLIENT_INFO",
+    "Connection",
+    "RequestAbandoned",
+    "describe",
+    "server_errlog",
+    "server_transport",
+    "watched",
+]
 
 _LOG_LINE_MAX: Final = 1000
 _LOG_BUFFER_MAX: Final = 65_536
@@ -94,25 +103,70 @@ def _trioloop_version() -> str:
 CLIENT_INFO: Final = mcp_types.Implementation(name="trioloop", version=_trioloop_version())
 
 
+class RequestAbandoned(Exception):
+    """A request's task ended without an answer: its connection was closed under it."""
+
+
 class Connection:
     """One connection's state; ``client`` is set once the handshake is done."""
 
     client: Client
 
-    def __init__(self) -> None:
+    def __init__(self, nursery: trio.Nursery | None = None) -> None:
         #: The calls in flight on this connection (each one's timeout scope -> its context), oldest first: a
         #: server request that arrives outside any call's task (a 2025 server's own JSON-RPC request) is put to
         #: the person for the oldest.
         self.running: dict[trio.CancelScope, ToolExecutionContext[Any]] = {}
         self.lost = False
         self.scope = trio.CancelScope()
+        self.closed = trio.Event()  # set once the connection's task has closed it
+        #: Where requests run (the toolset's nursery), each in a task the caller can stop waiting for.
+        self.nursery = nursery
+        self._requests: set[trio.CancelScope] = set()
 
     def lose(self) -> None:
         """Mark the connection unusable: end its in-flight calls and close it (its task unwinds)."""
         self.lost = True
         for call in self.running:
             call.cancel()
+        for request in self._requests:
+            request.cancel()
         self.scope.cancel()
+
+    async def request(self, work: Callable[[], Awaitable[_R]]) -> _R:
+        """``work()`` (one SDK request) run in a task of its own, so the caller's wait ends when the caller's
+        scope says (its timeout, Stop), whatever the SDK still does: cancelled, the SDK may block in its own
+        shielded notice to a server that stopped reading; that task is cancelled and left to end with the
+        connection (its close is bounded), never waited for. `RequestAbandoned` if the connection went away."""
+        if self.nursery is None:  # no nursery to run it in: the caller waits on the request itself
+            return await work()
+        scope = trio.CancelScope()
+        done = trio.Event()
+        answered: list[_R] = []
+        failed: list[Exception] = []
+
+        async def run() -> None:
+            try:
+                with scope:
+                    answered.append(await work())
+            except Exception as exc:
+                failed.append(exc)
+            finally:
+                self._requests.discard(scope)
+                done.set()
+
+        self._requests.add(scope)
+        self.nursery.start_soon(run, name="trioloop MCP request")
+        try:
+            await done.wait()
+        finally:
+            if not done.is_set():
+                scope.cancel()  # the caller stopped waiting: the request is cancelled, in its own task
+        if failed:
+            raise failed[0]
+        if not answered:
+            raise RequestAbandoned("the connection was closed during the request")
+        return answered[0]
 
 
 @final

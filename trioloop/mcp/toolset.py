@@ -65,6 +65,14 @@ def _lone_connection_error(group: BaseExceptionGroup[BaseException]) -> McpConne
     return exc if isinstance(exc, McpConnectionError) else None
 
 
+async def _drop_when_cancelled(connection: Connection) -> None:
+    """Until ``connection`` is closed; cancelled first (the toolset's nursery closing), it ends the connection."""
+    try:
+        await connection.closed.wait()
+    finally:
+        connection.lose()
+
+
 @final
 class McpToolset:
     """The tools of one MCP server, under the app's static classification (``server.tools``).
@@ -201,37 +209,57 @@ class McpToolset:
 
     async def refresh(self) -> tuple[RegisteredTool[Any], ...] | None:
         """The server's tools listed again if it said they changed (``notifications/tools/list_changed``), else
-        None. The session calls it between turns; new tools are classified as `StdioServer.tools` says."""
+        None. The session calls it as a turn begins, where Stop and the turn deadline apply; it takes at most
+        ``call_timeout`` (a server that does not answer in time loses its connection, keeps its old tools and
+        is listed again next turn). New tools are classified as `StdioServer.tools` says."""
         if not self._tools_changed:
             await trio.lowlevel.checkpoint()
             return None
         self._tools_changed = False
-        connection = await self._live_connection()
-        with trio.fail_after(self.connect_timeout):
-            listed = await self._list_tools(connection.client)
+        listed: list[mcp_types.Tool] | None = None
+        try:
+            with trio.move_on_after(self.call_timeout):
+                connection = await self._live_connection()
+                listed = await connection.request(lambda: self._list_tools(connection.client))
+        finally:
+            if listed is None:
+                self._tools_changed = True  # not listed (too slow, failed, or Stop): listed again next time
+        if listed is None:
+            if self._connection is not None:
+                self._connection.lose()  # a server this slow may be hung as a whole: the next call reconnects
+            raise McpConnectionError(
+                f'MCP server "{self.server.name}" did not list its tools again within {self.call_timeout:g} s; its '
+                "connection was closed and its old tools stay"
+            )
         self.tools = self._build(listed)
         return self.tools
 
     async def _hold_connection(self, *, task_status: trio.TaskStatus[Connection] = trio.TASK_STATUS_IGNORED) -> None:
         """One connection's lifetime. Failures after it is up end only this connection, never the nursery."""
-        connection = Connection()
+        connection = Connection(self._nursery)
         started = False
+        # Once connected, the SDK's own tasks (its readers and writers) live under a shield, so a cancellation
+        # from outside (the session closing) never tears them mid-close: it reaches the connection through
+        # `_drop_when_cancelled` instead, which ends it cleanly. The close is then shielded and bounded: a
+        # notifications/cancelled already queued is still sent, and an HTTP session is ended (DELETE).
+        closing = trio.CancelScope()
         try:
-            async with contextlib.AsyncExitStack() as stack:
-                errlog = await stack.enter_async_context(server_errlog(self.server, self._errlog, self._nursery))
-                client = await stack.enter_async_context(self._client(errlog, connection))
-                connection.client = client
-                task_status.started(connection)
-                started = True
-                try:
-                    with connection.scope:
-                        await self._listen_for_tool_changes(client)
-                        await trio.sleep_forever()
-                finally:
-                    # Closed as on a clean exit, shielded and bounded, even when the owner is cancelled: a
-                    # notifications/cancelled already queued is still sent, and an HTTP session is ended.
-                    with trio.CancelScope(deadline=trio.current_time() + CLOSE_TIMEOUT, shield=True):
-                        await stack.aclose()
+            with closing:
+                async with contextlib.AsyncExitStack() as stack:
+                    errlog = await stack.enter_async_context(server_errlog(self.server, self._errlog, self._nursery))
+                    client = await stack.enter_async_context(self._client(errlog, connection))
+                    connection.client = client
+                    if self._nursery is not None:  # (a connection held on its own has no watch: unshielded)
+                        closing.shield = True
+                        self._nursery.start_soon(_drop_when_cancelled, connection, name="trioloop MCP connection watch")
+                    task_status.started(connection)
+                    started = True
+                    try:
+                        with connection.scope:
+                            await self._listen_for_tool_changes(client)
+                            await trio.sleep_forever()
+                    finally:
+                        closing.deadline = trio.current_time() + CLOSE_TIMEOUT
         except Exception as exc:
             if not started:
                 raise McpConnectionError(
@@ -246,6 +274,7 @@ class McpToolset:
             raise rest from None
         finally:
             connection.lose()
+            connection.closed.set()
 
     async def _list_tools(self, client: Client) -> list[mcp_types.Tool]:
         listed: list[mcp_types.Tool] = []

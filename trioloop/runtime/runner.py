@@ -67,6 +67,9 @@ class TurnRequest(Generic[D]):
     limits: TurnLimits = DEFAULT_TURN_LIMITS
     max_output_tokens: int = 4096
     tool_cancel_grace_s: float = TOOL_CANCEL_GRACE_S
+    #: Seconds of the turn already spent before it was driven (listing a toolset's tools again, say): its
+    #: deadline counts them.
+    spent_s: float = 0.0
 
 
 async def run_turn(
@@ -94,7 +97,7 @@ async def run_turn(
     (never run again), a call whose tool changed is revoked, a request in flight is asked again. A turn
     suspended in review (`TurnControls.suspend`) returns its live state, not settled.
     """
-    started_at = trio.current_time()  # the turn's clock (and its deadline) runs from the call
+    started_at = trio.current_time() - request.spent_s  # the turn's clock (and its deadline) runs from the call
     if resume is not None:
         started_at -= resume.machine_ms / 1000
     if tool_nursery is not None:

@@ -54,13 +54,24 @@ class TurnSlot(Generic[D]):
             raise SessionBusy("A turn is already running in this session; wait for it or stop it first.")
         if self.resume is not None:
             raise SessionBusy("A turn suspended in review is waiting: take it up with continue_turn() first.")
+        controls = TurnControls()
+        spent_s = 0.0
         toolsets = self.session._toolsets
         if toolsets:
-            await toolsets.refresh()
-            if self.controls is not None or self.resume is not None:  # another task began a turn meanwhile
-                raise SessionBusy("A turn began while the tools were being listed again; wait for it first.")
+            # Part of the turn: Stop ends it, and the time it takes counts against the turn's deadline.
+            self.controls = controls
+            began = trio.current_time()
+            listing = trio.CancelScope(deadline=began + self.session.limits.turn_deadline_ms / 1000)
+            controls._tool_scopes.add(listing)
+            try:
+                with listing:
+                    await toolsets.refresh()
+            finally:
+                controls._tool_scopes.discard(listing)
+                self.controls = None
+            spent_s = trio.current_time() - began
         self.started += 1
-        return await self.run(text, f"turn-{self.started}", None)
+        return await self.run(text, f"turn-{self.started}", None, controls, spent_s)
 
     async def continue_turn(self) -> TurnState:
         if self.controls is not None:
@@ -79,7 +90,12 @@ class TurnSlot(Generic[D]):
         return await self.run("", resume.state.turn_id, resume, controls)
 
     async def run(
-        self, text: str, turn_id: str, resume: ResumePoint | None, controls: TurnControls | None = None
+        self,
+        text: str,
+        turn_id: str,
+        resume: ResumePoint | None,
+        controls: TurnControls | None = None,
+        spent_s: float = 0.0,
     ) -> TurnState:
         session = self.session
         journal = session._journal
@@ -100,6 +116,7 @@ class TurnSlot(Generic[D]):
             registry=session.registry,
             limits=session.limits,
             max_output_tokens=session.max_output_tokens,
+            spent_s=spent_s,
         )
         if journal is not None:
             journal.turns.writer.actor = session.actor

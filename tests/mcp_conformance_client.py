@@ -114,6 +114,11 @@ class MemoryTokens(TokenStorage):
         self.client = client_info
 
 
+#: The client metadata document the suite's authorization servers know (``client_metadata_url`` in an
+#: ``--mcp-config`` server table): used as the client id where a server takes URL-based ids, else ignored.
+CLIENT_METADATA_URL: Final = "https://conformance-test.local/client-metadata.json"
+
+
 async def oauth(url: str, context: dict[str, Any]) -> OAuthClientProvider:
     """The CLI's OAuth client (`trioloop.cli.mcp_oauth`: the SDK's provider, a loopback redirect URI), with a
     person's browser round trip: the test authorization server approves at once, so a browser that follows its
@@ -139,7 +144,15 @@ async def oauth(url: str, context: dict[str, Any]) -> OAuthClientProvider:
             # a confidential client authenticates at the token endpoint with HTTP Basic
             token_endpoint_auth_method="client_secret_basic" if context.get("client_secret") else "none",
         )
-    return cli_oauth(SERVER_NAME, url, callback, log, storage=MemoryTokens(registered), open_browser=browser)
+    return cli_oauth(
+        SERVER_NAME,
+        url,
+        callback,
+        log,
+        storage=MemoryTokens(registered),
+        open_browser=browser,
+        client_metadata_url=CLIENT_METADATA_URL,
+    )
 
 
 #: Where the stand-in browser runs: a task beside the connection, as a real browser is a process beside the CLI.

@@ -113,3 +113,29 @@ def test_a_config_that_asks_for_oauth_needs_auth_before_it_connects() -> None:
         load_mcp_config('[servers.remote]\nurl = "https://mcp.example.com/mcp"\noauth = "yes"\n')
     with pytest.raises(ValueError, match="apply to a url server"):
         load_mcp_config('[servers.local]\ncommand = "x"\noauth = true\n')
+
+
+async def test_a_client_metadata_url_from_the_config_reaches_the_oauth_client(tmp_path: Path) -> None:
+    text = (
+        '[servers.remote]\nurl = "https://mcp.example.com/mcp"\noauth = true\n'
+        'client_metadata_url = "https://example.com/trioloop.json"\n'
+    )
+    [server] = load_mcp_config(text)
+    assert isinstance(server, HttpServer) and server.client_metadata_url == "https://example.com/trioloop.json"
+    callback = LoopbackCallback()
+    await callback.listen()
+    provider = cli_oauth("remote", server.url, callback, print, storage=FileTokens(tmp_path / "t.json"),
+                         client_metadata_url=server.client_metadata_url)  # fmt: skip
+    assert provider.context.client_metadata_url == "https://example.com/trioloop.json"
+    await callback.aclose()
+    for wrong, complaint in (
+        ('client_metadata_url = "http://example.com/x.json"', "https:// address with a path"),
+        ('client_metadata_url = "https://example.com/"', "https:// address with a path"),
+        ("client_metadata_url = 7", "goes with oauth = true"),
+    ):
+        with pytest.raises(ValueError, match=complaint):
+            load_mcp_config(f'[servers.remote]\nurl = "https://mcp.example.com/mcp"\noauth = true\n{wrong}\n')
+    with pytest.raises(ValueError, match="goes with oauth = true"):
+        load_mcp_config(
+            '[servers.r]\nurl = "https://m.example.com/mcp"\nclient_metadata_url = "https://e.com/c.json"\n'
+        )

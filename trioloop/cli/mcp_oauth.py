@@ -162,9 +162,12 @@ def cli_oauth(
     *,
     storage: TokenStorage | None = None,
     open_browser: Callable[[str], Awaitable[None]] | None = None,
+    client_metadata_url: str | None = None,
 ) -> OAuthClientProvider:
     """The SDK's OAuth client for server ``name`` at ``url``, as the CLI runs it (``callback`` already
-    listening): ``say`` prints the authorization URL; a browser opens on it when one can be started."""
+    listening): ``say`` prints the authorization URL; a browser opens on it when one can be started. With
+    ``client_metadata_url`` the client id is that URL where the authorization server takes URL-based client ids
+    (its metadata must list the loopback redirect URI), else the client registers dynamically."""
 
     async def redirect(authorization_url: str) -> None:
         say(f'To authorize MCP server "{name}", open this address in a browser:\n  {authorization_url}')
@@ -184,4 +187,5 @@ def cli_oauth(
         storage=storage if storage is not None else FileTokens(token_dir() / f"{name}.json"),
         redirect_handler=redirect,
         callback_handler=callback.wait,
+        client_metadata_url=client_metadata_url,
     )

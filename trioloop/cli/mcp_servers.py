@@ -80,5 +80,6 @@ async def with_oauth(server: HttpServer, console: Console) -> HttpServer:
 
     callback = LoopbackCallback()
     await callback.listen()
-    auth = cli_oauth(server.name, server.url, callback, lambda text: console.print(Text(text)))
+    say = lambda text: console.print(Text(text))  # noqa: E731
+    auth = cli_oauth(server.name, server.url, callback, say, client_metadata_url=server.client_metadata_url)
     return attrs.evolve(server, auth=auth)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeAlias, final
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -113,13 +114,28 @@ class HttpServer:
     #: The config file asked for OAuth (``oauth = true``): whoever connects supplies ``auth`` (the CLI runs the
     #: browser flow; an app passes its own ``OAuthClientProvider``). A toolset refuses it without ``auth``.
     oauth: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: With ``oauth``: the HTTPS address of this client's metadata document, used as its client id where the
+    #: authorization server accepts URL-based client ids (else it registers dynamically, as without it).
+    client_metadata_url: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise McpConfigError(f"MCP server {self.name!r}: url must start with http:// or https://.")
+        metadata = self.client_metadata_url
+        if metadata is not None and not _metadata_url_ok(metadata):
+            raise McpConfigError(
+                f"MCP server {self.name!r}: client_metadata_url must be an https:// address with a path "
+                "(the client's metadata document)."
+            )
 
 
 McpServer: TypeAlias = StdioServer | HttpServer
+
+
+def _metadata_url_ok(url: str) -> bool:
+    """A client metadata document's address, as URL-based client ids need it: https, a host, a path."""
+    parts = urlsplit(url)
+    return parts.scheme == "https" and bool(parts.hostname) and parts.path not in ("", "/")
 
 
 #: Programs that launch a server rather than being one: the server is named after what they launch.
@@ -234,7 +250,8 @@ def _one_server(name: str, table: Any, environ: Mapping[str, str]) -> McpServer:
     where = f"[servers.{name}]"
     if not isinstance(table, dict):
         raise McpConfigError(f"{where} must be a table.")
-    unknown = sorted(set(table) - {"command", "args", "env", "cwd", "url", "headers", "tools", "sampling", "oauth"})
+    known = {"command", "args", "env", "cwd", "url", "headers", "tools", "sampling", "oauth", "client_metadata_url"}
+    unknown = sorted(set(table) - known)
     if unknown:
         raise McpConfigError(f"{where}: unknown key(s) {', '.join(unknown)}.")
     sampling = table.get("sampling", False)
@@ -253,8 +270,19 @@ def _one_server(name: str, table: Any, environ: Mapping[str, str]) -> McpServer:
         oauth = table.get("oauth", False)
         if not isinstance(oauth, bool):
             raise McpConfigError(f"{where}.oauth must be true or false.")
-        return HttpServer(name=name, url=table["url"], tools=tools, headers=headers, sampling=sampling, oauth=oauth)
-    if "headers" in table or "oauth" in table:
+        metadata = table.get("client_metadata_url")
+        if metadata is not None and (not isinstance(metadata, str) or not oauth):
+            raise McpConfigError(f"{where}.client_metadata_url is an https:// address, and goes with oauth = true.")
+        return HttpServer(
+            name=name,
+            url=table["url"],
+            tools=tools,
+            headers=headers,
+            sampling=sampling,
+            oauth=oauth,
+            client_metadata_url=metadata,
+        )
+    if "headers" in table or "oauth" in table or "client_metadata_url" in table:
         raise McpConfigError(f"{where}: headers and oauth apply to a url server (a stdio server takes env).")
     if not isinstance(table["command"], str):
         raise McpConfigError(f"{where}.command must be a string.")

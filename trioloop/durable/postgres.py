@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import socket
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, final
@@ -48,6 +50,8 @@ MAX_THREADS = 8
 CONNECT_TIMEOUT_S = 10
 #: How long a lease's statement waits for a row lock another connection holds before it gives up.
 LOCK_WAIT_MS = 1000
+#: How long one call of a lease waits for the server unless the store is told otherwise.
+DEFAULT_TIMEOUT_S = 10.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS trioloop_journal (
@@ -99,14 +103,27 @@ class PostgresJournalStore(SqlJournals):
 
     ``conninfo`` is a libpq connection string or ``postgresql://`` URL. Leases exclude each other across
     processes and machines; a killed process's leases end when the server notices its connection closed.
-    ``close()`` (or the end of ``async with``) releases the leases this store granted.
+    ``close()`` (or the end of ``async with``) releases the leases this store granted. ``lease_ttl_s`` is a lease's
+    time to live (`trioloop.durable.leases`); ``timeout_s`` bounds each call of a lease (an append, a read, a
+    renewal): past it the connection is given up and the call raises `JournalStoreError`.
     """
 
     _PLACEHOLDER = "%s"
 
-    def __init__(self, conninfo: str, *, read_only: bool = False, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        read_only: bool = False,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         _require_psycopg()
         self.lease_ttl_s = check_ttl(lease_ttl_s)
+        if not isinstance(timeout_s, int | float) or not 0 < timeout_s <= 3600:
+            raise ValueError(f"timeout_s must be a number of seconds above 0 and at most 3600, not {timeout_s!r}")
+        #: How long one call of a lease (an append, a read, a renewal) waits for the server before it gives up.
+        self.timeout_s = float(timeout_s)
         self._conninfo = conninfo
         self._read_only = read_only
         self._limiter = trio.CapacityLimiter(MAX_THREADS)
@@ -258,6 +275,7 @@ class _PostgresLease:
         self._epoch = epoch
         self._lock = trio.Lock()  # one call at a time on the lease's connection
         self._released = False
+        self._broken: str | None = None  # why the connection was given up mid-call
         self.clock = LeaseClock(store.lease_ttl_s)
 
     @property
@@ -296,12 +314,42 @@ class _PostgresLease:
         async with self._lock:
             if self._released:
                 raise JournalStoreError("this lease was released")
+            if self._broken is not None:
+                raise JournalStoreError(self._broken)
             if self._connection.closed:
                 raise JournalStoreError(
                     f"the connection holding the lease on session {self._session_id!r} was lost,"
                     " and the lease with it: acquire the session again"
                 )
-            return await self._store._in_thread(f"{what} session {self._session_id!r}", lambda: work(self._connection))
+            label = f"{what} session {self._session_id!r}"
+            timeout_s = self._store.timeout_s
+            if self._store._closed:
+                raise JournalStoreError("the PostgreSQL journal store is closed")
+            try:
+                # Abandonable: a server that stops answering (a stalled connection, dropped packets) holds the
+                # caller no longer than the bound, Stop or the turn's deadline, whatever the thread still waits on.
+                with trio.move_on_after(timeout_s):
+                    return await trio.to_thread.run_sync(
+                        _guarded, label, lambda: work(self._connection), limiter=self._store._limiter,
+                        abandon_on_cancel=True,
+                    )  # fmt: skip
+            except trio.Cancelled:
+                self._abandon(f"PostgreSQL journal: {label} was cut short; whether it took effect is unknown")
+                raise
+            self._abandon(
+                f"PostgreSQL journal: {label}: the server did not answer within {timeout_s:g} s; whether it took "
+                "effect is unknown"
+            )
+            raise JournalStoreError(self._broken)
+
+    def _abandon(self, why: str) -> None:
+        """Give up on the lease's connection mid-call: every later call raises ``why``, and the socket is shut so
+        the abandoned thread returns and the server ends the session (its transaction, its locks) once it hears."""
+        self._broken = why
+        with contextlib.suppress(Exception):
+            duplicate = socket.socket(fileno=os.dup(self._connection.pgconn.socket))
+            with duplicate:
+                duplicate.shutdown(socket.SHUT_RDWR)
 
     async def entries(self, *, after: int = 0) -> Sequence[StoredEntry]:
         rows = await self._run(

@@ -6,13 +6,14 @@ The runner appends what is ready before its effect is visible outside the proces
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import attrs
 import trio
 
 from trioloop.durable.journal_writer import JournalWriter
-from trioloop.durable.store import StoredEntry
+from trioloop.durable.store import JournalStoreError, StoredEntry
 from trioloop.machine.state import TurnState
 
 __all__ = ["ResumePoint", "TurnJournal"]
@@ -57,16 +58,31 @@ class TurnJournal:
                 self.error = exc
         return self.error is None
 
-    async def flush(self) -> bool:
-        """Append what is ready (shielded: a half-known append is worse than a late Stop); False on failure."""
+    async def flush(self, deadline: float = math.inf, stoppers: set[trio.CancelScope] | None = None) -> bool:
+        """Append what is ready; False on failure. The wait is shielded from everything but ``deadline`` (the
+        turn's) and a cancel of its scope by Stop (added to ``stoppers`` meanwhile): a store that stops answering
+        cannot hold the turn past either. An append cut short that way has an unknown outcome: the journal fails
+        (nothing more runs that could not be recorded), and reopening the session reads what the store holds."""
         entries = self.writer.take()
         if not entries or self.error is not None:
             return self.error is None
+        waiting = trio.CancelScope(shield=True, deadline=deadline)
+        if stoppers is not None:
+            stoppers.add(waiting)
         try:
-            with trio.CancelScope(shield=True):
+            with waiting:
                 await self._append(entries)
         except Exception as exc:
             self.error = exc
+            return False
+        finally:
+            if stoppers is not None:
+                stoppers.discard(waiting)
+        if waiting.cancelled_caught:
+            self.error = JournalStoreError(
+                "the journal's store had not confirmed an append when the turn was stopped or reached its deadline; "
+                "whether it was written is unknown"
+            )
             return False
         return True
 

@@ -31,6 +31,9 @@ from trioloop.runtime.tool_calls import ToolCalls
 if TYPE_CHECKING:
     from trioloop.runtime.runner import StateObserver, TurnRequest, Workspace
 
+#: How long past the turn's deadline an append may still take (the entries saying how the turn ended).
+JOURNAL_GRACE_S = 1.0
+
 __all__ = ["Turn"]
 
 D = TypeVar("D")
@@ -95,7 +98,9 @@ class Turn(Generic[D]):
         journal = self.journal
         if journal is None:
             return
-        if journal.writer.has_ready and not await journal.flush():
+        # Bounded by the turn's deadline (a settle after it gets a short grace to record how it ended) and by Stop.
+        wait_until = max(self.clock.scope_deadline, trio.current_time()) + JOURNAL_GRACE_S
+        if journal.writer.has_ready and not await journal.flush(wait_until, self.controls._tool_scopes):
             self.controls.stop()
         if self.unpublished:
             self.unpublished = False

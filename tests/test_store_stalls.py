@@ -9,7 +9,7 @@ import os
 import secrets
 import signal
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import aclosing, asynccontextmanager, contextmanager
 from typing import Any
 
 import pytest
@@ -18,10 +18,20 @@ import trio.testing
 from pg_support import postgres_url  # noqa: F401 -- the session fixture, reached by name
 
 from tests.lease_worker import NOTE
-from trioloop import ScriptedProvider, Session, SessionJournalError, TurnLimits
+from trioloop import (
+    CallStatus,
+    MemoryJournalStore,
+    ScriptedProvider,
+    Session,
+    SessionJournalError,
+    ToolExecutionContext,
+    ToolOutcome,
+    TurnLimits,
+    function_tool,
+)
 from trioloop.durable.postgres import PostgresJournalStore
 from trioloop.durable.store import JournalStoreError, StoredEntry
-from trioloop.providers.scripted import ScriptStep
+from trioloop.providers.scripted import ScriptedCall, ScriptStep
 
 
 @contextmanager
@@ -81,7 +91,7 @@ async def _stalled_turn(url: str, stop: bool) -> tuple[float, Session[str]]:
                     with trio.fail_after(5), pytest.raises(SessionJournalError, match="was written is unknown"):
                         await session.send("hello")  # raised once the turn has settled, stopped
                 took = trio.current_time() - began
-                assert session.state is not None and session.state.is_settled
+                assert session.state is not None and not session.state.is_settled  # the last state shown stands
                 with pytest.raises(SessionJournalError, match="whether it was written is unknown"):
                     await session.send("again")
     return took, session
@@ -95,3 +105,75 @@ async def test_stop_ends_a_turn_whose_append_meets_a_stalled_server(request: pyt
 async def test_the_deadline_ends_a_turn_whose_append_meets_a_stalled_server(request: pytest.FixtureRequest) -> None:
     took, _ = await _stalled_turn(request.getfixturevalue("postgres_url"), stop=False)
     assert took < 1.5 + 1.0 + 1.0  # the deadline and the journal's grace, not the store's 60 s bound
+
+
+class _SlowCommits:
+    """A memory store whose appends holding a commit take ``delay_s`` (a disk or a server slowing down)."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.inner = MemoryJournalStore()
+        self.delay_s = delay_s
+        self.outlives_process = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> Any:
+        lease = await self.inner.acquire(session_id, wait_s=wait_s)
+        slow = self
+
+        class Lease:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(lease, name)
+
+            async def append(self, entries: Any) -> None:
+                if any(b'"document_digest":"' in e.data for e in entries):
+                    await trio.sleep(slow.delay_s)
+                await lease.append(entries)
+
+        return Lease()
+
+
+async def test_a_commit_whose_append_is_cut_short_is_never_shown_and_the_document_goes_back() -> None:
+    # The tool commits; its append outlasts the deadline and its grace, so the turn stops with the append's
+    # outcome unknown. Nothing the journal may not hold was ever published, and the live document is the one
+    # the journal confirmed: what a reopened session shows too.
+    @function_tool(effect="mutate")
+    def write(ctx: ToolExecutionContext[str]) -> ToolOutcome[str]:
+        """Write hello."""
+        return ToolOutcome.success("written", document="hello\n")
+
+    store = _SlowCommits(delay_s=5.0)
+    steps = [ScriptStep(tool_calls=(ScriptedCall(id="c1", name="write"),)), ScriptStep(text="Done.")]
+    shown: list[str] = []
+    async with ScriptedProvider(steps) as provider:
+        session = await Session.open(
+            store, "s", kind=NOTE, provider=provider, document="", model="m", tools=[write],
+            limits=TurnLimits(turn_deadline_ms=1000),
+        )  # fmt: skip
+        async with session, trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async with aclosing(session.states()) as states:
+                    async for state in states:
+                        call = state.call("c1")
+                        if call is not None and call.status is CallStatus.SUCCEEDED:
+                            shown.append(session.document)
+
+            async def approve() -> None:
+                async with aclosing(session.states()) as states:
+                    async for state in states:
+                        call = state.call("c1")
+                        if call is not None and call.status is CallStatus.PENDING:
+                            session.approve("c1")
+                            return
+
+            nursery.start_soon(watch)
+            nursery.start_soon(approve)
+            with trio.fail_after(4), pytest.raises(SessionJournalError, match="was written is unknown"):
+                await session.send("write")
+            nursery.cancel_scope.cancel()
+        assert shown == [] and session.document == ""
+    reopened = await Session.open(store, "s", kind=NOTE, provider=ScriptedProvider([]), tools=[write])
+    assert reopened.document == session.document
+    await reopened.aclose()

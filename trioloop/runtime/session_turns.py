@@ -146,7 +146,8 @@ class TurnSlot(Generic[D]):
                 self.pending = TurnControls()
                 publisher.tell_suspended(final)
             self.ended.set()
-        session._publish(state)
+        if journal is None or journal.turns.error is None:  # a failed journal: the last durable state stands
+            session._publish(state)
         if journal is not None:
             if state.is_settled and journal.turns.writer.snapshot_due:
                 journal.turns.writer.snapshot(session.snapshot())  # compaction: reopening replays from here

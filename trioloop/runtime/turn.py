@@ -69,6 +69,9 @@ class Turn(Generic[D]):
         self.person = PersonWaits(self)
         self.requests = ProviderRequests(self)
         self.tools = ToolCalls(self, tool_nursery)
+        # The document and undo history as the journal last confirmed them: put back if an append fails, so
+        # the live session never holds (or shows) a commit its journal may not have.
+        self.durable = (workspace.document, workspace.undo)
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -82,7 +85,9 @@ class Turn(Generic[D]):
             if (old.phase is Phase.AWAITING_APPROVAL) is not (new.phase is Phase.AWAITING_APPROVAL):
                 self.person.check()
             if self.on_state is not None:
-                if journal is not None and (journal.writer.commit_pending or new.phase is Phase.AWAITING_APPROVAL):
+                if journal is not None and journal.error is not None:
+                    pass  # the journal failed: nothing it may not hold is shown (the session raises, reopen it)
+                elif journal is not None and (journal.writer.commit_pending or new.phase is Phase.AWAITING_APPROVAL):
                     # Published by `sync`, once durable: a commit, and the cards a person is about to see.
                     self.unpublished = True
                 elif self.holding:
@@ -100,8 +105,15 @@ class Turn(Generic[D]):
             return
         # Bounded by the turn's deadline (a settle after it gets a short grace to record how it ended) and by Stop.
         wait_until = max(self.clock.scope_deadline, trio.current_time()) + JOURNAL_GRACE_S
-        if journal.writer.has_ready and not await journal.flush(wait_until, self.controls._tool_scopes):
-            self.controls.stop()
+        if journal.writer.has_ready:
+            if not await journal.flush(wait_until, self.controls._tool_scopes):
+                self.controls.stop()
+                # What the failed append held is unknown to the journal: the live document goes back to what it
+                # confirmed, and the state that held it back is never published (reopening reads the truth).
+                self.workspace.document, self.workspace.undo = self.durable
+                self.unpublished = False
+                return
+            self.durable = (self.workspace.document, self.workspace.undo)
         if self.unpublished:
             self.unpublished = False
             if self.on_state is not None:

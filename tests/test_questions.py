@@ -356,3 +356,41 @@ def test_a_cleaned_question_field_shows_nothing_invisible(value: str) -> None:
     assert not any(is_stripped_code_point(c, True) for c in field.default)
     option = QuestionField(name="c", kind="choice", options=((value or "v", "V"),))
     assert not any(is_stripped_code_point(c, False) for c in option.options[0][0])
+
+
+async def test_a_late_click_on_a_card_that_is_gone_is_refused() -> None:
+    # Decisions are for open cards: one for a call of an earlier turn (or none at all) says False while a turn
+    # runs, instead of being queued and dropped unseen.
+    steps = [ScriptStep(tool_calls=(ScriptedCall(id="c1", name="note_it"),)), ScriptStep(text="Done.")] * 2
+
+    @function_tool(effect="mutate")
+    def note_it(ctx: ToolExecutionContext[str]) -> ToolOutcome[str]:
+        """Note it."""
+        return ToolOutcome.success("noted", document=ctx.document + "x")
+
+    async with ScriptedProvider(steps) as provider:
+        session = Session(document="", kind=NOTE, provider=provider, model="m", tools=[note_it])
+        async with session, trio.open_nursery() as nursery:
+
+            async def review() -> str:
+                with trio.fail_after(10):
+                    async with aclosing(session.states()) as states:
+                        async for state in states:
+                            pending = [c.id for c in state.current_calls if c.status.value == "pending"]
+                            if pending:
+                                return pending[0]
+                raise AssertionError("unreachable")
+
+            nursery.start_soon(session.send, "one")
+            first = await review()
+            assert not session.approve("no-such-call") and not session.deny("no-such-call")
+            assert session.approve(first)
+            with trio.fail_after(10):
+                while session.busy:  # noqa: ASYNC110 -- the turn settles in its own task
+                    await trio.sleep(0.01)
+            nursery.start_soon(session.send, "two")
+            second = await review()
+            if second != first:
+                assert not session.approve(first)  # the earlier turn's card is gone
+            assert not session.approve_batch([second, "no-such-call"])
+            assert session.deny(second, "not now")

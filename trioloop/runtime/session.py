@@ -310,18 +310,19 @@ class Session(Generic[D]):
     def approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> bool:
         """Approve one call of the current turn's review (or of a suspended turn's: it applies when the turn
         continues); ``edited_input`` approves the person's edit of the input instead. False when no turn
-        can take it."""
-        controls = self._turns.deciding()
+        can take it, or the call has no card open (a late click on a card that is gone)."""
+        controls = self._turns.deciding_on((call_id,))
         return controls is not None and controls.approve(call_id, edited_input)
 
     def approve_batch(self, call_ids: Iterable[str]) -> bool:
         """Approve the listed calls together (destructive ones are never included)."""
-        controls = self._turns.deciding()
-        return controls is not None and controls.approve_batch(tuple(call_ids))
+        ids = tuple(call_ids)
+        controls = self._turns.deciding_on(ids)
+        return controls is not None and controls.approve_batch(ids)
 
     def deny(self, call_id: str, reason: str = "") -> bool:
         """Decline one call; ``reason`` reaches the model as the person's words."""
-        controls = self._turns.deciding()
+        controls = self._turns.deciding_on((call_id,))
         return controls is not None and controls.deny(call_id, reason)
 
     def stop(self) -> bool:

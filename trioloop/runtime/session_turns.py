@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import trio
 
+from trioloop.machine.calls import CallStatus
 from trioloop.machine.state import Phase, TurnState
 from trioloop.runtime.controls import TurnControls
 from trioloop.runtime.journaling import ResumePoint
@@ -48,6 +49,19 @@ class TurnSlot(Generic[D]):
     def deciding(self) -> TurnControls | None:
         """Where a decision goes: the running turn, or the suspended one (taken when it continues)."""
         return self.controls if self.controls is not None else self.pending
+
+    def deciding_on(self, call_ids: tuple[str, ...]) -> TurnControls | None:
+        """Where a decision on ``call_ids`` goes, or None when one of them has no card open (a late click on a
+        card that is gone, another turn's call): such a decision is refused (False), not queued to be dropped."""
+        controls = self.deciding()
+        state = self.resume.state if self.controls is None and self.resume is not None else self.session.state
+        if controls is None or state is None or not call_ids:
+            return None
+        for call_id in call_ids:
+            call = state.call(call_id)
+            if call is None or call.status is not CallStatus.PENDING:
+                return None
+        return controls
 
     async def send(self, text: str) -> TurnState:
         if self.controls is not None:

@@ -89,10 +89,10 @@ class LeaseSql:
         ttl_s: float,
         hold: Callable[[int], bool],
         unhold: Callable[[int], None],
-        holder_gone: Callable[[int], bool],
     ) -> int | None:
         """Take the lease (in a worker thread): its epoch, or None while a live holder has it. ``hold(e)`` takes
-        epoch ``e``'s process lock (False if taken); ``holder_gone(e)`` says whether epoch ``e``'s lock is free."""
+        epoch ``e``'s process lock (False if taken), ``unhold(e)`` gives it back; a lock that can be taken is a
+        holder that is gone."""
         p, now = self.p, self.now
         for _ in range(3):  # another process moved the row between our read and our write: read it again
             row = connection.execute(
@@ -107,8 +107,10 @@ class LeaseSql:
                 params: tuple[Any, ...] = (session_id, ttl_s, holder_name())
             else:
                 current, remaining = int(row[0]), float(row[1])
-                if remaining > 0 and not holder_gone(current):
-                    return None
+                if remaining > 0:
+                    if not hold(current):
+                        return None  # its holder is alive (maybe frozen) and its time has not run out
+                    unhold(current)
                 epoch = current + 1
                 sql = (
                     f"UPDATE trioloop_lease SET epoch = {p}, expires_at = {now} + {p}, holder = {p} "

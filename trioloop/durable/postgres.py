@@ -252,14 +252,8 @@ def _claim(connection: psycopg.Connection[tuple[Any, ...]], session_id: str, ttl
     def unhold(epoch: int) -> None:
         connection.execute("SELECT pg_advisory_unlock(%s)", (_epoch_key(session_id, epoch),))
 
-    def holder_gone(epoch: int) -> bool:
-        if not hold(epoch):
-            return False
-        unhold(epoch)
-        return True
-
     try:
-        return _LEASES.claim(connection, session_id, ttl_s, hold, unhold, holder_gone)
+        return _LEASES.claim(connection, session_id, ttl_s, hold, unhold)
     except psycopg.errors.LockNotAvailable:
         return None
 

@@ -274,14 +274,8 @@ class SQLiteJournalStore(SqlJournals):
         def unhold(epoch: int) -> None:
             _unlock(keys.pop(epoch), _lock_offset(session_id, epoch))
 
-        def holder_gone(epoch: int) -> bool:
-            if not hold(epoch):
-                return False
-            unhold(epoch)
-            return True
-
         try:
-            epoch = _LEASES.claim(connection, session_id, self.lease_ttl_s, hold, unhold, holder_gone)
+            epoch = _LEASES.claim(connection, session_id, self.lease_ttl_s, hold, unhold)
         except BaseException as exc:
             for held in list(keys):
                 unhold(held)

@@ -37,6 +37,7 @@ from trioloop.durable.store import JournalStoreError
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
     "LEASE_SCHEMA",
+    "ExpiringLease",
     "LeaseClock",
     "LeaseLost",
     "LeaseSql",
@@ -181,3 +182,33 @@ class LeaseClock:
             raise LeaseLost(
                 f"the lease on session {session_id!r} (epoch {epoch}) may have run out: not renewed in time"
             )
+
+
+class ExpiringLease:
+    """What the SQL stores' leases share: the fencing epoch, the holder's clock, and what a renewal's answer means.
+    A lease sets ``_session_id``, ``_epoch`` and ``clock`` and renews through its own connection."""
+
+    _session_id: str
+    _epoch: int
+    clock: LeaseClock
+
+    @property
+    def epoch(self) -> int:
+        """The fencing epoch: larger than every earlier lease's on this session."""
+        return self._epoch
+
+    @property
+    def renew_every_s(self) -> float:
+        """How often the holder renews the lease: three times per time to live."""
+        return self.clock.ttl_s / 3
+
+    def check_held(self) -> None:
+        """`LeaseLost` once the lease may have run out (no I/O)."""
+        self.clock.check(self._session_id, self._epoch)
+
+    def _renewed(self, asked_at: float, renewed: bool) -> None:
+        """A renewal asked at ``asked_at`` came back: the clock moves on, or `LeaseLost`."""
+        if not renewed:
+            self.clock.lost()
+            raise LeaseLost(f"the lease on session {self._session_id!r} (epoch {self._epoch}) was lost")
+        self.clock.granted(asked_at)

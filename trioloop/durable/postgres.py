@@ -30,7 +30,14 @@ import trio
 
 from trioloop.durable._sql import SqlJournals, entries_query, stored_entries
 from trioloop.durable._waiting import check_session_id, wait_for_lease
-from trioloop.durable.leases import DEFAULT_LEASE_TTL_S, LEASE_SCHEMA, LeaseClock, LeaseLost, LeaseSql, check_ttl
+from trioloop.durable.leases import (
+    DEFAULT_LEASE_TTL_S,
+    LEASE_SCHEMA,
+    ExpiringLease,
+    LeaseClock,
+    LeaseSql,
+    check_ttl,
+)
 from trioloop.durable.store import (
     JournalConflict,
     JournalLease,
@@ -259,7 +266,7 @@ def _claim(connection: psycopg.Connection[tuple[Any, ...]], session_id: str, ttl
 
 
 @final
-class _PostgresLease:
+class _PostgresLease(ExpiringLease):
     def __init__(
         self, store: PostgresJournalStore, session_id: str, connection: psycopg.Connection[tuple[Any, ...]], epoch: int
     ) -> None:
@@ -276,30 +283,13 @@ class _PostgresLease:
     def session_id(self) -> str:
         return self._session_id
 
-    @property
-    def epoch(self) -> int:
-        """The fencing epoch: larger than every earlier lease's on this session."""
-        return self._epoch
-
-    @property
-    def renew_every_s(self) -> float:
-        """How often the holder renews the lease: three times per time to live."""
-        return self._store.lease_ttl_s / 3
-
-    def check_held(self) -> None:
-        """`LeaseLost` once the lease may have run out (no I/O)."""
-        self.clock.check(self._session_id, self._epoch)
-
     async def renew(self) -> None:
         """Push the lease's end on by its time to live; `LeaseLost` if it is no longer this holder's."""
         asked_at = trio.current_time()
         renewed = await self._run(
             "renewing the lease on", lambda c: _LEASES.renew(c, self._session_id, self._epoch, self._store.lease_ttl_s)
         )
-        if not renewed:
-            self.clock.lost()
-            raise LeaseLost(f"the lease on session {self._session_id!r} (epoch {self._epoch}) was lost")
-        self.clock.granted(asked_at)
+        self._renewed(asked_at, renewed)
 
     async def _run(self, what: str, work: Callable[[psycopg.Connection[tuple[Any, ...]]], _T]) -> _T:
         if self._released:

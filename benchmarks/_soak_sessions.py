@@ -359,7 +359,9 @@ async def _open(
 def _emit_leg(ctx: SoakContext, sid: str, store: str, leg: Leg, error: str | None = None) -> None:
     state = leg.state
     outcome = error or ("suspended" if leg.suspended else (_outcome(state) if state is not None else "unsettled"))
-    settle = leg.settled_at
+    # A leg whose journal failed never shows its settled state (nothing the journal may not hold is published): it
+    # ends when ``send`` raises, which is what the person sees, and it is held to the same bound.
+    settle = leg.settled_at if leg.settled_at is not None or error is None else leg.returned_at
     machine = None if settle is None else leg.machine(settle)
     # From the moment the runner's deadline fell due (its own account) to the settle: how much of it the session's
     # journal writes covered (the runner awaits a write it has begun before it goes on).

@@ -199,18 +199,25 @@ class SlowSteps(trio.abc.Instrument):
     def __init__(self, keep: int = 8) -> None:
         self.keep = keep
         self.started = 0.0
+        self.started_cpu = 0.0
         self.longest: list[tuple[float, str]] = []
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self.started = time.perf_counter()
+        self.started_cpu = time.thread_time()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         if not self.started:
             return  # installed in the middle of this step
         took = time.perf_counter() - self.started
         if len(self.longest) < self.keep or took > self.longest[-1][0]:
-            frames = [f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{line}" for f, line in task.iter_await_frames()]
-            self.longest.append((took, f"{task.name} @ {' > '.join(frames[-3:])}"))
+            cpu = time.thread_time() - self.started_cpu
+            frames = [(f.f_code.co_filename, f.f_code.co_name, line) for f, line in task.iter_await_frames()]
+            # Where the step ended: the innermost frames of ours (trioloop's or the soak's), then the last one.
+            ours = [f"{name}:{line}" for file, name, line in frames if "/trioloop/" in file or "/benchmarks/" in file]
+            last = frames[-1][0].rsplit("/", 1)[-1] + f":{frames[-1][2]}" if frames else "?"
+            where = " > ".join([*ours[-4:], last])
+            self.longest.append((took, f"{task.name} ({cpu * 1e3:.1f} ms CPU) @ {where}"))
             self.longest.sort(reverse=True)
             del self.longest[self.keep :]
 

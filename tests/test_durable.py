@@ -471,3 +471,33 @@ async def test_undo_steps_back_several_turns_and_redo_takes_them_back_through_th
     assert reopened.redo_last_undo() == "turn-2" and reopened.redo_last_undo() == "turn-3"
     assert reopened.document == "one\ntwo\nthree\n" and reopened.redo_last_undo() is None
     await reopened.aclose()
+
+
+async def test_a_long_journal_is_verified_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Decoding and verifying a long journal is CPU work (about 0.2 ms per KiB): on the loop it would hold every
+    # other session's task, and their deadlines, for as long. It runs in a worker thread; a short one does not.
+    import threading
+
+    from trioloop.durable import journal as journal_module
+    from trioloop.runtime import session_journal
+
+    threads: list[bool] = []
+    verify = journal_module.verify_journal
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return verify(*args, **kwargs)
+
+    monkeypatch.setattr(session_journal, "verify_journal", spy)
+    store = MemoryJournalStore()
+    async with ScriptedProvider([ScriptStep(text="Hi.")]) as provider:
+        async with await open_note(store, provider) as session:
+            await session.send("hi")
+        async with await open_note(store, provider, tools=TOOLS):
+            pass  # a short journal: on the loop
+        long = "x" * session_journal.VERIFY_IN_THREAD_BYTES
+        async with ScriptedProvider([ScriptStep(text="Long.")]) as again, await open_note(store, again) as session:
+            await session.send(long)
+        async with await open_note(store, provider) as reopened:
+            assert reopened.history[-2].content[0].text == long  # type: ignore[union-attr]
+    assert threads == [True, True, False]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from typing import Any
@@ -30,6 +31,7 @@ from trioloop import (
     function_tool,
 )
 from trioloop.durable.postgres import PostgresJournalStore
+from trioloop.durable.sqlite import SQLiteJournalStore
 from trioloop.durable.store import JournalStoreError, StoredEntry
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 
@@ -104,7 +106,35 @@ async def test_stop_ends_a_turn_whose_append_meets_a_stalled_server(request: pyt
 
 async def test_the_deadline_ends_a_turn_whose_append_meets_a_stalled_server(request: pytest.FixtureRequest) -> None:
     took, _ = await _stalled_turn(request.getfixturevalue("postgres_url"), stop=False)
-    assert took < 1.5 + 1.0 + 1.0  # the deadline and the journal's grace, not the store's 60 s bound
+    assert took < 1.5 + 0.5  # the deadline itself, not a grace after it nor the store's 60 s bound
+
+
+async def test_the_deadline_ends_a_turn_whose_sqlite_append_waits_for_another_writer(tmp_path: Any) -> None:
+    # Another connection holds the database's write lock: the append waits in the store's worker thread for
+    # SQLite's busy timeout (5 s). The turn does not: at its deadline it leaves the thread behind, stops, says
+    # so, and the session refuses to go on; the store still serves a reopening once the lock is let go.
+    path = tmp_path / "journal.db"
+    store = SQLiteJournalStore(path)
+    async with ScriptedProvider([ScriptStep(text="Hi.")]) as provider:
+        session = await Session.open(
+            store, "s", kind=NOTE, provider=provider, document="", model="m", limits=TurnLimits(turn_deadline_ms=1000)
+        )
+        async with session:
+            other = sqlite3.connect(path, isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")
+            try:
+                began = trio.current_time()
+                with trio.fail_after(10), pytest.raises(SessionJournalError, match="was written is unknown"):
+                    await session.send("hello")
+                took = trio.current_time() - began
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
+    assert took < 1.0 + 0.5  # the deadline, not SQLite's 5 s busy timeout
+    reopened = await Session.open(store, "s", kind=NOTE, provider=ScriptedProvider([]))
+    async with reopened:
+        assert reopened.document == ""
+    await store.close()
 
 
 class _SlowCommits:

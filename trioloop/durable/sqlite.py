@@ -212,11 +212,17 @@ class SQLiteJournalStore(SqlJournals):
     async def _query(self, what: str, work: Callable[[Any], _T]) -> _T:
         return await self._run(what, work)
 
-    async def _run(self, what: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
+    async def _run(self, what: str, work: Callable[[sqlite3.Connection], _T], *, abandon: bool = False) -> _T:
+        """``work`` on the store's one worker thread. ``abandon``: a cancelled caller goes on at once and the work
+        finishes on its own (the thread is held until then, so the next work still waits for it); only for work
+        whose outcome the caller may lose (an append cut short by Stop or a deadline fails the journal), never
+        for a claim or a release, whose locks must be known."""
         if self._closed:
             await trio.lowlevel.checkpoint()
             raise JournalStoreError(f"the SQLite journal store {self._path} is closed")
-        return await trio.to_thread.run_sync(self._in_thread, what, work, limiter=self._limiter)
+        return await trio.to_thread.run_sync(
+            self._in_thread, what, work, limiter=self._limiter, abandon_on_cancel=abandon
+        )
 
     def _in_thread(self, what: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
         if self._closed:
@@ -332,6 +338,7 @@ class _SQLiteLease(ExpiringLease):
         renewed = await self._store._run(
             f"renewing the lease on session {self._session_id!r}",
             lambda c: _LEASES.renew(c, self._session_id, self._epoch, self._store.lease_ttl_s),
+            abandon=True,
         )
         self._renewed(asked_at, renewed)
 
@@ -346,7 +353,7 @@ class _SQLiteLease(ExpiringLease):
             self._held()
             return connection.execute(entries_query("?"), (self._session_id, after)).fetchall()
 
-        return stored_entries(await self._store._run(f"reading session {self._session_id!r}", read))
+        return stored_entries(await self._store._run(f"reading session {self._session_id!r}", read, abandon=True))
 
     async def last_seq(self) -> int:
         self._held()
@@ -355,7 +362,7 @@ class _SQLiteLease(ExpiringLease):
             self._held()
             return _last_seq(connection, self._session_id)
 
-        return await self._store._run(f"reading session {self._session_id!r}", read)
+        return await self._store._run(f"reading session {self._session_id!r}", read, abandon=True)
 
     async def append(self, entries: Sequence[StoredEntry]) -> None:
         self._held()
@@ -378,7 +385,7 @@ class _SQLiteLease(ExpiringLease):
                         connection.execute("ROLLBACK")
                 raise
 
-        await self._store._run(f"appending to session {self._session_id!r}", write)
+        await self._store._run(f"appending to session {self._session_id!r}", write, abandon=True)
 
     async def discard_before(self, seq: int) -> None:
         self._held()
@@ -391,7 +398,7 @@ class _SQLiteLease(ExpiringLease):
                 (self._session_id, seq, self._session_id),
             )
 
-        await self._store._run(f"compacting session {self._session_id!r}", delete)
+        await self._store._run(f"compacting session {self._session_id!r}", delete, abandon=True)
 
     async def release(self) -> None:
         if not self._released:

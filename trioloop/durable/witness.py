@@ -119,7 +119,9 @@ class FileWitness:
 
     async def witness(self, head: WitnessedHead) -> None:
         """Replace the journal's file with ``head`` when it is newer than the one there."""
-        await trio.to_thread.run_sync(self._write, head)
+        # Abandoned when cancelled (a turn's append cut short by Stop or its deadline): the write finishes on its
+        # own, and a head never replaces a newer one.
+        await trio.to_thread.run_sync(self._write, head, abandon_on_cancel=True)
 
     def __repr__(self) -> str:
         return f"FileWitness({str(self.folder)!r})"

@@ -230,10 +230,8 @@ async def open_session(
             session = cls(document=document, model=model, source=source, **options)
             await _start(session, lease, compact, session_id, key, heads)
             return session
-        entries = decode_entries(stored)
         verifying = None if key is None else key.keys if keys is None else key.keys | keys
-        integrity = verify_journal(entries, session_id=session_id, keys=verifying)
-        journal_id = journal_id_of(entries, session_id)
+        entries, integrity, journal_id = await _verified(stored, session_id, verifying)
         if heads is not None:
             check_witnessed(entries, await heads.last_head(journal_id))
         missing = tools_used(entries) - set(registry.names)
@@ -372,6 +370,27 @@ async def _resolve(signer: Signer, keys: JournalKeys | None) -> JournalSigner | 
     if not isinstance(signer, JournalSigner):
         raise TypeError(f"signer= is a JournalSigner, None (unsigned) or {DEFAULT_SIGNER!r}, not {signer!r}")
     return signer
+
+
+#: A journal this long (its entries' bytes) is decoded and verified in a worker thread: the work is CPU (about
+#: 0.2 ms per KiB), and on the event loop it would hold every other task (and their deadlines) meanwhile.
+VERIFY_IN_THREAD_BYTES: Final = 32 * 1024
+
+
+async def _verified(
+    stored: Sequence[StoredEntry], session_id: str, keys: JournalKeys | None
+) -> tuple[list[JournalEntry], JournalIntegrity, str]:
+    """The stored entries decoded and verified, what verifying proved, and the journal's id."""
+
+    def verify() -> tuple[list[JournalEntry], JournalIntegrity, str]:
+        entries = decode_entries(stored)
+        integrity = verify_journal(entries, session_id=session_id, keys=keys)
+        return entries, integrity, journal_id_of(entries, session_id)
+
+    if sum(len(entry.data) for entry in stored) < VERIFY_IN_THREAD_BYTES:
+        await trio.lowlevel.checkpoint()
+        return verify()
+    return await trio.to_thread.run_sync(verify)
 
 
 def _witness(witness: Witness, key: JournalSigner | None, store: JournalStore) -> HeadWitness | None:

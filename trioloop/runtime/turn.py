@@ -31,8 +31,10 @@ from trioloop.runtime.tool_calls import ToolCalls
 if TYPE_CHECKING:
     from trioloop.runtime.runner import StateObserver, TurnRequest, Workspace
 
-#: How long past the turn's deadline an append may still take (the entries saying how the turn ended).
-JOURNAL_GRACE_S = 1.0
+#: How long after the turn settled (Stop, its deadline, a review timeout) the entries saying how it ended may still
+#: take to append. A settled state that holds no new commit is published before that append, so this delays only
+#: ``run_turn``'s return; every other wait on the journal ends at the turn's deadline or Stop.
+JOURNAL_GRACE_S = 0.25
 
 __all__ = ["Turn"]
 
@@ -103,8 +105,12 @@ class Turn(Generic[D]):
         journal = self.journal
         if journal is None:
             return
-        # Bounded by the turn's deadline (a settle after it gets a short grace to record how it ended) and by Stop.
-        wait_until = max(self.clock.scope_deadline, trio.current_time()) + JOURNAL_GRACE_S
+        # Bounded by Stop and by the turn's deadline (which stands still while the turn waits for the person); once
+        # the turn is settling, by what is left of its deadline or a short grace, whichever is longer. An append cut
+        # short fails the journal (the turn stops and says so).
+        wait_until = self.clock.scope_deadline
+        if self.controls._closed and not self.clock.waiting:
+            wait_until = max(wait_until, trio.current_time() + JOURNAL_GRACE_S)
         if journal.writer.has_ready:
             if not await journal.flush(wait_until, self.controls._tool_scopes):
                 self.controls.stop()

@@ -4,7 +4,8 @@ Trio runs as a guest of the Qt event loop; the scripted model is served over a r
 connection, so the panel exercises the same code a real provider goes through. Needs the extra,
 ``pip install 'trioloop[qt]'``, and on Linux the system libraries Qt links to (docs/howto/qt.md lists
 the Debian packages; a missing one is named at start). Run
-``python examples/qt_review.py [FILE.thf]``: press Send, review the cards, then try Stop, Undo and Redo.
+``python examples/qt_review.py [FILE.thf]``: press Send, review the cards (click, or Alt+A to approve the
+marked card, Alt+D to type a reason and deny it, Alt+N to skip), then try Stop, Undo and Redo.
 Open starts a new session on another file; Save writes the document back into the file it came from,
 keeping its comments and layout. The bundled payment.thf is never overwritten: its first Save asks where.
 """

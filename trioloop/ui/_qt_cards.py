@@ -1,11 +1,12 @@
 """One review card per tool call, and the plain-text label every piece of untrusted text goes through.
 
 A card shows what the model asked for (tool name, the tool's own plain-text summary, a destructive
-badge), the call's whole input and its dry-run preview, and what became of it: a progress bar while it
+badge), the call's input and its dry-run preview, and what became of it: a progress bar while it
 runs, the reason given when it was declined. A mutation's card opens with everything visible, since
-that is what a person approves; a read's card is one line that expands on a click. A card decides
+that is what a person approves (fields the call leaves unset, null, fold into one "N fields unset" line
+that one click unfolds); a read's card is one line that expands on a click. A card decides
 nothing: its buttons only report clicks (with a reason to deny, or an edited input to approve), and the
-panel turns them into session commands.
+panel turns them into session commands. Typing on a card that waits for review goes into its deny reason.
 Every string that came from the model, a tool or the document is shown with ``Qt.PlainText``, so
 markup in it is displayed, never interpreted.
 """
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Final, final
 
 from PySide6.QtCore import QElapsedTimer, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QPainter, QPaintEvent
+from PySide6.QtGui import QKeyEvent, QPainter, QPaintEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -39,6 +40,11 @@ __all__ = ["CallCard", "call_status_text", "plain_label", "shown_reason"]
 
 #: Longest piece of a call's result shown on its card; the whole text went to the model.
 RESULT_PREVIEW_CHARS: Final = 300
+#: How a card's input line writes a field left unset (null); a string "null" is shown quoted.
+_UNSET: Final = "null"
+_TYPING_MODIFIERS: Final = (
+    Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.AltModifier | Qt.KeyboardModifier.MetaModifier
+)
 
 
 def plain_label(text: str = "", *, object_name: str = "", wrap: bool = False) -> QLabel:
@@ -142,9 +148,14 @@ def _json_escape(char: str) -> str:
 class CallCard(QFrame):
     """The review card of one tool call.
 
-    A mutation's card opens expanded (its whole input and preview shown); a read's card is one line
-    (``compact``) until its Details toggle is opened. While the call runs, ``progress_bar`` (an
+    A mutation's card opens expanded (its input and preview shown); a read's card is one line
+    (``compact``) until its Details toggle is opened. Fields the call leaves unset (null) are folded into one
+    "N fields unset" line; ``all_fields_button`` shows every field. While the call runs, ``progress_bar`` (an
     indeterminate bar) shows and the status counts the seconds; once it settles both stop.
+
+    The card the panel's keyboard shortcuts act on is marked (``set_current``: a blue bar down its left
+    edge, a tinted background and the keys to press). Text typed while the card itself has keyboard
+    focus goes into its deny reason (`start_deny`), so nothing typed is dropped.
 
     ``approve_clicked`` carries the call id and, when the user changed the input in the card's editor,
     the edited input (a dict; None otherwise). ``deny_clicked`` carries the call id and the reason typed
@@ -158,6 +169,7 @@ class CallCard(QFrame):
         super().__init__(parent)
         self.setObjectName("callCard")
         self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)  # typing on a card fills in its deny reason
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)  # never squeezed: it scrolls
         self.call_id = call.id
         self._call = call
@@ -199,7 +211,7 @@ class CallCard(QFrame):
         self.reason_edit = QLineEdit()
         self.reason_edit.setObjectName("denyReason")
         self.reason_edit.setPlaceholderText("Reason to deny (optional)")
-        self.reason_edit.setToolTip("Why you deny this call: the model is told, in your words")
+        self.reason_edit.setToolTip("Why you deny this call (Enter denies): the model is told, in your words")
         self.reason_edit.setMaxLength(DENY_REASON_MAX)
         self.reason_edit.returnPressed.connect(self.deny_button.click)  # type a reason, Enter denies
         self._raw_input = raw_input
@@ -214,9 +226,11 @@ class CallCard(QFrame):
         self.edit_error = plain_label(object_name="editError", wrap=True)
         self.edit_error.setVisible(False)
         self.edit_button.toggled.connect(self.input_editor.setVisible)
+        self.keys_label = plain_label(object_name="cardKeys")
+        self.keys_label.setVisible(False)
         self.approve_button.clicked.connect(self._on_approve)
         self.deny_button.clicked.connect(self._on_deny)
-        for control in self._review_controls:
+        for control in (*self._review_controls, self.keys_label):
             # A decided card keeps the buttons' room, so nothing moves under the pointer after a click.
             policy = control.sizePolicy()
             policy.setRetainSizeWhenHidden(True)
@@ -230,9 +244,23 @@ class CallCard(QFrame):
         self.details_label = plain_label(object_name="callDetails", wrap=True)
         self.details_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.details_label.setVisible(False)
+        #: Below the input (and its Show all button): the edits made on the card and the dry-run preview.
+        self.changes_label = plain_label(object_name="callChanges", wrap=True)
+        self.changes_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.changes_label.setVisible(False)
         self.details_button.setChecked(not self.compact)  # what a mutation would do shows without a click
         self.details_button.toggled.connect(self._show_expanded)
+        self.all_fields_button = QToolButton()
+        self.all_fields_button.setObjectName("allFieldsButton")
+        self.all_fields_button.setCheckable(True)
+        self.all_fields_button.setAutoRaise(True)
+        self.all_fields_button.setVisible(False)
+        self.all_fields_button.toggled.connect(self._show_details)
+        self.focus_mark = QFrame()
+        self.focus_mark.setObjectName("focusMark")
+        self.focus_mark.setFixedWidth(4)
         self._preview_lines: tuple[str, ...] = ()
+        self._unset_fields = 0
 
         header = QHBoxLayout()
         header.addWidget(self.tool_label)
@@ -252,19 +280,27 @@ class CallCard(QFrame):
         if not self.compact:
             buttons.addWidget(self.details_button)
         buttons.addWidget(self.edit_button)
+        buttons.addWidget(self.keys_label)
         buttons.addStretch(1)
         buttons.addWidget(self.reason_edit, 2)
         buttons.addWidget(self.deny_button)
         buttons.addWidget(self.approve_button)
-        body = QVBoxLayout(self)
-        body.setContentsMargins(10, 8, 10, 8)
+        outer = QHBoxLayout(self)
+        outer.setContentsMargins(3, 4, 10, 4)  # the mark, then the content 10 px in as before
+        outer.setSpacing(3)
+        outer.addWidget(self.focus_mark)
+        body = QVBoxLayout()
+        body.setContentsMargins(0, 4, 0, 4)
         body.setSpacing(4)
+        outer.addLayout(body, 1)
         body.addLayout(header)
         if not self.compact:
             body.addWidget(self.summary_label)
         body.addWidget(self.result_label)
         body.addWidget(self.reason_label)
         body.addWidget(self.details_label)
+        body.addWidget(self.all_fields_button, 0, Qt.AlignmentFlag.AlignLeft)
+        body.addWidget(self.changes_label)
         body.addWidget(self.input_editor)
         body.addWidget(self.edit_error)
         body.addWidget(self.action_row)
@@ -273,6 +309,7 @@ class CallCard(QFrame):
         self.read_badge.setVisible(call.effect == "read")
         self.setProperty("destructive", call.destructive)
         self.setProperty("current", False)
+        self.focus_mark.setProperty("current", False)
         self.show_call(call, reviewable=False)
 
     @property
@@ -337,15 +374,45 @@ class CallCard(QFrame):
 
     @property
     def details_text(self) -> str:
-        """The card's details as plain text: every input line, the edits and the preview."""
-        return self.details_label.text()
+        """The card's details as plain text: the input (unset fields folded unless shown), the edits, the preview."""
+        return "\n".join(text for text in (self.details_label.text(), self.changes_label.text()) if text)
 
-    def set_current(self, current: bool) -> None:
-        """Mark this card as the one the keyboard shortcuts act on."""
-        if self.property("current") is not current:
-            self.setProperty("current", current)
-            self.style().unpolish(self)
-            self.style().polish(self)
+    @property
+    def is_current(self) -> bool:
+        """Whether the card is marked as the one the keyboard shortcuts act on."""
+        return bool(self.property("current"))
+
+    def set_current(self, current: bool, keys: str = "") -> None:
+        """Mark this card as the one the keyboard shortcuts act on (or no longer); ``keys`` says which
+        keys do what, shown on the card while it is current."""
+        self.keys_label.setText(keys)
+        self.keys_label.setVisible(current and bool(keys) and self._call.status is CallStatus.PENDING)
+        if self.is_current is not current:
+            for widget in (self, self.focus_mark):
+                widget.setProperty("current", current)
+                widget.style().unpolish(widget)
+                widget.style().polish(widget)
+
+    @property
+    def deny_started(self) -> bool:
+        """Whether a denial is under way on this card: a reason typed, or the reason field has keyboard focus."""
+        edit = self.reason_edit
+        return edit.isEnabled() and (bool(edit.text().strip()) or self.window().focusWidget() is edit)
+
+    def start_deny(self) -> None:
+        """Put keyboard focus in the deny-reason field, after what is typed there: type why, Enter denies."""
+        self.reason_edit.setFocus(Qt.FocusReason.OtherFocusReason)  # no select-all: nothing typed is replaced
+        self.reason_edit.end(False)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        """Text typed while the card itself has focus goes into its deny reason (when it can still be denied)."""
+        text = event.text()
+        typing = bool(text) and text.isprintable() and not event.modifiers() & _TYPING_MODIFIERS
+        if typing and self.reason_edit.isEnabled() and self.reason_edit.isVisible():
+            self.start_deny()
+            self.reason_edit.insert(text)
+            return
+        super().keyPressEvent(event)
 
     def _status_text(self) -> str:
         text = call_status_text(self._call)
@@ -383,26 +450,38 @@ class CallCard(QFrame):
     def _show_details(self) -> None:
         call = self._call
         lines = []
+        changes = []
         details = call.prepared.details if call.prepared is not None else ()
+        unset = sum(1 for _, value in details if value == _UNSET)
+        folded = bool(unset) and not self.all_fields_button.isChecked()
+        fields = "field" if unset == 1 else "fields"
         if details:
             lines.append("Input:")
-            lines.extend(f"  {path}: {value}" for path, value in details)
+            lines.extend(f"  {path}: {value}" for path, value in details if not folded or value != _UNSET)
+            if folded:
+                lines.append(f"  {unset} {fields} unset")
         if call.edits:
-            lines.append("You edited:")
-            lines.extend(
+            changes.append("You edited:")
+            changes.extend(
                 f"  {path}: {old if old is not None else '(absent)'} -> {new}" for path, old, new in call.edits
             )
         if self._preview_lines:
-            lines.append("Preview:")
-            lines.extend(f"  {line}" for line in self._preview_lines)
+            changes.append("Preview:")
+            changes.extend(f"  {line}" for line in self._preview_lines)
         self.details_label.setText("\n".join(lines))
-        self.details_button.setVisible(bool(lines))
+        self.changes_label.setText("\n".join(changes))
+        self.details_button.setVisible(bool(lines or changes))
+        shown_all = f"Hide the {unset} unset {fields}"
+        self.all_fields_button.setText(f"Show all {len(details)} fields" if folded else shown_all)
+        self._unset_fields = unset
         self._show_expanded()
 
     def _show_expanded(self) -> None:
         expanded = self.details_button.isChecked()
         self.details_button.setArrowType(Qt.ArrowType.DownArrow if expanded else Qt.ArrowType.RightArrow)
         self.details_label.setVisible(expanded and bool(self.details_label.text()))
+        self.all_fields_button.setVisible(expanded and self._unset_fields > 0)
+        self.changes_label.setVisible(expanded and bool(self.changes_label.text()))
 
     @property
     def _review_controls(self) -> tuple[QWidget, ...]:
@@ -422,8 +501,14 @@ class CallCard(QFrame):
         return None if edited == self._raw_input else edited
 
     def _decided(self) -> None:
+        focus = self.window().focusWidget()
+        if focus is not None and self.isAncestorOf(focus):
+            # Keep focus on the card, not wherever Qt would move it from a disabled control; the panel
+            # then hands it to the next card.
+            self.setFocus(Qt.FocusReason.OtherFocusReason)
         for control in self._review_controls:
             control.setEnabled(False)
+        self.keys_label.setVisible(False)
 
     def _on_approve(self) -> None:
         try:

@@ -26,7 +26,12 @@ __all__ = ["PanelLayout"]
 _STYLE: Final = """
 QFrame#callCard { background: #ffffff; border: 1px solid #c8d1da; border-radius: 6px; }
 QFrame#callCard[destructive="true"] { border: 1px solid #cf222e; }
-QFrame#callCard[current="true"] { border: 1px solid #0969da; background: #f6fbff; }
+QFrame#callCard[current="true"] { border: 1px solid #0969da; background: #eef6ff; }
+QFrame#callCard[current="true"][destructive="true"] { border: 1px solid #cf222e; }
+QFrame#focusMark { background: transparent; border: none; border-radius: 2px; }
+QFrame#focusMark[current="true"] { background: #0969da; }
+QLabel#cardKeys { color: #0969da; font-size: 11px; }
+QToolButton#allFieldsButton { color: #0969da; border: none; padding: 0px 2px; }
 QFrame#callCard[status="denied"], QFrame#callCard[status="undone"] { background: #f6f8fa; }
 QLabel#toolName { font-family: monospace; font-weight: bold; }
 QLabel#destructiveBadge { background: #cf222e; color: #ffffff; border-radius: 3px; padding: 1px 6px;

@@ -1,7 +1,8 @@
 """How the review panel shows a turn: each ``TurnState`` rendered into its widgets.
 
 `PanelView` shows the answer, a card per call and per open question, the previews, the document, the notice and
-the controls, and keeps the card the keyboard shortcuts act on; the Trio side and the actions are the panel's own
+the controls, and keeps the card the keyboard shortcuts act on in view, marked, and holding keyboard focus whenever
+focus would otherwise sit where typing goes nowhere; the Trio side and the actions are the panel's own
 (`trioloop.ui.qt`).
 """
 
@@ -11,7 +12,7 @@ import enum
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Final, final
 
-from PySide6.QtCore import QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QEvent, QPoint, Qt, Signal
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QWidget
 
@@ -29,6 +30,7 @@ __all__ = [
     "EARLIER_UNDONE_NOTICE",
     "REDONE_NOTICE",
     "UNDONE_NOTICE",
+    "UNDONE_PHASE_TEXT",
     "NoticeKind",
     "PanelView",
     "turn_notice",
@@ -57,6 +59,10 @@ _OUTCOME_TEXT: Final = {
     Outcome.BOUNDED: "Turn ended at a limit",
     Outcome.FAILED: "Turn failed",
 }
+#: The header's word for a settled turn whose changes Undo took back (Redo brings back its outcome's).
+UNDONE_PHASE_TEXT: Final = "Turn undone"
+#: Room left above (and below) a card scrolled into view, in pixels.
+_REVEAL_MARGIN: Final = 6
 
 UNDONE_NOTICE: Final = "Undo restored the document as it was before this turn; Redo applies its changes again."
 EARLIER_UNDONE_NOTICE: Final = (
@@ -123,6 +129,7 @@ class PanelView(PanelLayout):
         def turn_running(self) -> bool: ...
         @property
         def current_card(self) -> CallCard | None: ...
+        def _keys_hint(self) -> str: ...
         def _on_approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> None: ...
         def _on_deny(self, call_id: str, reason: str = "") -> None: ...
         def _on_answer(self, question_id: str, action: AnswerAction, values: dict[str, Any] | None) -> None: ...
@@ -146,7 +153,7 @@ class PanelView(PanelLayout):
         self._applied_state: TurnState | None = None  # this turn as it stood before Undo, for Redo
         self._busy_shown = False
 
-    # -- the card the keyboard shortcuts act on --------------------------------------------------
+    # -- the card the keyboard shortcuts act on ----------------------------------------------------
 
     def _next_card(self) -> None:
         """Make the next card still waiting for review current (wrapping around), and scroll to it."""
@@ -170,12 +177,53 @@ class PanelView(PanelLayout):
         self._current = call_id
         card = self.current_card
         if card is not None:
-            card.set_current(True)
-            self._scroll_to(card)
+            card.set_current(True, self._keys_hint())
+            self._reveal(card)
+        self._keep_focus()
 
-    def _scroll_to(self, card: QWidget) -> None:
-        # After the layout has placed the card: a new card is not positioned until the event loop runs.
-        QTimer.singleShot(0, lambda: self.card_area.ensureWidgetVisible(card) if card.isVisible() else None)
+    def _card_decided(self, call_id: str) -> None:
+        """A card's Approve or Deny was clicked (or pressed): the next card becomes current if it was."""
+        if call_id == self._current:
+            self._next_card()
+        self._keep_focus()
+
+    def _keep_focus(self) -> None:
+        """Keep keyboard focus where typing lands: a field that takes text keeps it; from anywhere else (a
+        button, a decided card, nowhere) it goes to the current card, whose typing fills its deny reason, or,
+        with no card to review, to the prompt."""
+        focus = self.window().focusWidget()
+        card = self.current_card
+        if focus is not None and focus.isVisible() and focus.isEnabled():
+            if focus is card or focus.testAttribute(Qt.WidgetAttribute.WA_InputMethodEnabled):
+                return
+            if card is None and not any(c is focus or c.isAncestorOf(focus) for c in self._cards.values()):
+                return  # a button, say, that no card's decision moved focus to
+        (card if card is not None else self.prompt_input).setFocus(Qt.FocusReason.OtherFocusReason)
+
+    def _in_view(self, card: QWidget) -> bool:
+        """Whether ``card`` is in the card list's view: all of it, or enough to fill half the view."""
+        if not card.isVisible():
+            return False
+        _settle_layout()
+        view = self.card_area.viewport()
+        top = card.mapTo(view, QPoint(0, 0)).y()
+        shown = min(top + card.height(), view.height()) - max(top, 0)
+        return shown > 0 and shown >= min(card.height(), view.height() // 2)
+
+    def _reveal(self, card: QWidget) -> None:
+        """Scroll the card list so ``card`` shows: all of it when it fits, else from its top."""
+        if not card.isVisible():
+            return
+        _settle_layout()  # a card added just now is placed only when its layout request is handled
+        bar = self.card_area.verticalScrollBar()
+        view = self.card_area.viewport().height()
+        margin = min(_REVEAL_MARGIN, view // 4)
+        top = card.mapTo(self._card_box, QPoint(0, 0)).y()
+        bottom = top + card.height()
+        if bottom - top + 2 * margin > view or top - margin < bar.value():
+            bar.setValue(top - margin)
+        elif bottom + margin > bar.value() + view:
+            bar.setValue(bottom + margin - view)
 
     # -- rendering -------------------------------------------------------------------------------
 
@@ -201,11 +249,12 @@ class PanelView(PanelLayout):
         self._turn_texts = {}
         self._history_notice = ""
         self._applied_state = None
+        self._current = None
+        self._keep_focus()  # off the last turn's cards, before they go
         for card in self._cards.values():
             self._card_layout.removeWidget(card)
             card.deleteLater()
         self._cards = {}
-        self._current = None
 
     def _show_answer(self, state: TurnState) -> None:
         if state.streaming_text:
@@ -244,11 +293,16 @@ class PanelView(PanelLayout):
                 added = added or card
             card.show_call(call, reviewable=reviewable)
         self._show_previews(force=added is not None)
-        if added is not None:
-            self._scroll_to(added)
         current = self.current_card
         if current is None or current.call.status is not CallStatus.PENDING:
-            self._next_card()
+            self._next_card()  # scrolls to the new current card
+        current = self.current_card
+        if added is not None:
+            # The card the keys act on stays in view as later cards arrive below it; with none, the first new one.
+            if current is None:
+                self._reveal(added)
+            elif not self._in_view(current):
+                self._reveal(current)
 
     def _show_questions(self) -> None:
         """A card for each question just opened (first in the list, scrolled to), none for one that closed."""
@@ -265,7 +319,7 @@ class PanelView(PanelLayout):
             self._card_layout.insertWidget(0, card)
             card.show()
             self._question_cards[question_id] = card
-            self._scroll_to(card)
+            self._reveal(card)
 
     def _show_previews(self, *, force: bool) -> None:
         """Each undecided or not yet finished card's preview, from the document as it stands now.
@@ -310,6 +364,8 @@ class PanelView(PanelLayout):
         if state is None:
             return _PHASE_TEXT[Phase.IDLE]
         if state.outcome is not None:
+            if any(call.status is CallStatus.UNDONE for call in state.calls):
+                return UNDONE_PHASE_TEXT  # the turn's outcome no longer describes the document
             return _OUTCOME_TEXT[state.outcome]
         if self._question_cards:
             return "A tool asks you a question…"
@@ -355,3 +411,8 @@ class PanelView(PanelLayout):
         if busy is not self._busy_shown:
             self._busy_shown = busy
             self.busy_changed.emit(busy)
+
+
+def _settle_layout() -> None:
+    """Handle pending layout requests now, so the cards' geometry is where they will be painted."""
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)

@@ -37,7 +37,7 @@ import trio
 from trioloop.ui.qt_libraries import QtUnavailable, qt_import_failure, require_qt_libraries
 
 try:
-    from PySide6.QtCore import Signal
+    from PySide6.QtCore import Qt, Signal
     from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
     from PySide6.QtWidgets import QApplication, QWidget
 except ImportError as exc:  # the extra, or a system library Qt links to: say what to install
@@ -74,7 +74,8 @@ __all__ = [
 
 _Action = Callable[[], object]
 
-#: The panel's keyboard shortcuts: approve / deny the current card, move to the next card, stop the turn.
+#: The panel's keyboard shortcuts: approve the current card, deny it (the first press opens its reason field,
+#: Enter or a second press denies), move to the next card, stop the turn (in a reason field: back to the card).
 SHORTCUTS: Final = {"approve": "Alt+A", "deny": "Alt+D", "next": "Alt+N", "stop": "Esc"}
 
 
@@ -101,6 +102,17 @@ class ReviewPanel(PanelView):
 
     Undo steps back one turn a click, as far as the session's undo history reaches (``undo_step``);
     Redo applies again what Undo took back, while nothing newer was committed (``redo_last_undo``).
+    The header and the notice describe the document as it is: after Undo of the shown turn they say
+    it was undone (not how it ended), after Redo how it ended again and that Redo applied it.
+
+    The keyboard works on the current card (``current_card``): the card list scrolls to it when it
+    becomes current and keeps it in view as later cards arrive, and it is marked (a blue bar, a tint,
+    the keys). Alt+A approves it; Alt+D puts focus in its deny-reason field (type why, then Enter or
+    Alt+D again denies; with a reason already typed, Alt+D denies at once); Alt+N moves to the next
+    card; Esc stops the turn, or from a reason field returns to the card. A key never decides a card out
+    of view: it scrolls the card into view instead. Keyboard focus never stays where typing is dropped
+    (a disabled button, a decided card): it moves to the current card, where typing goes into the
+    deny reason, or to the prompt when nothing waits for review.
     """
 
     state_changed = Signal(object)
@@ -127,8 +139,8 @@ class ReviewPanel(PanelView):
         }  # public, so an app can rebind them
         self.shortcuts["approve"].activated.connect(lambda: self._decide_current(approve=True))
         self.shortcuts["deny"].activated.connect(lambda: self._decide_current(approve=False))
-        self.shortcuts["next"].activated.connect(self._next_card)
-        self.shortcuts["stop"].activated.connect(self._on_stop)
+        self.shortcuts["next"].activated.connect(self._on_next)
+        self.shortcuts["stop"].activated.connect(self._on_escape)
         self._show_document()
         self._refresh_controls()
 
@@ -313,9 +325,11 @@ class ReviewPanel(PanelView):
 
     def _on_approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> None:
         self._post(lambda: self._session.approve(call_id, edited_input))
+        self._card_decided(call_id)
 
     def _on_deny(self, call_id: str, reason: str = "") -> None:
         self._post(lambda: self._session.deny(call_id, reason))
+        self._card_decided(call_id)
 
     def _on_answer(self, question_id: str, action: AnswerAction, values: dict[str, Any] | None) -> None:
         def answer() -> None:
@@ -332,8 +346,38 @@ class ReviewPanel(PanelView):
         card = self.current_card
         if card is None or not card.approve_button.isEnabled():
             return
-        (card.approve_button if approve else card.deny_button).click()
+        if not self._in_view(card):
+            self._reveal(card)  # a key never decides a card the person cannot see: it shows it first
+            return
+        if approve:
+            card.approve_button.click()
+        elif card.deny_started:
+            card.deny_button.click()
+        else:
+            card.start_deny()
+
+    def _on_next(self) -> None:
         self._next_card()
+        card = self.current_card
+        if card is not None:
+            if not self._in_view(card):
+                self._reveal(card)  # the only card left: Alt+N still brings it into view
+            card.setFocus(Qt.FocusReason.ShortcutFocusReason)
+
+    def _on_escape(self) -> None:
+        focus = self.window().focusWidget()
+        for card in self._cards.values():
+            if focus is card.reason_edit:
+                card.setFocus(Qt.FocusReason.ShortcutFocusReason)  # back out of the reason; what was typed stays
+                return
+        self._on_stop()
+
+    def _keys_hint(self) -> str:
+        keys = {
+            name: shortcut.key().toString(QKeySequence.SequenceFormat.NativeText)
+            for name, shortcut in self.shortcuts.items()
+        }
+        return f"{keys['approve']} approves · {keys['deny']} denies"
 
     def _on_approve_safe(self) -> None:
         # The batch is exactly the safe calls on screen at the click, never whatever is pending later.

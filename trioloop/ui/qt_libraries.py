@@ -36,13 +36,6 @@ __all__ = [
     "require_qt_libraries",
 ]
 
-#: What the Qt panel needs on any Debian or Ubuntu system (the libraries QtGui and QtWidgets link to).
-QT_PACKAGES: Final = ("libegl1", "libgl1", "libxkbcommon0", "libfontconfig1", "libdbus-1-3")
-#: What Qt's X11 platform plugin ("xcb") needs beyond a desktop's usual libraries (required since Qt 6.5).
-XCB_PACKAGES: Final = ("libxcb-cursor0",)
-INSTALL_COMMAND: Final = "apt-get install -y " + " ".join(QT_PACKAGES)
-XCB_INSTALL_COMMAND: Final = "apt-get install -y " + " ".join(XCB_PACKAGES)
-
 #: Library file -> Debian package, for every library the Qt 6 wheels link to that a slim system may lack.
 _PACKAGES: Final[Mapping[str, str]] = MappingProxyType(
     {
@@ -88,6 +81,13 @@ _XCB_LIBRARIES: Final = (
     "libxcb-shape.so.0",
     "libxcb-xkb.so.1",
 )
+
+#: The Debian packages of the libraries above: the one list the advice, the docs and the preflight share.
+#: ``QT_PACKAGES`` for any display (the "offscreen" platform included), ``XCB_PACKAGES`` as well for X11.
+QT_PACKAGES: Final = tuple(dict.fromkeys(_PACKAGES[library] for library in _QT_LIBRARIES))
+XCB_PACKAGES: Final = tuple(dict.fromkeys(_PACKAGES[library] for library in _XCB_LIBRARIES))
+INSTALL_COMMAND: Final = "apt-get install -y " + " ".join(QT_PACKAGES)
+XCB_INSTALL_COMMAND: Final = "apt-get install -y " + " ".join(XCB_PACKAGES)
 
 # "libEGL.so.1: cannot open shared object file", "libxkbcommon-x11.so.0 => not found" (ldd, QT_DEBUG_PLUGINS).
 _LIBRARY_FILE: Final = re.compile(r"\b(lib[A-Za-z0-9_+-]+(?:[.-][0-9]+)*\.so(?:\.[0-9]+)*)")

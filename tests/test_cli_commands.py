@@ -79,11 +79,13 @@ async def test_save_then_resume_a_session_file_continues_the_conversation(
 
     async with Counting([ScriptStep(text="Still here.")]) as provider:
         code = await chat_session(
-            thf, provider, "scripted-1", "safe", answers("/undo", "hello"), session_file=saved, journal=None
+            thf, provider, "scripted-1", "safe", answers("/undo", "hello", "/usage"), session_file=saved, journal=None
         )
     out = capsys.readouterr().out
     assert code == 0 and "Undid turn-1." in out  # the undo history came back with the session
     assert seen and seen[0] > 1  # the request carried the earlier conversation
+    # A session file keeps no token counts: /usage says from when it counts.
+    assert "(since work.session.json was resumed: a session file keeps no token counts)" in out
 
 
 async def test_a_broken_session_file_is_a_usage_error(thf: Path, tmp_path: Path) -> None:

@@ -49,8 +49,8 @@ def test_demo_approve_safe_runs_the_whole_script(tmp_path: Path) -> None:
     assert 'with id "comp-1"' in text
     # The identical destructive call was refused as a replay without asking.
     assert "already declined an identical action" in text
-    # The step limit ended the turn, keeping the approved changes; the diff shows them.
-    assert "Turn ended at a limit" in text
+    # The model's closing answer completed the turn; the diff shows the approved changes.
+    assert "Turn completed." in text and "at a limit" not in text
     assert "+    name: Key management service" in text
     assert "+    title: Card vault encryption keys exfiltrated" in text
     assert "Traceback" not in text + done.stderr
@@ -198,11 +198,13 @@ def test_edit_on_approve_at_the_terminal(
     monkeypatch.delenv("EDITOR", raising=False)  # no editor: a line of JSON, prefilled where readline allows
 
     edited = '{"id": "admin-console", "updates": {"description": "Back-office tool; SSO, MFA and IP allow-list."}}'
-    # toolu_03: a; toolu_04: edit (a bad JSON first, then an input the tool refuses, then a good one); deny 05.
-    answers = iter(["a", "e", "{nope", "e", '{"id": ""}', "edit", edited, "d", "", "d", "", "n"])
+    # toolu_03: a; toolu_04: edit (a bad JSON first, then an input the tool refuses, then a good one, shown as
+    # its card and approved with a), deny 05.
+    answers = iter(["a", "e", "{nope", "e", '{"id": ""}', "edit", edited, "a", "d", "", "d", "", "n"])
     assert run_demo(str(PAYMENT), "ask", str(tmp_path / "o.thf"), False, prompt=lambda _: next(answers)) == 0
     out = capsys.readouterr().out
     assert "Not JSON" in out and "The tool refused this input" in out
+    assert "review toolu_04 · update_element · edited (1 field(s) changed)" in out
     result = load_thf(tmp_path / "o.thf")
     admin = next(e for e in result.elements if e.id == "admin-console")
     assert admin.description == "Back-office tool; SSO, MFA and IP allow-list."
@@ -226,7 +228,7 @@ def test_edit_opens_the_editor_on_the_input_as_indented_json(
     )
     monkeypatch.delenv("VISUAL", raising=False)
     monkeypatch.setenv("EDITOR", f"{sys.executable} {script}")
-    answers = iter(["a", "e", "d", "", "d", "", "n"])  # toolu_03 approved, toolu_04 edited, the rest denied
+    answers = iter(["a", "e", "a", "d", "", "d", "", "n"])  # toolu_03 approved, toolu_04 edited, the rest denied
     assert run_demo(str(PAYMENT), "ask", str(tmp_path / "o.thf"), False, prompt=lambda _: next(answers)) == 0
     out = capsys.readouterr().out
     shown = seen.read_text(encoding="utf-8")
@@ -251,3 +253,25 @@ def test_ctrl_c_at_the_undo_prompt_still_writes_out(tmp_path: Path) -> None:
     assert run_demo(str(PAYMENT), "ask", str(out), False, prompt=prompt) == 130
     written = load_thf(out)  # the document as it stood at the Ctrl-C, with the turn's changes
     assert len(written.threats) > len(load_thf(PAYMENT).threats)
+
+
+def test_an_edit_can_be_denied_or_taken_back_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trioloop.cli.demo import run_demo
+
+    monkeypatch.delenv("VISUAL", raising=False)
+    monkeypatch.delenv("EDITOR", raising=False)
+    own = '{"id": "admin-console", "updates": {"description": "Back-office tool; SSO with MFA required."}}'
+    edited = '{"id": "admin-console", "updates": {"description": "Edited."}}'
+    # toolu_04: edit, then edit back to the model's own input (the card is the model's again: "all" is offered
+    # again), edit once more, and deny: the edit never runs, nor the call.
+    replies = ["a", "e", edited, "all", "e", own, "e", edited, "d", "No.", "d", "", "a", "n"]
+    answers = iter(replies)
+    assert run_demo(str(PAYMENT), "ask", str(tmp_path / "o.thf"), False, prompt=lambda _: next(answers)) == 0
+    out = capsys.readouterr().out
+    assert "Please answer one of: a approve the edit, e edit again, d deny, q stop, ?." in out  # no "all" on an edit
+    assert "That is the model's own input again: the card is as the model sent it." in out
+    assert "approved toolu_04" not in out
+    admin = next(e for e in load_thf(tmp_path / "o.thf").elements if e.id == "admin-console")
+    assert admin.description == next(e for e in load_thf(PAYMENT).elements if e.id == "admin-console").description

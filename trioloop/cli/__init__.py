@@ -5,6 +5,22 @@
 `review` reads the person's answers; `common` holds what chat and demo share.
 """
 
-from trioloop.cli.parser import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK, EXIT_TURN_FAILED, EXIT_USAGE, main
+from trioloop.cli.parser import (
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERRUPTED,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_TURN_FAILED,
+    EXIT_USAGE,
+    main,
+)
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_INVALID", "EXIT_OK", "EXIT_TURN_FAILED", "EXIT_USAGE", "main"]
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_INTERRUPTED",
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "EXIT_TURN_FAILED",
+    "EXIT_USAGE",
+    "main",
+]

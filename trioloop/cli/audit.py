@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from trioloop.cli.common import error
+from trioloop.cli.parser import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
     from trioloop.durable.signing import JournalKeys
@@ -19,15 +20,16 @@ __all__ = ["run_audit"]
 
 
 def run_audit(target: str, session: str | None, *, as_json: bool, public_keys: Sequence[str] = ()) -> int:
-    """``trioloop audit``: every session's trail (or one's), verified; exit 1 naming the first bad entry."""
+    """``trioloop audit``: every session's trail (or one's), verified; exit 1 naming the first bad entry, 2 when
+    there is nothing to audit (no journal at ``target``, no session ``session`` in it) or a key is not one."""
     if "://" not in target and not Path(target).is_file():
         error(f"no journal at {target}")
-        return 2
+        return EXIT_USAGE
     try:
         keys = _keys(public_keys)
     except ValueError as exc:
         error(str(exc))
-        return 2
+        return EXIT_USAGE
     return trio.run(_audit, target, session, as_json, keys)
 
 
@@ -62,7 +64,7 @@ async def _audit(target: str, session: str | None, as_json: bool, keys: JournalK
         store = open_store(target, read_only=True)
     except (ValueError, ImportError) as exc:
         error(str(exc))
-        return 2
+        return EXIT_USAGE
     failed = False
     async with store:
         try:
@@ -76,6 +78,8 @@ async def _audit(target: str, session: str | None, as_json: bool, keys: JournalK
                     continue
                 if not stored:
                     error(f"no journal for session {session_id!r}")
+                    if session is not None:
+                        return EXIT_USAGE  # a session the store does not hold: nothing was verified, nor failed
                     failed = True
                     continue
                 if not as_json:
@@ -100,8 +104,8 @@ async def _audit(target: str, session: str | None, as_json: bool, keys: JournalK
                     failed = True
         except JournalStoreError as exc:
             error(f"the journal store could not be read: {exc}")
-            return 2
-    return 1 if failed else 0
+            return EXIT_USAGE
+    return EXIT_INVALID if failed else EXIT_OK
 
 
 def _refusal(session_id: str, exc: Exception) -> str:

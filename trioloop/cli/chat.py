@@ -20,6 +20,7 @@ from trioloop.cli.mcp_servers import McpOptions, add_mcp_servers
 from trioloop.cli.parser import EXIT_TURN_FAILED, EXIT_USAGE
 from trioloop.cli.resume_check import check_resumed
 from trioloop.cli.review import LinePrompt
+from trioloop.cli.usage import journaled_usage, show_usage, usage_text
 from trioloop.cli.view import ApproveMode, TurnView
 from trioloop.durable.journal import JournalError
 from trioloop.durable.session_file import SessionFileError
@@ -250,6 +251,7 @@ async def chat_session(
             assert restored is not None
             if not check_resumed(restored, path, loaded, out, session_file, saver, console):
                 return EXIT_USAGE
+            chat.usage_note = f" (since {session_file.name} was resumed: a session file keeps no token counts)"
         else:
             restored = None
         if journal is None:
@@ -265,10 +267,11 @@ async def chat_session(
                 if opened is None:
                     error(f"error: {journal} holds no chat to resume")
                     return EXIT_USAGE
-                if resume and not check_resumed(opened, path, loaded, out, journal, saver, console):
-                    await opened.aclose()
+                journaled, chat.totals = opened
+                if resume and not check_resumed(journaled, path, loaded, out, journal, saver, console):
+                    await journaled.aclose()
                     return EXIT_USAGE
-                async with opened as session:
+                async with journaled as session:
                     console.print(Text(f"Journal: {journal} (resume with --resume {journal})", style="dim"))
                     code = await chat.run(session)
                 return code
@@ -290,19 +293,24 @@ async def _open_chat(
     resume: bool,
     restored: Session[ThreatModel] | None,
     source: str,
-) -> Session[ThreatModel] | None:
-    """The file's latest chat (``resume``), or a new one numbered by the time it started (``restored``'s
-    conversation and document when a session file was resumed)."""
+) -> tuple[Session[ThreatModel], Usage] | None:
+    """The file's latest chat (``resume``) with the tokens its settled turns used, or a new one numbered by the
+    time it started (``restored``'s conversation and document when a session file was resumed)."""
     if resume:
         chats = [i for i in await store.session_ids() if i.startswith("chat-")]
         if not chats:
             return None
-        return await Session.open(store, chats[-1], **options)
+        session = await Session.open(store, chats[-1], **options)
+        try:  # a turn left open is counted when it settles here, its earlier requests included
+            return session, await journaled_usage(store, chats[-1], without_last_turn=session.suspended)
+        except BaseException:
+            await session.aclose()
+            raise
     started = datetime.datetime.now(datetime.UTC).strftime("chat-%Y%m%dT%H%M%S.%fZ")
     if restored is not None:
         await restored.journal_into(store, started)
-        return restored
-    return await Session.open(store, started, document=document, source=source, **options)
+        return restored, Usage()
+    return await Session.open(store, started, document=document, source=source, **options), Usage()
 
 
 _COMMANDS_HELP: Final = (
@@ -338,7 +346,8 @@ class _Chat:
         self.mcp_servers = mcp_servers
         self.model = model
         self.one_shot = one_shot
-        self.totals = Usage()
+        self.totals = Usage()  # the session's tokens: a resumed journal's earlier turns included
+        self.usage_note = ""  # what /usage adds when the totals cannot go back to the session's start
         self.failed = False
 
     async def run(self, session: Session[ThreatModel]) -> int:
@@ -387,7 +396,7 @@ class _Chat:
             self.failed = True
             error(failure)
         self.totals = usage_sum(self.totals, state.usage)
-        _show_usage(self.console, state.usage, self.totals)
+        show_usage(self.console, state.usage, self.totals)
         return state
 
     def command(self, session: Session[ThreatModel], text: str) -> None:
@@ -414,7 +423,7 @@ class _Chat:
                 return
             self.console.print(Text(f"Saved the session to {target} (continue with --resume {target})"))
         elif name == "/usage":
-            self.console.print(Text(f"This session: {_usage_text(self.totals)}"))
+            self.console.print(Text(f"This session: {usage_text(self.totals)}{self.usage_note}"))
         elif name == "/help":
             self.console.print(Text(_COMMANDS_HELP))
         else:
@@ -426,20 +435,6 @@ def _print_diff(console: Console, session: Session[ThreatModel], before: ThreatM
     for line in diff.splitlines():
         style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
         console.print(Text(line, style=style))
-
-
-def _usage_text(usage: Usage) -> str:
-    cache = ""
-    if usage.cache_read_input_tokens or usage.cache_creation_input_tokens:
-        cache = f" (cache: {usage.cache_read_input_tokens} read, {usage.cache_creation_input_tokens} written)"
-    return f"{usage.input_tokens} in{cache}, {usage.output_tokens} out"
-
-
-def _show_usage(console: Console, turn: Usage, totals: Usage) -> None:
-    """The turn's tokens (cache reads and writes apart) and the session's running totals."""
-    if not (turn.input_tokens or turn.output_tokens):
-        return
-    console.print(Text(f"tokens: {_usage_text(turn)}; session: {_usage_text(totals)}", style="dim"))
 
 
 def run_chat(

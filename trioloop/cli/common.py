@@ -4,6 +4,7 @@ turn with its live view and Ctrl-C as Stop, the report after it."""
 from __future__ import annotations
 
 import datetime
+import errno
 import signal
 import sys
 from collections.abc import Callable
@@ -22,13 +23,22 @@ from trioloop.threatmodel import ThfError, ThfFile, ThreatModel, load_thf_file, 
 from trioloop.threatmodel._safe_yaml import MAX_DOCUMENT_BYTES
 
 
-def make_console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+class _Console(Console):
+    """rich's console, but a closed output raises `BrokenPipeError` for the entry point to end on quietly
+    (rich's own answer is ``SystemExit(1)``, which a Trio nursery would report with a traceback)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # what is still printed on the way out (a save's line) is dropped, not raised again
+        raise BrokenPipeError(errno.EPIPE, "the output was closed")
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    return _Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
 def error(text: str) -> None:
     # Never hard-wrapped: an error line stays one line to copy (the terminal wraps it for the eye).
-    Console(stderr=True, highlight=False, soft_wrap=True).print(Text(text), style="red")
+    make_console(stderr=True).print(Text(text), style="red")
 
 
 def load_document(path: Path) -> ThfFile | int:
@@ -53,6 +63,7 @@ async def one_turn(session: Session[ThreatModel], view: TurnView, text: str | No
         state = await (session.continue_turn() if text is None else session.send(text))
         view.clear_waiting()
         await view.render(state)
+        view.end_text_line()
         nursery.cancel_scope.cancel()
     return state
 
@@ -145,7 +156,7 @@ class Saver:
 
 
 def warn(text: str) -> None:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(Text(text), style="yellow")
+    make_console(stderr=True).print(Text(text), style="yellow")
 
 
 def _current(path: Path) -> bytes | None:

@@ -15,7 +15,7 @@ from trioloop.cli.view import ApproveMode, TurnView
 from trioloop.providers.scripted import ScriptedProvider
 from trioloop.runtime.session import Session
 from trioloop.threatmodel import ThreatModel, save_thf
-from trioloop.threatmodel.demo import DEMO_EDITS, DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
+from trioloop.threatmodel.demo import DEMO_COMPLETE_LIMITS, DEMO_EDITS, DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop.threatmodel.session import threat_model_session
 
 __all__ = ["DEFAULT_DEMO_FILE", "run_demo"]
@@ -29,15 +29,18 @@ _PACKAGED_EXAMPLE = Path(__file__).resolve().parents[1] / "_data" / "payment.thf
 DEFAULT_DEMO_FILE = _SOURCE_EXAMPLE if _SOURCE_EXAMPLE.exists() else _PACKAGED_EXAMPLE
 
 
-async def _demo(path: Path, mode: ApproveMode, out: Path | None, undo: bool, prompt: Callable[[str], str]) -> int:
+async def _demo(
+    path: Path, mode: ApproveMode, out: Path | None, undo: bool, prompt: Callable[[str], str], show_limit: bool
+) -> int:
     console = make_console()
     loaded = load_document(path)
     if isinstance(loaded, int):
         return loaded
     document = loaded.model
+    limits = DEMO_LIMITS if show_limit else DEMO_COMPLETE_LIMITS
     async with (
         ScriptedProvider(DEMO_SCRIPT, wire="anthropic") as provider,
-        threat_model_session(document=document, provider=provider, model="scripted-1", limits=DEMO_LIMITS) as session,
+        threat_model_session(document=document, provider=provider, model="scripted-1", limits=limits) as session,
     ):
         console.print(Text(f"you> {DEMO_PROMPT}", style="bold"))
         view = TurnView(console, session, mode, LinePrompt(prompt), scripted_edits=DEMO_EDITS)
@@ -72,7 +75,15 @@ async def _offer_undo(
 
 
 def run_demo(
-    file: str | None, mode: ApproveMode, out: str | None, undo: bool, prompt: Callable[[str], str] = input
+    file: str | None,
+    mode: ApproveMode,
+    out: str | None,
+    undo: bool,
+    prompt: Callable[[str], str] = input,
+    *,
+    show_limit: bool = False,
 ) -> int:
+    """Play the demo; ``show_limit`` gives the turn one model request fewer than the script needs, so it ends
+    at the step limit (what a bounded turn looks like) instead of completing."""
     path = Path(file) if file else DEFAULT_DEMO_FILE
-    return interruptible(_demo, path, mode, Path(out) if out else None, undo, prompt)
+    return interruptible(_demo, path, mode, Path(out) if out else None, undo, prompt, show_limit)

@@ -5,12 +5,14 @@ Building the parser imports nothing but argparse: each command imports what it n
 
 Exit codes: 0 success, 1 the document is invalid (for ``audit``: a journal that does not verify), 2 usage
 or configuration error (a file that cannot be read, no API key, a refused base URL), 3 a chat turn failed
-(the AI provider could not be reached or answered with an error), 130 interrupted.
+(the AI provider could not be reached or answered with an error), 130 interrupted, 141 the output was closed
+(``trioloop audit J | head -1``: the command stops quietly, as a shell reports a process SIGPIPE ended).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +25,7 @@ EXIT_INVALID: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_TURN_FAILED: Final = 3
 EXIT_INTERRUPTED: Final = 130
+EXIT_BROKEN_PIPE: Final = 141  # 128 + SIGPIPE
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -52,7 +55,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     """Play the scripted review session against a document (default: examples/payment.thf)."""
     from trioloop.cli.demo import run_demo
 
-    return run_demo(args.file, args.approve, args.out, args.undo)
+    return run_demo(args.file, args.approve, args.out, args.undo, show_limit=args.show_limit)
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
@@ -171,7 +174,7 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="trioloop",
         description="A bounded, cancellable, reviewable AI tool loop over a threat model.",
         epilog="exit codes: 0 ok, 1 invalid document, 2 usage or configuration error, 3 a chat turn failed, "
-        "130 interrupted",
+        "130 interrupted, 141 output closed",
     )
     parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -189,6 +192,11 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--out", metavar="FILE", help="write the resulting document here")
     demo.add_argument("--undo", action="store_true", help="undo the turn at the end and show the document restored")
+    demo.add_argument(
+        "--show-limit",
+        action="store_true",
+        help="give the turn one model request fewer than the script needs, to show a turn ending at its step limit",
+    )
     demo.set_defaults(run=_cmd_demo)
 
     chat = commands.add_parser("chat", help="edit a .thf file with a real model (needs an API key)")
@@ -303,7 +311,23 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line with `argv` (default: `sys.argv[1:]`); returns the exit code."""
+    """Run the command line with `argv` (default: `sys.argv[1:]`); returns the exit code.
+
+    A closed output (``trioloop audit J | head -1``) ends any command quietly with `EXIT_BROKEN_PIPE`, never a
+    traceback: the error may come bare or inside the exception groups of Trio's nurseries."""
+    try:
+        code = _run(argv)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's own flush at exit
+    except BaseException as exc:
+        if not _only_broken_pipes(exc):
+            raise
+        _stdout_to_devnull()
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
@@ -312,3 +336,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     command: Command = args.run
     return command(args)
+
+
+def _only_broken_pipes(exc: BaseException) -> bool:
+    """Whether ``exc`` is a `BrokenPipeError`, or a group (nested or not) holding nothing else."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_broken_pipes(inner) for inner in exc.exceptions)
+    return isinstance(exc, BrokenPipeError)
+
+
+def _stdout_to_devnull() -> None:
+    """Point the standard output at the null device, so the interpreter's flush at exit finds nothing to fail on
+    (what the Python docs advise for SIGPIPE)."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture): nothing is flushed to a pipe
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, descriptor)
+    finally:
+        os.close(devnull)

@@ -14,7 +14,16 @@ from typing import Any, Final, TypeAlias
 
 import trio
 
-__all__ = ["ANSWERS", "HELP", "KEYS", "LinePrompt", "edit_in_editor", "editable_json", "parse_answer"]
+__all__ = [
+    "ANSWERS",
+    "EDIT_KEYS",
+    "HELP",
+    "KEYS",
+    "LinePrompt",
+    "edit_in_editor",
+    "editable_json",
+    "parse_answer",
+]
 
 Prompt: TypeAlias = Callable[[str], str]
 
@@ -38,10 +47,14 @@ ANSWERS: Final[Mapping[str, str]] = {
 #: The keys as a card shows them.
 KEYS: Final = "keys: a approve · d deny · e edit · all (every safe card) · q stop · ? help"
 
+#: The keys of a card showing an edited input: nothing runs on it until ``a``.
+EDIT_KEYS: Final = "keys: a approve the edit · e edit again · d deny · q stop · ? help"
+
 HELP: Final = (
     "  a / approve  run this call as shown\n"
     "  d / deny     do not run it (you may give the model a reason)\n"
-    "  e / edit     approve it with an edited input, checked by the tool first ($EDITOR, or a line of JSON)\n"
+    "  e / edit     edit its input ($EDITOR, or a line of JSON), checked by the tool; the edited card is shown,\n"
+    "               its changed fields marked, and waits for a (approve the edit), e (again) or d\n"
     "  all          approve every non-destructive card of this step, then decide each destructive one\n"
     "  q / stop     stop the turn now (nothing more runs; applied changes stay and can be undone)\n"
     "  ? / help     this help, the call's whole input (every value whole) and its preview"

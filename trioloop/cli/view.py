@@ -9,18 +9,17 @@ import contextlib
 import json
 import os
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Any, Literal, TypeAlias, cast
+from typing import Any, Final, Literal, TypeAlias, cast
 
 import trio
-from rich.console import Console
-from rich.markup import escape
+from rich.console import Console, RenderableType
 from rich.panel import Panel
+from rich.table import Table
 from rich.text import Text
 
+from trioloop.cli.cards import Edit, card, change_lines, help_text, make_edit
 from trioloop.cli.questions import QuestionCards
-from trioloop.cli.review import HELP, KEYS, LinePrompt, edit_in_editor, editable_json, parse_answer
-from trioloop.machine.card import changed_fields, one_line
-from trioloop.machine.preview import preview_call
+from trioloop.cli.review import LinePrompt, edit_in_editor, editable_json, parse_answer
 from trioloop.machine.reducer import CallRecord, CallStatus, Outcome, Phase, TurnState
 from trioloop.machine.tools import PrepareFailure
 from trioloop.machine.untrusted_text import START_MARKER, sanitize_scalar
@@ -39,6 +38,11 @@ _STATUS_MARK = {
     CallStatus.DENIED: "not run",
     CallStatus.UNDONE: "undone",
 }
+
+
+_CHOICES: Final = "a approve, d deny, e edit, all (every safe card), q stop, ?"
+_CHOICES_AFTER_ALL: Final = "a approve, d deny, e edit, q stop, ?"
+_EDIT_CHOICES: Final = "a approve the edit, e edit again, d deny, q stop, ?"
 
 
 def _size(characters: int) -> str:
@@ -82,7 +86,8 @@ class TurnView:
         self._carded: set[str] = set()
         self._status_shown: dict[str, CallStatus] = {}
         self._phase: Phase | None = None
-        self._mid_line = False
+        self._mid_line = False  # the streamed text's line is open (the cursor is after its last character)
+        self._text_of: int | None = None  # the iteration whose answer is the last thing printed, if it is
         self._reported: tuple[str, int, int] = ("", 0, 0)  # turn id, notices and violations already printed
         self._waiting_shown = False  # the live "waiting for the model" line is on screen (a terminal only)
         self._waiting_since: float | None = None
@@ -103,14 +108,14 @@ class TurnView:
             state = self.session.state
             progress = self._progress_line(state)
             if progress is not None and self.console.is_terminal:
-                self._end_text_line()
+                self.end_text_line()
                 self.console.file.write("\r" + progress.ljust(60))
                 self.console.file.flush()
                 self._waiting_shown = True
                 continue
             streaming = self.session.input_streaming
             if streaming is not None and self.console.is_terminal:
-                self._end_text_line()
+                self.end_text_line()
                 name, size = streaming
                 line = f"  writing the input of {name}: {_size(size)} so far (Ctrl-C stops)"
                 self.console.file.write("\r" + line.ljust(60))
@@ -130,13 +135,13 @@ class TurnView:
             if waited < first_s:
                 continue
             if self.console.is_terminal:
-                self._end_text_line()
+                self.end_text_line()
                 line = f"  waiting for the model: {waited:.0f} s (Ctrl-C stops)"
                 self.console.file.write("\r" + line.ljust(60))
                 self.console.file.flush()
                 self._waiting_shown = True
             elif not announced:
-                self._end_text_line()
+                self.end_text_line()
                 self.console.print(Text("  waiting for the model (Ctrl-C stops)…", style="dim"))
                 announced = True
 
@@ -167,40 +172,53 @@ class TurnView:
         self.clear_waiting()
         if state.phase is not Phase.REQUESTING:
             self._waiting_since = None
+        # A state can carry the last step's settled calls together with the next answer's first text (the
+        # journal holds a state back until its entries are durable): those calls' lines come first.
+        self._tool_lines(state, earlier_only=True)
         self._stream_text(state)
         self._tool_lines(state)
         self._report_lines(state)
         for question in self.questions.new():
-            self._end_text_line()
+            self.end_text_line()
             self.questions.show(question)
             await self.questions.answer(question)
         if state.phase is Phase.AWAITING_APPROVAL:
             pending = [c for c in state.current_calls if c.status is CallStatus.PENDING and c.id not in self._carded]
             if pending:
-                self._end_text_line()
                 for call in pending:
                     self._carded.add(call.id)
-                    self._card(call)
+                    self._say(self._card(call))
                 await self._decide(pending)
         self._phase = state.phase
 
-    # -- text ------------------------------------------------------------------------------------
+    # -- the one writer: streamed text, and whole lines of every other kind ---------------------------
 
     def _stream_text(self, state: TurnState) -> None:
         text = state.streaming_text
         shown = self._shown_text.get(state.iteration, 0)
-        if len(text) > shown:
-            if shown == 0:
-                self._end_text_line()
-                self.console.print("[bold cyan]assistant>[/] ", end="")
-            self.console.print(Text(text[shown:]), end="", soft_wrap=True)
-            self._shown_text[state.iteration] = len(text)
-            self._mid_line = True
+        if len(text) <= shown:
+            return
+        if self._text_of != state.iteration:
+            # A new answer, or one that goes on after a line of another kind: it starts a line of its own.
+            self.end_text_line()
+            self.console.print(Text("assistant> " if shown == 0 else "assistant> …", style="bold cyan"), end="")
+            self._text_of = state.iteration
+        self.console.print(Text(text[shown:]), end="", soft_wrap=True)
+        self._shown_text[state.iteration] = len(text)
+        self._mid_line = not text.endswith("\n")
 
-    def _end_text_line(self) -> None:
+    def end_text_line(self) -> None:
+        """End the streamed text's line (if it is open): what is printed next starts a line of its own."""
         if self._mid_line:
             self.console.print()
             self._mid_line = False
+        self._text_of = None
+
+    def _say(self, renderable: RenderableType) -> None:
+        """Print a line, a card or a table, on lines of its own: never inside the streamed text. A `Text` line
+        stays one line (the terminal folds it); a card or a table is laid out to the terminal's width."""
+        self.end_text_line()
+        self.console.print(renderable, soft_wrap=isinstance(renderable, Text))
 
     # -- what the turn reports: retries, notices, refused inputs --------------------------------------
 
@@ -209,135 +227,80 @@ class TurnView:
         turn, notices, violations = self._reported
         if turn != state.turn_id:
             notices = violations = 0
-        new_notices = state.notices[notices:]
-        new_violations = state.violations[violations:]
-        if new_notices or new_violations:
-            self._end_text_line()
-        for notice in new_notices:
-            self.console.print(Text(f"  ! {notice}", style="yellow"))
-        for violation in new_violations:
-            self.console.print(Text(f"  ! refused ({violation.violation.value}): {violation.detail}", style="magenta"))
-        self._reported = (state.turn_id, notices + len(new_notices), violations + len(new_violations))
+        for notice in state.notices[notices:]:
+            self._say(Text(f"  ! {notice}", style="yellow"))
+        for violation in state.violations[violations:]:
+            self._say(Text(f"  ! refused ({violation.violation.value}): {violation.detail}", style="magenta"))
+        self._reported = (state.turn_id, len(state.notices), len(state.violations))
 
     # -- tools -----------------------------------------------------------------------------------
 
-    def _tool_lines(self, state: TurnState) -> None:
+    def _tool_lines(self, state: TurnState, *, earlier_only: bool = False) -> None:
+        """A line for each call whose status changed (with ``earlier_only``, of the steps before this one)."""
         for call in state.calls:
+            if earlier_only and call.iteration >= state.iteration:
+                continue
             previous = self._status_shown.get(call.id)
             if previous is call.status:
                 continue
             self._status_shown[call.id] = call.status
             if call.status is CallStatus.RUNNING:
-                self._end_text_line()
-                self.console.print(Text(f"  … running {call.tool_name}: {call.summary}", style="yellow"))
-            elif call.status in _STATUS_MARK and call.id not in self._carded and previous is None:
-                # Calls that never needed review (read tools, refused input): one line each.
-                self._end_text_line()
-                self.console.print(self._result_line(call))
+                self._say(Text(f"  … running {call.tool_name}: {call.summary}", style="yellow"))
             elif call.status in _STATUS_MARK:
-                self._end_text_line()
-                self.console.print(self._result_line(call))
+                self._result_line(call)
 
-    def _result_line(self, call: CallRecord) -> Text:
+    def _result_line(self, call: CallRecord) -> None:
         mark = _STATUS_MARK.get(call.status, call.status.value)
         style = {"done": "green", "failed": "red", "not run": "magenta", "undone": "blue"}.get(mark, "")
+        if call.status is CallStatus.DENIED:
+            # Why it did not run, the person's own reason included, is shown whole: folded, never cut.
+            reason = " ".join((call.result or "").split())
+            grid = Table.grid()
+            grid.add_column(no_wrap=True)
+            grid.add_column(overflow="fold")
+            grid.add_row(Text(f"  [{mark}] "), Text(f"{call.tool_name}: {reason}"), style=style)
+            self._say(grid if self.console.is_terminal else Text(f"  [{mark}] {call.tool_name}: {reason}", style))
+            return
         result = (call.result or "").splitlines()[0] if call.result else ""
         if result == START_MARKER:
             result = f"returned document data ({len((call.result or '').encode('utf-8'))} bytes)"
         if len(result) > 160:
             result = result[:159] + "…"
-        return Text(f"  [{mark}] {call.tool_name}: {result}", style=style)
+        self._say(Text(f"  [{mark}] {call.tool_name}: {result}", style=style))
 
-    def _card(self, call: CallRecord) -> None:
-        body = Text()
-        body.append(call.summary)  # plain text: never interpreted as markup
-        if call.destructive:
-            body.append("\nDESTRUCTIVE", style="bold red")
-        details = call.prepared.details if call.prepared is not None else ()
-        if details:
-            body.append("\nInput:", style="bold")
-            unset = 0
-            for path, value in details:
-                if value == "null":
-                    unset += 1  # a field left out (null) writes nothing; "?" lists every field
-                    continue
-                body.append(f"\n  {path}: {one_line(value, self._value_width(path))}")
-            if unset:
-                body.append(f"\n  ({unset} more field(s) left null; ? shows every field, whole)", style="dim")
-        for line in self._preview_lines(call):
-            body.append(f"\n{line}", style="bold" if not line.startswith(" ") else "")
-        if self.mode == "ask":
-            body.append(f"\n{KEYS}", style="dim")
-        title = f"review {escape(call.id)} · {escape(call.tool_name)}"
-        panel = Panel(body, title=title, expand=False, border_style="red" if call.destructive else "cyan")
-        self.console.print(panel, soft_wrap=False)
+    def _card(self, call: CallRecord, edit: Edit | None = None) -> Panel:
+        return card(call, self.session.document, width=self.console.width, keys=self.mode == "ask", edit=edit)
 
-    def _value_width(self, path: str) -> int:
-        """How much of a value a card line shows: what the terminal's width leaves (about four lines of it),
-        at least 60 characters; ``?`` shows every value whole."""
-        room = max(self.console.width - len(path) - 10, 20)
-        return max(60, room * 4)
-
-    def _preview_lines(self, call: CallRecord) -> tuple[str, ...]:
-        preview = None if call.prepared is None else preview_call(call.prepared, self.session.document)
-        if preview is None:
-            return ()
-        return ("Preview:", *(f"  {line}" for line in preview.lines()))
-
-    def _help(self, call: CallRecord) -> None:
-        body = Text(HELP)
-        details = call.prepared.details if call.prepared is not None else ()
-        body.append(f"\nThe whole input of {call.id}:", style="bold")
-        for path, value in details:
-            body.append(f"\n  {path}: {value}")
-        for line in self._preview_lines(call):
-            body.append(f"\n{line}")
-        self.console.print(body)
+    # -- decisions -------------------------------------------------------------------------------
 
     async def _decide(self, pending: list[CallRecord]) -> None:
         if self.mode == "none":
             for call in pending:
-                self.console.print(Text(f"  denied {call.id} (--approve none)"))
+                self._say(Text(f"  denied {call.id} (--approve none)"))
                 self.session.deny(call.id, "The user's session denies every change (--approve none).")
             return
         if self.mode == "safe":
-            for call in pending:
-                edited = self.scripted_edits.get(call.id)
-                if edited is not None and not call.destructive:
-                    self.console.print(
-                        Text(
-                            f"  approved {call.id} with an edit by the demo's scripted reviewer (under --approve "
-                            "safe the demo plays a reviewer who edits this call before approving it):"
-                        )
-                    )
-                    self._print_edit(call, edited)
-                    self.session.approve(call.id, edited)
-            safe = tuple(c.id for c in pending if not c.destructive and c.id not in self.scripted_edits)
-            if safe:
-                self.console.print(Text(f"  approved all safe: {', '.join(safe)}"))
-                self.session.approve_batch(safe)
-            for call in pending:
-                if call.destructive:
-                    self.console.print(Text(f"  denied destructive {call.id} (--approve safe)"))
-                    self.session.deny(call.id, "The user's session denies destructive changes (--approve safe).")
+            self._decide_safe(pending)
             return
         queue = list(pending)
+        edits: dict[str, Edit] = {}  # the current card's edit, shown and waiting for its key
         batch_done = False
         while queue:
             call = queue[0]
-            choices = "a approve, d deny, e edit" + ("" if batch_done else ", all (every safe card)") + ", q stop, ?"
+            edit = edits.get(call.id)
+            choices = _EDIT_CHOICES if edit is not None else _CHOICES_AFTER_ALL if batch_done else _CHOICES
             try:
-                answer = await self.lines.ask(f"{call.id}: {choices} ")
+                answer = await self.lines.ask(f"{call.id}{'' if edit is None else ' (edited)'}: {choices} ")
             except EOFError:
                 answer = "stop"  # the input ended: nothing more may run on an answer nobody gave
             action = parse_answer(answer)
-            if action is None or (action == "safe" and batch_done):
+            if action is None or (action == "safe" and (batch_done or edit is not None)):
                 hint = " (s is no answer: q or stop stops the turn, all approves every safe card)"
-                shown = hint if answer.strip().lower() in ("s", "safe", "t") else ""
-                self.console.print(Text(f"  Please answer one of: {choices}{shown}."))
+                shown = hint if answer.strip().lower() in ("s", "safe", "t") and edit is None else ""
+                self._say(Text(f"  Please answer one of: {choices}{shown}."))
                 continue
             if action == "help":
-                self._help(call)
+                self._say(help_text(call, self.session.document, edit))
                 continue
             if action == "stop":
                 self.session.stop()
@@ -346,70 +309,104 @@ class TurnView:
                 batch_done = True
                 safe = tuple(c.id for c in queue if not c.destructive)
                 if safe:
-                    self.console.print(Text(f"  approved all safe: {', '.join(safe)}"))
+                    self._say(Text(f"  approved all safe: {', '.join(safe)}"))
                     self.session.approve_batch(safe)
                 queue = [c for c in queue if c.destructive]
                 if queue:
                     names = ", ".join(f"{c.id} ({c.summary})" for c in queue)
-                    self.console.print(Text(f"  Not included, destructive: {names}. Decide each one:", style="red"))
+                    self._say(Text(f"  Not included, destructive: {names}. Decide each one:", style="red"))
                 continue
-            if action == "approve":
+            if action == "edit":
+                edited = await self._edit(call, edit)
+                if edited is not None:
+                    if edited.changes:
+                        edits[call.id] = edited
+                    else:
+                        edits.pop(call.id, None)
+                        self._say(Text("  That is the model's own input again: the card is as the model sent it."))
+                    self._say(self._card(call, edits.get(call.id)))
+                continue
+            if action == "approve" and edit is not None:
+                self._say(Text(f"  approved {call.id} with your edit: {edit.prepared.summary}"))
+                for line in change_lines(edit.changes):
+                    self._say(line)
+                self.session.approve(call.id, edit.input)
+            elif action == "approve":
                 self.session.approve(call.id)
-            elif action == "deny":
+            else:
                 reason = await self.lines.ask("  Reason for the model (optional, Enter for none): ")
                 self.session.deny(call.id, reason)
-            elif not await self._edit(call):
-                continue
             queue.pop(0)
 
-    def _print_edit(self, call: CallRecord, edited: dict[str, Any]) -> None:
-        tool = self.session.state.tool_set.get(call.tool_name) if self.session.state is not None else None
-        checked = None if tool is None else tool.prepare(edited)
-        if call.prepared is None or checked is None or isinstance(checked, PrepareFailure):
-            return
-        for path, old, new in changed_fields(call.prepared.details, checked.details):
-            self.console.print(Text(f"    {path}: {old if old is not None else '(absent)'} -> {new}"))
+    def _decide_safe(self, pending: list[CallRecord]) -> None:
+        """``--approve safe``: every non-destructive call approved (the demo's scripted reviewer edits one
+        first), every destructive one denied."""
+        for call in pending:
+            edited = self.scripted_edits.get(call.id)
+            if edited is not None and not call.destructive:
+                self._say(
+                    Text(
+                        f"  approved {call.id} with an edit by the demo's scripted reviewer (under --approve "
+                        "safe the demo plays a reviewer who edits this call before approving it):"
+                    )
+                )
+                checked = self._checked(call, edited)
+                for line in () if isinstance(checked, str) else change_lines(checked.changes):
+                    self._say(line)
+                self.session.approve(call.id, edited)
+        safe = tuple(c.id for c in pending if not c.destructive and c.id not in self.scripted_edits)
+        if safe:
+            self._say(Text(f"  approved all safe: {', '.join(safe)}"))
+            self.session.approve_batch(safe)
+        for call in pending:
+            if call.destructive:
+                self._say(Text(f"  denied destructive {call.id} (--approve safe)"))
+                self.session.deny(call.id, "The user's session denies destructive changes (--approve safe).")
 
-    async def _edit(self, call: CallRecord) -> bool:
-        """Let the person edit the call's input ($VISUAL or $EDITOR on it as indented JSON, else a line of JSON
-        prefilled with it), check it with the call's own tool, and approve it; False to ask again."""
+    def _checked(self, call: CallRecord, edited: Any) -> Edit | str:
+        """``edited`` as the call's own tool prepares it, or why it cannot be approved."""
         tool = self.session.state.tool_set.get(call.tool_name) if self.session.state is not None else None
         if tool is None or call.prepared is None:
-            return False
-        current = editable_json(self._call_input(call))
+            return "This call cannot be edited."
+        if not isinstance(edited, dict):
+            return "The input must be a JSON object."
+        checked = tool.prepare(edited)
+        if isinstance(checked, PrepareFailure):
+            return f"The tool refused this input: {checked.message}."
+        return make_edit(call, edited, checked)
+
+    async def _edit(self, call: CallRecord, edit: Edit | None) -> Edit | None:
+        """The person's edit of the call's input (of their last ``edit``, when there is one): $VISUAL or $EDITOR
+        on it as indented JSON, else a line of JSON prefilled with it, checked by the call's own tool. None when
+        nothing usable came back (said why); the card then stays as it was. Nothing is approved here."""
+        current = editable_json(self._call_input(call) if edit is None else edit.input)
         editor = os.environ.get("VISUAL") or os.environ.get("EDITOR")
         if editor:
             try:
                 text = await trio.to_thread.run_sync(edit_in_editor, current, editor)
             except (OSError, ValueError) as exc:
-                self.console.print(Text(f"  The editor could not be used ({exc}). Nothing was approved."))
-                return False
+                self._say(Text(f"  The editor could not be used ({exc}). The card is as it was."))
+                return None
             if text.strip() == current.strip():
-                self.console.print(Text("  The input was not changed. Nothing was approved."))
-                return False
+                self._say(Text("  The input was not changed. The card is as it was."))
+                return None
         else:
-            self.console.print(Text("  The input now (edit the line below; Enter on an empty line goes back):"))
+            self._say(Text("  The input now (edit the line below; Enter on an empty line goes back):"))
             flat = json.dumps(json.loads(current), ensure_ascii=True)
-            self.console.print(Text(f"  {flat}", style="dim"))
+            self._say(Text(f"  {flat}", style="dim"))
             text = await self.lines.ask("  Edited input: ", prefill=flat)
         if not text.strip():
-            return False
+            return None
         try:
             edited: Any = json.loads(text)
         except ValueError as exc:
-            self.console.print(Text(f"  Not JSON: {exc}. Nothing was approved."))
-            return False
-        if not isinstance(edited, dict):
-            self.console.print(Text("  The input must be a JSON object. Nothing was approved."))
-            return False
-        checked = tool.prepare(edited)
-        if isinstance(checked, PrepareFailure):
-            self.console.print(Text(f"  The tool refused this input: {checked.message}. Nothing was approved."))
-            return False
-        self.console.print(Text(f"  approved {call.id} with your edit: {checked.summary}"))
-        self._print_edit(call, edited)
-        self.session.approve(call.id, edited)
-        return True
+            self._say(Text(f"  Not JSON: {exc}. The card is as it was."))
+            return None
+        checked = self._checked(call, edited)
+        if isinstance(checked, str):
+            self._say(Text(f"  {checked} The card is as it was."))
+            return None
+        return checked
 
     def _call_input(self, call: CallRecord) -> Any:
         """The input the model sent for ``call``, from the turn's messages (``{}`` if it cannot be found)."""

@@ -1,8 +1,10 @@
 """The scripted conversation `trioloop demo` plays against `examples/payment.thf`.
 
-Four iterations exercise, in order: read tools (auto-approved), a batch of safe edits beside a
+Five iterations exercise, in order: read tools (auto-approved), a batch of safe edits beside a
 destructive one and an invalid call, the model correcting that call after seeing the field-level
-issue (and retrying the declined destructive call, which is refused as a replay), and a step limit.
+issue (and retrying the declined destructive call, which is refused as a replay), a read to check the
+result, and the model's closing answer: the turn completes. Under `DEMO_LIMITS` (``--show-limit``) the
+turn gets four model requests instead and ends at the step limit after that read, keeping what was approved.
 Every card shows its whole input and a dry-run preview; with ``--approve safe`` the scripted reviewer
 also approves one card with an edited input (`DEMO_EDITS`), and the model is told what it changed.
 """
@@ -14,11 +16,11 @@ from typing import Final
 from trioloop.machine.limits import TurnLimits
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 
-__all__ = ["DEMO_EDITS", "DEMO_LIMITS", "DEMO_PROMPT", "DEMO_SCRIPT"]
+__all__ = ["DEMO_COMPLETE_LIMITS", "DEMO_EDITS", "DEMO_LIMITS", "DEMO_PROMPT", "DEMO_SCRIPT"]
 
 DEMO_PROMPT: Final = "Review the payment platform model: add what is missing around the card vault and admin access."
 
-#: Four iterations at most, so the scripted fourth request ends the turn at the step limit.
+#: Four iterations at most, so the scripted fourth request ends the turn at the step limit (``--show-limit``).
 DEMO_LIMITS: Final = TurnLimits(max_iterations=4)
 
 DEMO_SCRIPT: Final = (
@@ -83,7 +85,17 @@ DEMO_SCRIPT: Final = (
         text="Let me re-read the summary to confirm the counts.",
         tool_calls=(ScriptedCall(id="toolu_09", name="get_document_summary", input={}),),
     ),
+    ScriptStep(
+        text=(
+            "That is my review: the card vault's key exfiltration threat, the admin console's access rule and the "
+            "key management service, as far as you approved them. The diff below shows what changed."
+        ),
+        chunk_size=32,
+    ),
 )
+
+#: One model request per scripted answer: the turn completes with the model's closing answer.
+DEMO_COMPLETE_LIMITS: Final = TurnLimits(max_iterations=len(DEMO_SCRIPT))
 
 #: The scripted reviewer's edit (``--approve safe``): the admin console's description, made stricter
 #: before it is approved. The model's own call asked for SSO with MFA only.

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -68,8 +69,11 @@ async def test_save_then_resume_a_session_file_continues_the_conversation(
 ) -> None:
     saved = tmp_path / "work.session.json"
     async with ScriptedProvider([add_threat("a", "First"), ScriptStep(text="ok")]) as provider:
-        assert await chat_session(thf, provider, "scripted-1", "safe", answers("add", f"/save {saved}")) == 0
-    assert f"Saved the session to {saved}" in capsys.readouterr().out
+        assert await chat_session(thf, provider, "scripted-1", "safe", answers("add", f"/save {saved}", "/usage")) == 0
+    out = capsys.readouterr().out
+    assert f"Saved the session to {saved}" in out
+    first = re.search(r"This session: (\d+) in, (\d+) out", out)
+    assert first is not None and int(first[1]) > 0
     seen: list[int] = []
 
     class Counting(ScriptedProvider):
@@ -84,8 +88,11 @@ async def test_save_then_resume_a_session_file_continues_the_conversation(
     out = capsys.readouterr().out
     assert code == 0 and "Undid turn-1." in out  # the undo history came back with the session
     assert seen and seen[0] > 1  # the request carried the earlier conversation
-    # A session file keeps no token counts: /usage says from when it counts.
-    assert "(since work.session.json was resumed: a session file keeps no token counts)" in out
+    # The session file kept the token counts: the resumed chat's session total goes on from them.
+    turn = re.search(r"tokens: (\d+) in, (\d+) out; session: (\d+) in, (\d+) out", out)
+    assert turn is not None
+    assert (int(turn[3]), int(turn[4])) == (int(first[1]) + int(turn[1]), int(first[2]) + int(turn[2]))
+    assert f"This session: {turn[3]} in, {turn[4]} out" in out
 
 
 async def test_a_broken_session_file_is_a_usage_error(thf: Path, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from trioloop.cli.mcp_servers import McpOptions, add_mcp_servers
 from trioloop.cli.parser import EXIT_TURN_FAILED, EXIT_USAGE
 from trioloop.cli.resume_check import check_resumed
 from trioloop.cli.review import LinePrompt
-from trioloop.cli.usage import journaled_usage, show_usage, usage_text
+from trioloop.cli.usage import show_usage, usage_text
 from trioloop.cli.view import ApproveMode, TurnView
 from trioloop.durable.journal import JournalError
 from trioloop.durable.session_file import SessionFileError
@@ -28,7 +28,7 @@ from trioloop.durable.sqlite import SQLiteJournalStore
 from trioloop.durable.store import JournalStoreError, SessionLocked
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.machine.reducer import Outcome, TurnState
-from trioloop.protocol.events import StreamError, Usage, usage_sum
+from trioloop.protocol.events import StreamError
 from trioloop.protocol.preflight import lookup_model, unknown_model_warning
 from trioloop.protocol.provider import ChatProvider
 from trioloop.providers.retry import RetryNotice
@@ -251,7 +251,6 @@ async def chat_session(
             assert restored is not None
             if not check_resumed(restored, path, loaded, out, session_file, saver, console):
                 return EXIT_USAGE
-            chat.usage_note = f" (since {session_file.name} was resumed: a session file keeps no token counts)"
         else:
             restored = None
         if journal is None:
@@ -267,7 +266,7 @@ async def chat_session(
                 if opened is None:
                     error(f"error: {journal} holds no chat to resume")
                     return EXIT_USAGE
-                journaled, chat.totals = opened
+                journaled = opened
                 if resume and not check_resumed(journaled, path, loaded, out, journal, saver, console):
                     await journaled.aclose()
                     return EXIT_USAGE
@@ -293,24 +292,19 @@ async def _open_chat(
     resume: bool,
     restored: Session[ThreatModel] | None,
     source: str,
-) -> tuple[Session[ThreatModel], Usage] | None:
-    """The file's latest chat (``resume``) with the tokens its settled turns used, or a new one numbered by the
-    time it started (``restored``'s conversation and document when a session file was resumed)."""
+) -> Session[ThreatModel] | None:
+    """The file's latest chat (``resume``), or a new one numbered by the time it started (``restored``'s
+    conversation and document when a session file was resumed)."""
     if resume:
         chats = [i for i in await store.session_ids() if i.startswith("chat-")]
         if not chats:
             return None
-        session = await Session.open(store, chats[-1], **options)
-        try:  # a turn left open is counted when it settles here, its earlier requests included
-            return session, await journaled_usage(store, chats[-1], without_last_turn=session.suspended)
-        except BaseException:
-            await session.aclose()
-            raise
+        return await Session.open(store, chats[-1], **options)
     started = datetime.datetime.now(datetime.UTC).strftime("chat-%Y%m%dT%H%M%S.%fZ")
     if restored is not None:
         await restored.journal_into(store, started)
-        return restored, Usage()
-    return await Session.open(store, started, document=document, source=source, **options), Usage()
+        return restored
+    return await Session.open(store, started, document=document, source=source, **options)
 
 
 _COMMANDS_HELP: Final = (
@@ -346,8 +340,6 @@ class _Chat:
         self.mcp_servers = mcp_servers
         self.model = model
         self.one_shot = one_shot
-        self.totals = Usage()  # the session's tokens: a resumed journal's earlier turns included
-        self.usage_note = ""  # what /usage adds when the totals cannot go back to the session's start
         self.failed = False
 
     async def run(self, session: Session[ThreatModel]) -> int:
@@ -395,8 +387,8 @@ class _Chat:
         if failure is not None:
             self.failed = True
             error(failure)
-        self.totals = usage_sum(self.totals, state.usage)
-        show_usage(self.console, state.usage, self.totals)
+        # The session's tokens: a resumed journal's or session file's earlier turns included.
+        show_usage(self.console, state.usage, session.usage)
         return state
 
     def command(self, session: Session[ThreatModel], text: str) -> None:
@@ -423,7 +415,7 @@ class _Chat:
                 return
             self.console.print(Text(f"Saved the session to {target} (continue with --resume {target})"))
         elif name == "/usage":
-            self.console.print(Text(f"This session: {usage_text(self.totals)}{self.usage_note}"))
+            self.console.print(Text(f"This session: {usage_text(session.usage)}"))
         elif name == "/help":
             self.console.print(Text(_COMMANDS_HELP))
         else:

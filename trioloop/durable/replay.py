@@ -31,7 +31,7 @@ from trioloop.machine.reducer import reduce_turn
 from trioloop.machine.state import CallStatus, Phase, TurnState
 from trioloop.machine.tools import ToolOutcome, ToolRegistry
 from trioloop.machine.transaction import UndoEntry, UndoHistory, redo_step, undo_step
-from trioloop.protocol.events import StreamError, StreamEvent
+from trioloop.protocol.events import StreamError, StreamEvent, Usage, usage_sum
 from trioloop.protocol.serialization import SerializationError, event_from_json
 
 __all__ = ["INTERRUPTED_CALL_TEXT", "Replayed", "recovery_inputs", "replay_journal", "replay_start", "tools_used"]
@@ -76,6 +76,8 @@ class Replayed(Generic[D]):
     #: journal written before they were recorded).
     kind: str | None = None
     source: str | None = None
+    #: The tokens every settled turn used (the snapshot's count, then each turn replayed after it).
+    usage: Usage = attrs.field(factory=Usage)
 
 
 def _need(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], seq: int) -> Any:
@@ -183,6 +185,7 @@ class _Folder(Generic[D]):
         self.advanced_ms = 0
         self.kind: str | None = None
         self.source: str | None = None
+        self.usage = Usage()
 
     def feed(self, item: TurnInput, seq: int) -> None:
         if self.turn is None:
@@ -192,6 +195,7 @@ class _Folder(Generic[D]):
         if self.turn.is_settled:
             self.messages = self.turn.messages
             self.last_turn_id = self.turn.turn_id
+            self.usage = usage_sum(self.usage, self.turn.usage)
             self.turn = None
             self.cards = {}
 
@@ -279,6 +283,7 @@ class _Folder(Generic[D]):
         self.turn_count = snapshot.turns_started()
         self.model = snapshot.model
         self.kind, self.source = snapshot.kind, snapshot.source
+        self.usage = snapshot.usage
         self.turn = None  # a snapshot is written only between turns (``state`` keeps the last turn's)
         self.cards = {}
 
@@ -376,6 +381,7 @@ class _Folder(Generic[D]):
             replayed=replayed,
             kind=self.kind,
             source=self.source,
+            usage=self.usage,
         )
 
 

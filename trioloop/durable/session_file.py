@@ -17,9 +17,12 @@ Format (version 2), one JSON object with exactly these keys::
      "undo": [{"turn_id": str, "document": str}, ...],   # oldest first, the pre-turn documents
      "undo_max_entries": int,
      "last_turn_id": str | null,
-     "turn_count": int}                      # turns started so far: new turn ids continue after it
+     "turn_count": int,                      # turns started so far: new turn ids continue after it
+     "usage": {"input_tokens": int, "output_tokens": int, "cache_read_input_tokens": int,
+               "cache_creation_input_tokens": int, "reasoning_tokens": int}}   # every settled turn's tokens
 
-Version 1 files (without ``kind`` and ``source``) are still read; they name no kind and no source.
+Version 1 files (without ``kind`` and ``source``) are still read; they name no kind and no source. ``usage`` may
+be absent (a file written before it was kept): the session then counts from nothing.
 
 Decoding refuses, with `SessionFileError` (a `ValueError`) and never anything else: more than
 ``max_bytes``, bytes that are not UTF-8, text that is not JSON (NaN and Infinity included, and a
@@ -47,6 +50,7 @@ import attrs
 
 from trioloop.durable.bounded_json import parse_bounded_json
 from trioloop.machine.transaction import UndoEntry, UndoHistory
+from trioloop.protocol.events import Usage
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
 
@@ -78,6 +82,15 @@ _KEYS_V1: Final = frozenset(
     {"format", "version", "model", "messages", "document", "undo", "undo_max_entries", "last_turn_id", "turn_count"}
 )
 _KEYS: Final = _KEYS_V1 | {"kind", "source"}
+#: Keys a version 2 file may hold or leave out (written since they were added; a file without them still reads).
+_OPTIONAL_KEYS: Final = frozenset({"usage"})
+_USAGE_FIELDS: Final = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "reasoning_tokens",
+)
 
 D = TypeVar("D")
 _TURN_ID: Final = re.compile(r"turn-([0-9]{1,18})")
@@ -118,6 +131,8 @@ class SessionSnapshot(Generic[D]):
     model: str | None = None
     kind: str | None = None
     source: str | None = None
+    #: The tokens every settled turn of the session used (a file written before they were kept: none).
+    usage: Usage = attrs.field(factory=Usage)
 
     def undo_history(self) -> UndoHistory[D]:
         """The undo history these records make (oldest first, capped as saved)."""
@@ -155,6 +170,7 @@ def session_to_json(snapshot: SessionSnapshot[D], *, dump_document: Callable[[D]
         "undo_max_entries": snapshot.undo_max_entries,
         "last_turn_id": snapshot.last_turn_id,
         "turn_count": snapshot.turn_count,
+        "usage": {name: getattr(snapshot.usage, name) for name in _USAGE_FIELDS},
     }
 
 
@@ -181,7 +197,7 @@ def session_from_json(value: Any, *, load_document: Callable[[str], D]) -> Sessi
         raise SessionFileError(f"session file version {version!r} is not supported (this reads 1 to {SESSION_VERSION})")
     keys = _KEYS if version == SESSION_VERSION else _KEYS_V1
     missing = sorted(keys - value.keys())
-    unknown = sorted(value.keys() - keys)
+    unknown = sorted(value.keys() - keys - (_OPTIONAL_KEYS if version == SESSION_VERSION else frozenset()))
     if missing or unknown:
         raise SessionFileError(
             f"the session file {'lacks' if missing else 'has the unknown key'} {(missing or unknown)[0]!r}"
@@ -213,7 +229,18 @@ def session_from_json(value: Any, *, load_document: Callable[[str], D]) -> Sessi
         model=model,
         kind=kind,
         source=source,
+        usage=_usage(value.get("usage")),
     )
+
+
+def _usage(value: object) -> Usage:
+    if value is None:
+        return Usage()
+    if type(value) is not dict or value.keys() != set(_USAGE_FIELDS):
+        raise SessionFileError(f"usage must be an object with exactly the keys {', '.join(_USAGE_FIELDS)}")
+    if not all(type(count) is int and 0 <= count < 2**63 for count in value.values()):
+        raise SessionFileError("usage counts must be whole numbers, 0 or more")
+    return Usage(**value)
 
 
 def _optional_text(value: object, name: str) -> str | None:

@@ -38,6 +38,7 @@ from trioloop.machine.questions import AnswerAction, Question
 from trioloop.machine.state import TurnState
 from trioloop.machine.tools import RegisteredTool, ToolRegistry, create_tool_registry
 from trioloop.machine.transaction import DocumentMatch, UndoAvailability, UndoHistory, match_document
+from trioloop.protocol.events import Usage
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.provider import ChatProvider, HoldsConnections
 from trioloop.runtime import session_files
@@ -236,6 +237,12 @@ class Session(Generic[D]):
         return self._publisher.state
 
     @property
+    def usage(self) -> Usage:
+        """The tokens every settled turn of this session used, those before it was resumed or reopened included (a
+        turn counts once it settles: the running or suspended one is in ``state.usage``)."""
+        return self._turns.usage
+
+    @property
     def busy(self) -> bool:
         """Whether a turn is running now."""
         return self._turns.controls is not None
@@ -427,13 +434,15 @@ class Session(Generic[D]):
         undo: UndoHistory[D],
         turns_started: int,
         last_turn_id: str | None,
+        usage: Usage,
         **options: Any,
     ) -> Session[D]:
-        """A session continuing a saved one: its conversation, document, undo history and turn numbering."""
+        """A session continuing a saved one: its conversation, document, undo history, turn numbering and tokens."""
         session = cls(document=document, history=history, **options)
         session._workspace.undo = undo
         session._turns.started = turns_started
         session._turns.last_turn_id = last_turn_id
+        session._turns.usage = usage
         return session
 
     def _take_up(self, state: TurnState | None, resume: ResumePoint | None) -> None:

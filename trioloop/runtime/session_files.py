@@ -43,7 +43,7 @@ class TranscriptError(ValueError):
 
 
 def snapshot_of(session: Session[D]) -> SessionSnapshot[D]:
-    """What a session file holds: conversation, document, undo history, the last turn, the turn count."""
+    """What a session file holds: conversation, document, undo history, the last turn, the turn count, the tokens."""
     undo = session.undo_history
     return SessionSnapshot(
         messages=session.history,
@@ -55,6 +55,7 @@ def snapshot_of(session: Session[D]) -> SessionSnapshot[D]:
         model=session.model,
         kind=session.kind.name,
         source=session.source,
+        usage=session.usage,
     )
 
 
@@ -98,6 +99,7 @@ def resume_session(
         undo=snapshot.undo_history(),
         turns_started=snapshot.turns_started(),
         last_turn_id=snapshot.last_turn_id,
+        usage=snapshot.usage,
         kind=kind,
         provider=provider,
         model=chosen,

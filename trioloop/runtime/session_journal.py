@@ -251,6 +251,7 @@ async def open_session(
             undo=replayed.undo,
             turns_started=replayed.turn_count,
             last_turn_id=replayed.last_turn_id,
+            usage=replayed.usage,
             model=chosen,
             source=replayed.source if replayed.source is not None else source,
             **options,

@@ -11,6 +11,7 @@ import trio
 
 from trioloop.machine.calls import CallStatus
 from trioloop.machine.state import Phase, TurnState
+from trioloop.protocol.events import Usage, usage_sum
 from trioloop.runtime.controls import TurnControls
 from trioloop.runtime.journaling import ResumePoint
 from trioloop.runtime.runner import TurnRequest, run_turn
@@ -40,6 +41,7 @@ class TurnSlot(Generic[D]):
         self.ended.set()
         self.started = 0
         self.last_turn_id: str | None = None
+        self.usage = Usage()  # every settled turn's tokens (those of a saved or journaled session included)
 
     def take_up(self, resume: ResumePoint) -> None:
         """Hold ``resume`` (a live turn read back from a journal) until `continue_turn`."""
@@ -151,6 +153,7 @@ class TurnSlot(Generic[D]):
             if final is not None and final.is_settled:
                 session._history = final.messages
                 self.last_turn_id = turn_id
+                self.usage = usage_sum(self.usage, final.usage)
             elif final is not None and controls.suspended_at is not None:
                 machine_ms, review_ms = controls.suspended_at
                 digests = {} if resume is None else resume.card_digests

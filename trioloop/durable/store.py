@@ -1,6 +1,6 @@
 """Where a session's journal lives: the small protocol the core calls out through, and a store in memory.
 
-The core never does storage I/O itself (DESIGN.md): `Session` hands numbered, already-encoded entries to a
+The core never does storage I/O itself: `Session` hands numbered, already-encoded entries to a
 `JournalStore` and reads them back. A store knows nothing of what an entry means; it keeps, per session id,
 an ordered run of ``(seq, bytes)`` with three promises:
 

@@ -397,3 +397,24 @@ def test_bounded_matching_agrees_with_jsonschema_on_benign_patterns(
     prepared = build_mcp_tool("srv", mcp_tool(schema=schema), "destructive", never_called).prepare(raw)
     found = sorted(prepared.issues) if isinstance(prepared, PrepareFailure) else []
     assert found == expected
+
+
+def _visible_slowly(text: str, cap: int) -> str:
+    """The card's rule for a value, one code point at a time (what `_visible`'s fast path must equal)."""
+    from trioloop.machine.card import visible_char
+    from trioloop.machine.untrusted_text import TRUNCATION_MARK
+
+    shown = [{"<": "\\<", ">": "\\>"}.get(char) or visible_char(char, allow_newlines=False) for char in text[:cap]]
+    if len(text) > cap:
+        shown[-1] = TRUNCATION_MARK
+    return "".join(shown)
+
+
+@given(
+    text=st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=40) | st.text(max_size=40),
+    cap=st.integers(min_value=1, max_value=45),
+)
+def test_a_cards_value_is_shown_by_one_rule_ascii_or_not(text: str, cap: int) -> None:
+    from trioloop.mcp.tools import _visible
+
+    assert _visible(text, cap) == _visible_slowly(text, cap)

@@ -171,4 +171,9 @@ def canonical_json(value: Any) -> str:
 
 def input_digest(value: Any) -> str:
     """SHA-256 (hex) over the canonical JSON of ``value`` in UTF-8 (lone surrogates passed through)."""
-    return hashlib.sha256(canonical_json(value).encode("utf-8", "surrogatepass")).hexdigest()
+    return canonical_digest(canonical_json(value))
+
+
+def canonical_digest(text: str) -> str:
+    """`input_digest` of the value whose canonical JSON is ``text`` (for a caller that has the text already)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

@@ -10,7 +10,6 @@ import itertools
 import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from functools import partial
 from typing import Any, Final
 
 import jsonschema
@@ -18,7 +17,7 @@ import mcp_types
 from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
 
-from trioloop.machine.canonical import canonical_json, input_digest
+from trioloop.machine.canonical import canonical_digest, canonical_json
 from trioloop.machine.card import input_details, visible_char
 from trioloop.machine.tools import PreparedCall, PrepareFailure, RegisteredTool, ToolOutcome
 from trioloop.machine.untrusted_text import TRUNCATION_MARK, is_stripped_code_point, sanitize_scalar
@@ -156,6 +155,10 @@ def _visible(text: str, cap: int) -> str:
     """``text`` for the card with nothing hidden, so what the reviewer reads is what is sent: the core card's
     rule (``visible_char``: a backslash doubled, every invisible or control code point, line breaks included,
     shown as ``\\u{XXXX}``), and ``<`` and ``>`` escaped (no fence marker). Cut at ``cap`` code points with "…"."""
+    cut = len(text) > cap
+    head = text[: cap - 1] if cut else text
+    if head.isascii() and head.isprintable() and not any(char in head for char in "\\<>"):
+        return head + TRUNCATION_MARK if cut else head  # printable ASCII is shown as it is, but for those three
     shown: list[str] = []
     for index, char in enumerate(text):
         if index == cap:
@@ -208,7 +211,7 @@ def build_mcp_tool(server: str, tool: mcp_types.Tool, tool_class: ToolClass, cal
             return PrepareFailure(issues=issues)
         text = canonical_json(raw)
         arguments: dict[str, Any] = json.loads(text)  # a private copy of exactly what was digested
-        digest = input_digest(raw)
+        digest = canonical_digest(text)
 
         async def run(ctx: ToolExecutionContext[Any]) -> ToolOutcome[Any]:
             return await call(original, arguments, ctx)
@@ -217,8 +220,9 @@ def build_mcp_tool(server: str, tool: mcp_types.Tool, tool_class: ToolClass, cal
             summary=_card(server, original, text, digest, tool_class, hints),
             input_digest=digest,
             run=run,
-            # Every leaf, as a native tool's card lists them, from a copy of its own (the call's copy is sent).
-            details=partial(input_details, json.loads(text)),
+            # Every leaf, as a native tool's card lists them, from a copy of its own (the call's copy is sent),
+            # made when a face asks for them.
+            details=lambda: input_details(json.loads(text)),
         )
 
     return RegisteredTool(

@@ -17,6 +17,7 @@ import pexpect
 import pytest
 import trio
 
+from tests.http_support import ProviderHandler, serving
 from trioloop import ScriptedProvider, Session, define_document_kind
 from trioloop.providers.scripted import ScriptStep
 from trioloop.stores import SQLiteJournalStore
@@ -180,31 +181,8 @@ def test_every_row_of_the_exit_status_table_holds(tmp_path: Path, journal: Path,
 @pytest.fixture
 def silent_server() -> Iterator[int]:
     """A provider that lists its models (the check before the first prompt passes) and is never asked more."""
-    import http.server
-    import threading
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b'{"data": []}'
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(ProviderHandler) as port:
+        yield port
 
 
 def test_a_closed_output_ends_every_command_quietly_with_141(tmp_path: Path, journal: Path, silent_server: int) -> None:

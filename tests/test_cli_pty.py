@@ -5,7 +5,6 @@ again before it is approved, a deny reason shown whole, and its first run ending
 
 from __future__ import annotations
 
-import http.server
 import os
 import re
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
+from tests.http_support import ProviderHandler, serving
 from trioloop.protocol.events import StopReason
 from trioloop.protocol.messages import ToolCallBlock
 from trioloop.providers.anthropic import ANTHROPIC_WIRE
@@ -61,38 +61,17 @@ def model_server() -> Iterator[int]:
     answers = iter(r(n) for n in range(1, 1000) for r in (proposal, closing))
     lock = threading.Lock()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(ProviderHandler):
         protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:
-            self._send("application/json", b'{"data": []}')
 
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers["content-length"]))
             with lock:
                 answer = next(answers)
-            self._send("text/event-stream", ANTHROPIC_WIRE.render_stream(answer))
+            self.send_body("text/event-stream", ANTHROPIC_WIRE.render_stream(answer))
 
-        def _send(self, kind: str, body: bytes) -> None:
-            self.send_response(200)
-            self.send_header("content-type", kind)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(Handler) as port:
+        yield port
 
 
 @pytest.fixture
@@ -101,32 +80,12 @@ def silent_server() -> Iterator[int]:
     a request for a turn."""
     release = threading.Event()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b'{"data": []}'
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Handler(ProviderHandler):
         def do_POST(self) -> None:
             release.wait(60)  # never answers while the test runs
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(Handler, on_close=release.set) as port:
+        yield port
 
 
 def spawn(*args: str, cwd: Path, editor: str | None = None) -> pexpect.spawn:

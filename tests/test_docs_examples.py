@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
-from test_snippets import ROOT, Block, _env, blocks
+from test_snippets import ROOT, Block, _run, blocks
 
 
 def section(page: Path, heading: str) -> list[Block]:
@@ -42,15 +41,7 @@ def test_the_models_answer_prints_the_streamed_text_then_the_final_reply(tmp_pat
     code, shown = section(ROOT / "docs" / "getting-started.md", "The model's answer")
     assert (code.lang, code.directive, shown.lang) == ("python", "", "text")
     (tmp_path / "answer.py").write_text(code.text, encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, "-c", _RECORDING, "answer.py"],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _run([sys.executable, "-c", _RECORDING, "answer.py"], tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     calls: list[str] = json.loads(done.stdout)
     assert "".join(calls) == shown.text
@@ -81,26 +72,10 @@ def test_the_durable_guide_leads_with_a_review_that_spans_two_processes(tmp_path
         ["python", "notes_review.py", "start"],
         ["python", "notes_review.py", "approve"],
     ], "two commands, so two processes: the second knows the first only through the journal"
-    run = subprocess.run(
-        ["bash", "-c", "set -euo pipefail\n" + commands.text],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    run = _run(["bash", "-c", "set -euo pipefail\n" + commands.text], tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     assert run.stdout == shown.text
-    audit = subprocess.run(
-        [sys.executable, "-m", "trioloop", "audit", "notes.db"],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    audit = _run([sys.executable, "-m", "trioloop", "audit", "notes.db"], tmp_path)
     assert audit.returncode == 0 and "hash chain verified" in audit.stdout, audit.stdout[-2000:] + audit.stderr
 
 
@@ -111,15 +86,7 @@ def test_a_kind_without_dump_and_load_is_refused_as_the_durable_guide_says(tmp_p
     (tmp_path / "notes_review.py").write_text(
         program.text.replace(own_kind, 'define_document_kind("notes")'), encoding="utf-8"
     )
-    run = subprocess.run(
-        [sys.executable, "notes_review.py", "start", "notes.db"],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    run = _run([sys.executable, "notes_review.py", "start", "notes.db"], tmp_path)
     assert run.returncode != 0
     assert "TypeError: the notes kind has no text form: give define_document_kind dump= and load=" in run.stderr
     page = (ROOT / "docs" / "howto" / "durable.md").read_text(encoding="utf-8")

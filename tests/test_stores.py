@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import closing
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -748,3 +749,48 @@ async def test_read_sees_every_entry_without_taking_the_lease(store: Store) -> N
         await lease.append(batch(4))
         assert tuple(await store.read("audited")) == batch(1, 2, 3, 4)
     assert tuple(await store.read("never-written")) == ()
+
+
+async def test_sqlite_appends_queued_together_commit_together_and_fail_alone(tmp_path: Path) -> None:
+    # The store's thread is busy; meanwhile twenty sessions queue an append each (one of them numbered wrong).
+    # When the thread comes to them they are one transaction, one sync to disk: nineteen are durable, and the
+    # wrong one alone is refused, its savepoint rolled back.
+    async with SQLiteJournalStore(tmp_path / "j.db") as store:
+        leases = [await store.acquire(f"s{n}") for n in range(20)]
+        gate = threading.Event()
+        outcomes: dict[int, BaseException | None] = {}
+
+        async def append(n: int) -> None:
+            try:
+                await leases[n].append(batch(2 if n == 7 else 1))  # session 7 skips entry 1
+                outcomes[n] = None
+            except JournalStoreError as exc:
+                outcomes[n] = exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(store._run, "busy", lambda _: gate.wait(10)))
+            await trio.testing.wait_all_tasks_blocked()
+            before = (store._thread.batches, store._thread.appends)
+            for n in range(20):
+                nursery.start_soon(append, n)
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()
+        assert (store._thread.batches - before[0], store._thread.appends - before[1]) == (1, 19)
+        assert [n for n, error in outcomes.items() if error is not None] == [7]
+        for n, lease in enumerate(leases):
+            assert [entry.seq for entry in await lease.entries()] == ([] if n == 7 else [1])
+            await lease.release()
+
+
+async def test_sqlite_work_cancelled_before_the_thread_begins_it_never_runs(tmp_path: Path) -> None:
+    async with SQLiteJournalStore(tmp_path / "j.db") as store, await store.acquire("s") as lease:
+        gate = threading.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(store._run, "busy", lambda _: gate.wait(10)))
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.move_on_after(0.05) as cut:
+                await lease.append(batch(1))  # queued behind the busy call, then cut: dropped, never begun
+            assert cut.cancelled_caught
+            gate.set()
+        await lease.append(batch(1))  # entry 1 is still free: the dropped append never ran
+        assert [entry.seq for entry in await lease.entries()] == [1]

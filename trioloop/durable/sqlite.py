@@ -1,11 +1,13 @@
 """Journals in one SQLite file (stdlib ``sqlite3``): the embedded default store.
 
-Theory of operation: the store owns one connection, opened on first use in a worker thread and then used
-only in worker threads under the store's limiter of one token, so no SQLite call runs on the event loop and
-they run one at a time. The file is in WAL mode; with ``durable=True`` also ``synchronous=FULL``, so a commit
-is on disk when `append` returns (``durable=False`` keeps ``NORMAL``: a commit survives the process dying, not
-the machine losing power). An append is one ``BEGIN IMMEDIATE`` transaction that reads the last number,
-applies `check_batch` and inserts the batch, so it is all or nothing even against another process.
+Theory of operation: the store owns one connection and one thread that lives as long as the store
+(`trioloop.durable._store_thread`): the connection is opened on first use in that thread and used nowhere else, so
+no SQLite call runs on the event loop and they run one at a time, in order. Appends queued together (several
+sessions of one store) commit in one transaction, each in a savepoint of its own. The file is in WAL mode; with
+``durable=True`` also ``synchronous=FULL``, so a commit is on disk when `append` returns (``durable=False`` keeps
+``NORMAL``: a commit survives the process dying, not the machine losing power). An append reads the last number,
+applies `check_batch` and inserts the batch inside a ``BEGIN IMMEDIATE`` transaction, so it is all or nothing even
+against another process.
 
 A lease is a row of ``trioloop_lease`` with a time to live and a fencing epoch (`trioloop.durable.leases`), checked
 in the transaction of every append. Its holder also holds a one-byte POSIX lock (``fcntl.lockf``) on the sidecar
@@ -36,6 +38,7 @@ import attrs
 import trio
 
 from trioloop.durable._sql import SqlJournals, entries_query, stored_entries
+from trioloop.durable._store_thread import AppendsThen, StoreThread
 from trioloop.durable._waiting import check_session_id, wait_for_lease
 from trioloop.durable.leases import (
     DEFAULT_LEASE_TTL_S,
@@ -168,7 +171,9 @@ class SQLiteJournalStore(SqlJournals):
         self._file = os.path.abspath(self._path)  # a later chdir must not move the journal or its lock
         self._lock_path = self._file + ".lock"
         self._durable = durable
-        self._limiter = trio.CapacityLimiter(1)
+        self._thread = StoreThread(
+            f"trioloop SQLite {os.path.basename(self._file)}", self._connect, _begin, _commit, self._translate
+        )
         self._connection: sqlite3.Connection | None = None
         self._closed = False
         self._leases: dict[int, _SQLiteLease] = {}
@@ -206,36 +211,42 @@ class SQLiteJournalStore(SqlJournals):
                 await lease.release()
             if not self._closed:
                 self._closed = True
-                await trio.to_thread.run_sync(self._close_connection, limiter=self._limiter)
+                await self._thread.call("closing", lambda _: self._close_connection(), connected=False)
+                await self._thread.stop()
         await trio.lowlevel.checkpoint()
 
     async def _query(self, what: str, work: Callable[[Any], _T]) -> _T:
         return await self._run(what, work)
 
     async def _run(self, what: str, work: Callable[[sqlite3.Connection], _T], *, abandon: bool = False) -> _T:
-        """``work`` on the store's one worker thread. ``abandon``: a cancelled caller goes on at once and the work
-        finishes on its own (the thread is held until then, so the next work still waits for it); only for work
-        whose outcome the caller may lose (an append cut short by Stop or a deadline fails the journal), never
-        for a claim or a release, whose locks must be known."""
+        """``work`` on the store's thread. ``abandon``: a cancelled caller goes on at once and the work finishes on
+        its own; only for work whose outcome the caller may lose (a read, a renewal), never for a claim or a
+        release, whose locks must be known."""
         if self._closed:
             await trio.lowlevel.checkpoint()
             raise JournalStoreError(f"the SQLite journal store {self._path} is closed")
-        return await trio.to_thread.run_sync(
-            self._in_thread, what, work, limiter=self._limiter, abandon_on_cancel=abandon
-        )
+        return await self._thread.call(what, work, abandon=abandon)
 
-    def _in_thread(self, what: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
+    def _connect(self) -> sqlite3.Connection:
+        """The connection (the store's thread), opened on first use."""
+        if self._connection is not None:
+            return self._connection
         if self._closed:
             raise JournalStoreError(f"the SQLite journal store {self._path} is closed")
-        try:
-            connection = self._connection if self._connection is not None else self._open()
-            return work(connection)
-        except sqlite3.IntegrityError as exc:
-            raise JournalConflict(f"SQLite journal {self._path}: {what}: another writer appended first") from exc
-        except sqlite3.Error as exc:
-            raise JournalStoreError(f"SQLite journal {self._path}: {what} failed: {exc}") from exc
-        except OSError as exc:
-            raise JournalStoreError(f"SQLite journal {self._path}: {what} failed: {exc}") from exc
+        return self._open()
+
+    def _translate(self, error: BaseException, what: str) -> BaseException:
+        """A database error as the store's own (naming what failed); any other error as it is."""
+        if isinstance(error, sqlite3.IntegrityError):
+            translated: BaseException = JournalConflict(
+                f"SQLite journal {self._path}: {what}: another writer appended first"
+            )
+        elif isinstance(error, sqlite3.Error | OSError):
+            translated = JournalStoreError(f"SQLite journal {self._path}: {what} failed: {error}")
+        else:
+            return error
+        translated.__cause__ = error
+        return translated
 
     def _open(self) -> sqlite3.Connection:
         if self._read_only:
@@ -317,7 +328,7 @@ def _sync_directory(directory: str) -> None:
 
 
 @final
-class _SQLiteLease(ExpiringLease):
+class _SQLiteLease(ExpiringLease, AppendsThen):
     def __init__(self, store: SQLiteJournalStore, session_id: str, key: tuple[int, int], epoch: int) -> None:
         self._store = store
         self._session_id = session_id
@@ -365,27 +376,27 @@ class _SQLiteLease(ExpiringLease):
         return await self._store._run(f"reading session {self._session_id!r}", read, abandon=True)
 
     async def append(self, entries: Sequence[StoredEntry]) -> None:
+        await self.append_then(entries, None)
+
+    async def append_then(self, entries: Sequence[StoredEntry], after: Callable[[], None] | None) -> None:
+        """`append`, then ``after()`` in the store's thread once the append is durable (a session's witness write:
+        one hand-over for both). Cut by a cancellation, the append goes on alone and its outcome is unknown."""
         self._held()
         batch = tuple(entries)
 
         def write(connection: sqlite3.Connection) -> None:
             self._held()
-            connection.execute("BEGIN IMMEDIATE")
-            try:
-                _LEASES.check(connection, self._session_id, self._epoch)
-                check_batch(_last_seq(connection, self._session_id), batch)
-                connection.executemany(
-                    "INSERT INTO trioloop_journal (session_id, seq, data) VALUES (?, ?, ?)",
-                    [(self._session_id, entry.seq, entry.data) for entry in batch],
-                )
-                connection.execute("COMMIT")
-            except BaseException:
-                if connection.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        connection.execute("ROLLBACK")
-                raise
+            _LEASES.check(connection, self._session_id, self._epoch)
+            check_batch(_last_seq(connection, self._session_id), batch)
+            connection.executemany(
+                "INSERT INTO trioloop_journal (session_id, seq, data) VALUES (?, ?, ?)",
+                [(self._session_id, entry.seq, entry.data) for entry in batch],
+            )
 
-        await self._store._run(f"appending to session {self._session_id!r}", write, abandon=True)
+        if self._store._closed:
+            await trio.lowlevel.checkpoint()
+            raise JournalStoreError(f"the SQLite journal store {self._store.path} is closed")
+        await self._store._thread.append(f"appending to session {self._session_id!r}", write, after=after)
 
     async def discard_before(self, seq: int) -> None:
         self._held()
@@ -407,7 +418,7 @@ class _SQLiteLease(ExpiringLease):
             with trio.CancelScope(shield=True):
                 with contextlib.suppress(JournalStoreError):  # the row's time runs out by itself anyway
                     await self._store._run("ending a lease", lambda c: _LEASES.end(c, self._session_id, self._epoch))
-                await trio.to_thread.run_sync(_unlock, self._key, self._offset, limiter=self._store._limiter)
+                await trio.to_thread.run_sync(_unlock, self._key, self._offset)  # the registry has its own lock
         await trio.lowlevel.checkpoint()
 
     async def __aenter__(self) -> _SQLiteLease:
@@ -419,6 +430,20 @@ class _SQLiteLease(ExpiringLease):
     ) -> None:
         with trio.CancelScope(shield=True):
             await self.release()
+
+
+def _begin(connection: sqlite3.Connection) -> None:
+    connection.execute("BEGIN IMMEDIATE")
+
+
+def _commit(connection: sqlite3.Connection, keep: bool) -> None:
+    try:
+        connection.execute("COMMIT" if keep else "ROLLBACK")
+    except BaseException:
+        if connection.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                connection.execute("ROLLBACK")
+        raise
 
 
 def _last_seq(connection: sqlite3.Connection, session_id: str) -> int:

@@ -117,6 +117,11 @@ class FileWitness:
         """The head in ``journal``'s file, or None; `JournalError` for a file that is not a witnessed head."""
         return await trio.to_thread.run_sync(self._read, journal)
 
+    def witness_now(self, head: WitnessedHead) -> None:
+        """`witness`, in the calling thread: what a store's own thread runs right after the append ``head`` follows
+        (`SQLiteJournalStore`), so one hand-over to a thread serves both."""
+        self._write(head)
+
     async def witness(self, head: WitnessedHead) -> None:
         """Replace the journal's file with ``head`` when it is newer than the one there."""
         # Abandoned when cancelled (a turn's append cut short by Stop or its deadline): the write finishes on its

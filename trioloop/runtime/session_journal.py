@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar
 
 import trio
 
+from trioloop.durable._store_thread import AppendsThen
 from trioloop.durable.journal import (
     GENESIS,
     JournalEntry,
@@ -112,14 +114,20 @@ class SessionJournal:
         self._discarded_to = replay_from
 
     async def _append(self, entries: Sequence[StoredEntry]) -> None:
-        await self.lease.append(entries)
-        if self.witness is not None and entries:
+        witness = self.witness
+        if witness is None or not entries:
+            await self.lease.append(entries)
+        else:
             last = entries[-1]
-            await self.witness.witness(
-                WitnessedHead(
-                    journal=self.journal_id, session=self.lease.session_id, seq=last.seq, hash=entry_hash(last.data)
-                )
+            witnessed = WitnessedHead(
+                journal=self.journal_id, session=self.lease.session_id, seq=last.seq, hash=entry_hash(last.data)
             )
+            if isinstance(self.lease, AppendsThen) and isinstance(witness, FileWitness):
+                # One hand-over to the store's thread for both: the witness is written there once the append is durable.
+                await self.lease.append_then(entries, partial(witness.witness_now, witnessed))
+            else:
+                await self.lease.append(entries)
+                await witness.witness(witnessed)
         if not self.compact:
             return
         for entry in entries:

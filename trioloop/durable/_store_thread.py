@@ -178,18 +178,22 @@ class StoreThread:
                 work.result = outcome.Error(self._translate(exc, work.what))
             return
         written = []
+        alone = len(batch) == 1  # its failure rolls back the whole transaction, which is its own: no savepoint
         for number, work in enumerate(batch):
             assert work.write is not None
             savepoint = f"append_{number}"
             try:
-                connection.execute(f"SAVEPOINT {savepoint}")
-                try:
+                if alone:
                     work.write(connection)
-                except BaseException:
-                    connection.execute(f"ROLLBACK TO {savepoint}")
-                    raise
-                finally:
-                    connection.execute(f"RELEASE {savepoint}")
+                else:
+                    connection.execute(f"SAVEPOINT {savepoint}")
+                    try:
+                        work.write(connection)
+                    except BaseException:
+                        connection.execute(f"ROLLBACK TO {savepoint}")
+                        raise
+                    finally:
+                        connection.execute(f"RELEASE {savepoint}")
             except BaseException as exc:
                 work.result = outcome.Error(self._translate(exc, work.what))
             else:

@@ -155,10 +155,15 @@ class StoreThread:
                     work.started = True
             if not work_items:
                 continue
-            if work_items[0].write is None:
-                self._run_one(work_items[0])
-            else:
-                self._append_all(work_items)
+            try:
+                if work_items[0].write is None:
+                    self._run_one(work_items[0])
+                else:
+                    self._append_all(work_items)
+            except BaseException as exc:  # a fault of this thread's own: every caller hears of it, none waits for ever
+                for work in work_items:
+                    if work.result is None:
+                        work.result = outcome.Error(exc)
             for work in work_items:
                 self._hand_back(work)
 

@@ -3,6 +3,7 @@ real database shows (reopening, failures mapped to `JournalStoreError`, leases a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sqlite3
@@ -794,3 +795,59 @@ async def test_sqlite_work_cancelled_before_the_thread_begins_it_never_runs(tmp_
             gate.set()
         await lease.append(batch(1))  # entry 1 is still free: the dropped append never ran
         assert [entry.seq for entry in await lease.entries()] == [1]
+
+
+# Appends queued together while the store's thread is busy: (session, how far its first number is from the next one:
+# 0 is right, anything else a gap or a repeat).
+GROUPED = st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0, 0, 0, 1, -1])), min_size=1, max_size=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(appends=GROUPED)
+def test_sqlite_appends_committed_together_are_each_what_it_would_be_alone(
+    tmp_path_factory: pytest.TempPathFactory, appends: list[tuple[int, int]]
+) -> None:
+    # For all appends queued together, in any sessions: each is kept or refused exactly as if it had been the only
+    # one in its transaction, in queue order (the model below), and the journals hold exactly the kept ones.
+    path = tmp_path_factory.mktemp("grouped") / "j.db"
+
+    async def run() -> tuple[dict[int, list[int]], list[bool]]:
+        async with SQLiteJournalStore(path) as store:
+            leases = [await store.acquire(f"s{n}") for n in range(4)]
+            gate = threading.Event()
+            kept: list[bool] = [False] * len(appends)
+            planned: list[int] = [1] * 4  # the number each session's next append starts at, as queued
+
+            async def append(index: int, session: int, first: int) -> None:
+                with contextlib.suppress(JournalStoreError):
+                    await leases[session].append(batch(first, first + 1))
+                    kept[index] = True
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(partial(store._run, "busy", lambda _: gate.wait(10)))
+                await trio.testing.wait_all_tasks_blocked()
+                for index, (session, off) in enumerate(appends):
+                    nursery.start_soon(append, index, session, planned[session] + off)
+                    await trio.testing.wait_all_tasks_blocked()  # queued in this order
+                    if off == 0:
+                        planned[session] += 2
+                gate.set()
+            held = {n: [entry.seq for entry in await lease.entries()] for n, lease in enumerate(leases)}
+            for lease in leases:
+                await lease.release()
+            return held, kept
+
+    held, kept = trio.run(run)
+    model: dict[int, list[int]] = {n: [] for n in range(4)}
+    expected: list[bool] = []
+    planned = [1] * 4
+    for session, off in appends:
+        first = planned[session] + off
+        ok = first == len(model[session]) + 1
+        expected.append(ok)
+        if ok:
+            model[session] += [first, first + 1]
+        if off == 0:
+            planned[session] += 2
+    assert kept == expected
+    assert held == model

@@ -16,16 +16,14 @@ import trio
 import trio.testing
 
 from tests.test_mcp_toolset import (
-    FAULTY_SCRIPT,
-    _http_server,
     by_name,
     call,
     faulty_server,
     fenced_payload,
-    wait_for_text,
+    requests_of_a_close_during_a_call,
 )
 from trioloop.machine.reducer import Outcome
-from trioloop.mcp import HttpServer, McpToolset
+from trioloop.mcp import McpToolset
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.threatmodel import load_thf, threat_model_session
 
@@ -108,21 +106,5 @@ async def test_a_call_that_fills_a_frozen_servers_pipe_returns_at_its_timeout() 
 # cancelled at close; Python then warns about each. Not this host's: its close is what this test checks.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_closing_a_2025_http_session_posts_the_pending_cancellation_and_deletes_it(tmp_path: Path) -> None:
-    record, marker = tmp_path / "requests", tmp_path / "marker"
-    async with _http_server("http", str(record), "--2025", script=FAULTY_SCRIPT) as url:
-        toolset = McpToolset(HttpServer(name="web", url=url), connect_timeout=10)
-        async with trio.open_nursery() as nursery:
-            tools = by_name(await nursery.start(toolset.run))
-            scope = trio.CancelScope()
-
-            async def run_slow() -> None:
-                with scope:
-                    await call(tools["web__slow"], {"marker": str(marker)}, scope)
-
-            nursery.start_soon(run_slow)
-            await wait_for_text(marker, "started")
-            scope.cancel()  # Stop, then at once the session closes
-            nursery.cancel_scope.cancel()
-        await wait_for_text(marker, "cancelled")
-        requests = (await trio.Path(record).read_text()).splitlines()
-        assert "POST notifications/cancelled" in requests and "DELETE" in requests  # the session is ended too
+    requests = await requests_of_a_close_during_a_call(tmp_path, "--2025")
+    assert "POST notifications/cancelled" in requests and "DELETE" in requests  # the session is ended too

@@ -16,26 +16,21 @@ from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QKeySequence
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QWidget
-from test_qt_review import PAYMENT, Running, click, review_panel
+from test_qt_review import (
+    Running,
+    app_fixture,  # noqa: F401 -- a fixture, shared
+    click,
+    document_fixture,  # noqa: F401 -- a fixture, shared
+    review_panel,
+)
 
 from trioloop.machine.reducer import CallStatus, Phase
-from trioloop.threatmodel import ThreatModel, load_thf
+from trioloop.threatmodel import ThreatModel
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
 from trioloop.ui.qt import CallCard, ReviewPanel
 
 #: Room the panel leaves above a card it scrolls to (a card taller than the view shows from its top).
 MARGIN = 6
-
-
-@pytest.fixture(scope="module", name="app")
-def app_fixture() -> QApplication:
-    existing = QApplication.instance()
-    return existing if isinstance(existing, QApplication) else QApplication([])
-
-
-@pytest.fixture(name="document")
-def document_fixture() -> ThreatModel:
-    return load_thf(PAYMENT)
 
 
 def drain(app: QApplication) -> None:

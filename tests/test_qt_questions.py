@@ -17,14 +17,21 @@ pytest.importorskip("PySide6", reason="the Qt review panel needs the optional 't
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QCheckBox, QComboBox, QLineEdit
-from test_qt_review import PAYMENT, NoInput, click, review_panel, save_screenshot
+from test_qt_review import (
+    NoInput,
+    app_fixture,  # noqa: F401 -- a fixture, shared
+    click,
+    document_fixture,  # noqa: F401 -- a fixture, shared
+    review_panel,
+    save_screenshot,
+)
 
 from trioloop import Answer, QuestionField, SamplingRequest
 from trioloop.machine.reducer import CallStatus, Outcome
 from trioloop.machine.tools import ToolOutcome, create_tool_registry
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
-from trioloop.threatmodel import ThreatModel, load_thf
+from trioloop.threatmodel import ThreatModel
 from trioloop.ui._qt_questions import QuestionCard
 
 FORM = (
@@ -37,17 +44,6 @@ FORM = (
     ),
     QuestionField(name="alerts", kind="boolean", title="Send alerts", default=True),
 )
-
-
-@pytest.fixture(scope="module", name="app")
-def app_fixture() -> QApplication:
-    existing = QApplication.instance()
-    return existing if isinstance(existing, QApplication) else QApplication([])
-
-
-@pytest.fixture(name="document")
-def document_fixture() -> ThreatModel:
-    return load_thf(PAYMENT)
 
 
 def _asking_tools(got: list[Any], url: str = "") -> Any:

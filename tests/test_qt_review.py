@@ -175,8 +175,8 @@ def call(call_id: str, name: str, **data: str) -> ScriptedCall:
 # -- driving Qt --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def app() -> QApplication:
+@pytest.fixture(scope="module", name="app")
+def app_fixture() -> QApplication:
     existing = QApplication.instance()
     if isinstance(existing, QApplication):
         return existing
@@ -184,8 +184,8 @@ def app() -> QApplication:
     return QApplication([])
 
 
-@pytest.fixture
-def document() -> ThreatModel:
+@pytest.fixture(name="document")
+def document_fixture() -> ThreatModel:
     return load_thf(PAYMENT)
 
 

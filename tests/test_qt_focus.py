@@ -21,6 +21,7 @@ from test_qt_review import (
     app_fixture,  # noqa: F401 -- a fixture, shared
     click,
     document_fixture,  # noqa: F401 -- a fixture, shared
+    pending_call,
     review_panel,
 )
 
@@ -188,18 +189,7 @@ def test_esc_in_a_reason_returns_to_the_card_and_keeps_the_text(app: QApplicatio
 
 
 def test_typing_on_a_card_fills_its_reason_and_shortcut_keys_do_not(app: QApplication) -> None:
-    from trioloop.machine.reducer import CallRecord
-
-    record = CallRecord(
-        id="c1",
-        tool_name="rename_model",
-        input_digest="",
-        summary="Rename",
-        effect="mutate",
-        destructive=False,
-        iteration=1,
-        status=CallStatus.PENDING,
-    )
+    record = pending_call("rename_model", "Rename")
     card = CallCard(record)
     try:
         card.show_call(record, reviewable=True)

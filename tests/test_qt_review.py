@@ -36,7 +36,7 @@ from strategies_document import json_values
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.machine.reducer import CallRecord, CallStatus, DenialReason, Outcome, Phase, TurnState
 from trioloop.machine.tool_input import tool_field
-from trioloop.machine.tools import ToolOutcome, ToolRegistry, create_tool_registry
+from trioloop.machine.tools import PreparedCall, ToolOutcome, ToolRegistry, create_tool_registry
 from trioloop.protocol.messages import ToolResultBlock
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
@@ -187,6 +187,21 @@ def app_fixture() -> QApplication:
 @pytest.fixture(name="document")
 def document_fixture() -> ThreatModel:
     return load_thf(PAYMENT)
+
+
+def pending_call(tool_name: str, summary: str, prepared: PreparedCall[Any] | None = None) -> CallRecord:
+    """A mutation's call ``c1`` waiting for review, as a card receives it."""
+    return CallRecord(
+        id="c1",
+        tool_name=tool_name,
+        input_digest="" if prepared is None else prepared.input_digest,
+        summary=summary,
+        effect="mutate",
+        destructive=False,
+        iteration=1,
+        status=CallStatus.PENDING,
+        prepared=prepared,
+    )
 
 
 def run_until(
@@ -495,16 +510,7 @@ def rendered_like(label: QLabel, text_format: Qt.TextFormat) -> bool:
     tool_name=st.text(st.characters(codec="utf-8"), min_size=1, max_size=30),
 )
 def test_a_card_shows_any_summary_and_tool_name_as_written(app: QApplication, summary: str, tool_name: str) -> None:
-    record = CallRecord(
-        id="c1",
-        tool_name=tool_name,
-        input_digest="",
-        summary=summary,
-        effect="mutate",
-        destructive=False,
-        iteration=1,
-        status=CallStatus.PENDING,
-    )
+    record = pending_call(tool_name, summary)
     card = CallCard(record)
     try:
         card.resize(600, 160)
@@ -708,8 +714,6 @@ def test_unset_fields_fold_into_one_line_that_one_click_opens(app: QApplication,
 
 
 def test_only_a_null_field_is_folded_never_the_text_null(app: QApplication) -> None:
-    from trioloop.machine.tools import PreparedCall
-
     async def never(_: Any) -> ToolOutcome[Any]:
         raise AssertionError("not run")
 
@@ -719,17 +723,7 @@ def test_only_a_null_field_is_folded_never_the_text_null(app: QApplication) -> N
         run=never,
         details=(("note", '"null"'), ("owner", "null")),  # the string "null" is shown quoted
     )
-    record = CallRecord(
-        id="c1",
-        tool_name="note",
-        input_digest="d",
-        summary="Set a note",
-        effect="mutate",
-        destructive=False,
-        iteration=1,
-        status=CallStatus.PENDING,
-        prepared=prepared,
-    )
+    record = pending_call("note", "Set a note", prepared)
     card = CallCard(record)
     try:
         assert card.details_text.splitlines() == ["Input:", '  note: "null"', "  1 field unset"]

@@ -801,18 +801,25 @@ def test_the_layout_stays_put_after_a_click_and_new_cards_scroll_into_view(
         run.until(lambda: not panel.cards["toolu_07"].visibleRegion().isEmpty(), "the new card to scroll into view")
 
 
+def _to_the_end_of_the_demo(run: Running) -> ReviewPanel:
+    """The demo turn decided to its end: the safe cards of the second step approved, the destructive one denied,
+    the corrected call approved; the turn settled (at its step limit)."""
+    panel = _review_iteration_two(run)
+    click(panel.approve_safe_button)
+    run.until_status("toolu_04", CallStatus.APPROVED)
+    click(panel.cards["toolu_05"].deny_button)
+    run.until(lambda: panel.card("toolu_07") is not None, "the corrected call")
+    run.until_phase(Phase.AWAITING_APPROVAL)
+    click(panel.cards["toolu_07"].approve_button)
+    run.until_settled()
+    return panel
+
+
 def test_after_undo_only_calls_that_changed_the_document_read_undone(app: QApplication, document: ThreatModel) -> None:
     from trioloop.ui.qt import UNDONE_NOTICE
 
     with review_panel(app, DEMO_SCRIPT, document, limits=DEMO_LIMITS) as run:
-        panel = _review_iteration_two(run)
-        click(panel.approve_safe_button)
-        run.until_status("toolu_04", CallStatus.APPROVED)
-        click(panel.cards["toolu_05"].deny_button)
-        run.until(lambda: panel.card("toolu_07") is not None, "the corrected call")
-        run.until_phase(Phase.AWAITING_APPROVAL)
-        click(panel.cards["toolu_07"].approve_button)
-        run.until_settled()
+        panel = _to_the_end_of_the_demo(run)
         click(panel.undo_button)
         run.until_status("toolu_03", CallStatus.UNDONE)
         assert panel.session.document == document
@@ -991,14 +998,7 @@ def test_after_undo_the_header_and_notice_say_the_turn_was_undone(app: QApplicat
     from trioloop.ui.qt import REDONE_NOTICE, UNDONE_NOTICE
 
     with review_panel(app, DEMO_SCRIPT, document, limits=DEMO_LIMITS) as run:
-        panel = _review_iteration_two(run)
-        click(panel.approve_safe_button)
-        run.until_status("toolu_04", CallStatus.APPROVED)
-        click(panel.cards["toolu_05"].deny_button)
-        run.until(lambda: panel.card("toolu_07") is not None, "the corrected call")
-        run.until_phase(Phase.AWAITING_APPROVAL)
-        click(panel.cards["toolu_07"].approve_button)
-        run.until_settled()
+        panel = _to_the_end_of_the_demo(run)
         assert panel.phase_label.text() == "Turn ended at a limit"
         assert "used all of its model steps" in panel.notice_label.text()
 

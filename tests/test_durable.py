@@ -501,3 +501,35 @@ async def test_a_long_journal_is_verified_off_the_event_loop(monkeypatch: pytest
         async with await open_note(store, provider) as reopened:
             assert reopened.history[-2].content[0].text == long  # type: ignore[union-attr]
     assert threads == [True, True, False]
+
+
+async def test_a_settled_turn_ends_with_one_append_that_holds_its_snapshot() -> None:
+    """The turn's last entries and the session snapshot after it (when one is due) go in one append: the
+    snapshot after its own seal, so a journal compacted to start there still verifies."""
+    store = MemoryJournalStore()
+    read = ScriptStep(tool_calls=(ScriptedCall(id="r1", name="read_note", input={}),))
+    steps = [read, ScriptStep(text="Done."), ScriptStep(text="Again.")]
+    async with ScriptedProvider(steps) as provider:
+        async with await open_note(store, provider, compact=True) as session:
+            assert session._journal is not None
+            lease = session._journal.lease
+            batches: list[list[str]] = []
+            append = lease.append
+
+            async def recording(entries: Sequence[StoredEntry]) -> None:
+                batches.append([e.kind for e in decode_entries(entries)])
+                await append(entries)
+
+            lease.append = recording  # type: ignore[method-assign]
+            state = await session.send("read it")
+            assert state.outcome is Outcome.COMPLETED
+            last = batches[-1]
+            assert "settled" in last and last[-3:] == ["seal", "snapshot", "seal"], batches
+            assert sum("snapshot" in batch for batch in batches) == 1
+            await session.send("and again")  # the snapshot before this turn is where the journal is compacted to
+        history = session.history
+    reopened = await open_note(store, provider)
+    async with reopened:
+        assert reopened.history == history and reopened.state is not None and reopened.state.is_settled
+        assert reopened.usage == session.usage
+        assert (reopened.journal_integrity is not None) and reopened.journal_integrity.first_seq > 1  # compacted

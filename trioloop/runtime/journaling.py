@@ -42,11 +42,20 @@ class TurnJournal:
         #: The lease's fencing epoch (`ToolExecutionContext.fencing_epoch`), when the store has one.
         self.epoch = epoch
         self.error: Exception | None = None
+        #: Called once with a turn's settled state right before its last append: what its session adds to that
+        #: append (the session snapshot, when one is due), so a turn ends with one append rather than two.
+        self.on_settled: Callable[[TurnState], None] | None = None
 
     def fail(self, error: Exception) -> None:
         """The journal can no longer be written (its lease was lost, say): the turn stops at its next append."""
         if self.error is None:
             self.error = error
+
+    def settled(self, state: TurnState) -> None:
+        """The turn settled in ``state``: what the session adds to its last append is added now, once."""
+        on_settled, self.on_settled = self.on_settled, None
+        if on_settled is not None and self.error is None:
+            on_settled(state)
 
     def fenced(self) -> bool:
         """Whether the lease still holds by the holder's own clock (no I/O, no checkpoint): asked right before a

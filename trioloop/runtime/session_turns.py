@@ -5,8 +5,10 @@ conversation, undo target or suspended turn.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+import attrs
 import trio
 
 from trioloop.machine.calls import CallStatus
@@ -18,6 +20,7 @@ from trioloop.runtime.runner import TurnRequest, run_turn
 
 if TYPE_CHECKING:
     from trioloop.runtime.session import Session
+    from trioloop.runtime.session_journal import SessionJournal
 
 __all__ = ["SessionBusy", "TurnSlot"]
 
@@ -136,6 +139,7 @@ class TurnSlot(Generic[D]):
         )
         if journal is not None:
             journal.turns.writer.actor = session.actor
+            journal.turns.on_settled = partial(self._closing_snapshot, journal, turn_id)
         try:
             state = await run_turn(
                 request,
@@ -149,6 +153,8 @@ class TurnSlot(Generic[D]):
             )
         finally:
             self.controls = None
+            if journal is not None:
+                journal.turns.on_settled = None
             final = publisher.state
             if final is not None and final.is_settled:
                 session._history = final.messages
@@ -170,6 +176,21 @@ class TurnSlot(Generic[D]):
                 journal.turns.writer.snapshot(session.snapshot())  # compaction: reopening replays from here
             await journal.flush()
         return state
+
+    def _closing_snapshot(self, journal: SessionJournal, turn_id: str, state: TurnState) -> None:
+        """The session after the turn that settled in ``state``, as a snapshot, when one is due (compaction:
+        reopening replays from here); written in the turn's last append."""
+        writer = journal.turns.writer
+        if writer.snapshot_due:
+            snapshot = self.session.snapshot()
+            writer.snapshot(
+                attrs.evolve(
+                    snapshot,
+                    messages=state.messages,
+                    last_turn_id=turn_id,
+                    usage=usage_sum(self.usage, state.usage),
+                )
+            )
 
     async def suspend(self) -> TurnState | None:
         controls = self.controls

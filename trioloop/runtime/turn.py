@@ -331,6 +331,10 @@ class Turn(Generic[D]):
         if not self.state.is_settled:
             self.drain_settlements()
             self.apply(Cancel(reason=reason))
+        if self.journal is not None and self.state.is_settled:
+            if self.journal.writer.commit_pending:
+                await self.sync()  # its state is published once this is durable: not after a snapshot too
+            self.journal.settled(self.state)  # the session's snapshot (when due) goes in the turn's last append
         await self.sync()
 
     def drain_settlements(self) -> None:

@@ -373,6 +373,49 @@ async def test_every_batch_ends_with_a_seal(journal: Journal, signer: JournalSig
     }
 
 
+def with_repeated_heads(
+    rows: Sequence[tuple[int, bytes]], signer: JournalSigner, session_id: str, wrong: int = 0
+) -> list[tuple[int, bytes]]:
+    """The journal as earlier versions wrote it: every seal repeating the number and hash of the entry it signs
+    (``seq``, ``head``), chained and signed again; ``wrong`` makes the repeated number of that seal differ."""
+    out: list[tuple[int, bytes]] = []
+    prev = decode_entry(rows[0][1]).prev
+    for seq, data in rows:
+        entry = decode_entry(data)
+        fields = dict(entry.data)
+        if entry.kind == "seal":
+            fields = {
+                "session": session_id,
+                "seq": seq - 1 + (seq == wrong),
+                "head": prev,
+                "key": signer.key_id,
+                "sig": signer.sign(head_message(session_id, seq - 1, prev)),
+            }
+        raw = encode_entry(seq, entry.kind, prev, entry.at_ms, fields)
+        out.append((seq, raw))
+        prev = entry_hash(raw)
+    return out
+
+
+async def test_a_seal_signs_its_own_place_and_seals_of_earlier_versions_still_verify(
+    journal: Journal, signer: JournalSigner
+) -> None:
+    path = journal
+    await suspended_in_review(path, signer)
+    rows = path.rows()
+    seals = [decode_entry(data) for _, data in rows if decode_entry(data).kind == "seal"]
+    assert all(set(seal.data) == {"session", "key", "sig"} for seal in seals)  # the head is the seal's own prev
+    # A journal whose seals repeat the head (as earlier versions wrote it) opens verified, the card still open.
+    path.rewrite(with_repeated_heads(rows, signer, path.sid("s1")))
+    session = await open_note(path, signer=signer, witness=None)
+    assert session.journal_integrity is not None and session.journal_integrity.verified and session.suspended
+    await session.aclose()
+    # A repeated number that is not the seal's own place is refused.
+    last_seal = max(seal.seq for seal in seals)
+    path.rewrite(with_repeated_heads(rows, signer, path.sid("s1"), wrong=last_seal))
+    await refused(path, signer, "not the one before it", witness=None)
+
+
 async def test_a_compacted_journal_reopens_with_the_last_turn_and_verifies(
     journal: Journal, signer: JournalSigner
 ) -> None:

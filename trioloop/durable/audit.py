@@ -161,7 +161,7 @@ def _describe(entry: JournalEntry) -> list[str]:
     if kind == "resume":
         return [f"turn {_show(data.get('turn_id'))} taken up again{by}"]
     if kind == "seal":
-        return [f"signed head of entry {_show(data.get('seq'))} by {_show(data.get('key'))}"]
+        return [f"signed head of entry {_show(data.get('seq', entry.seq - 1))} by {_show(data.get('key'))}"]
     return [kind]
 
 

@@ -24,10 +24,12 @@ for the first entry), so changing, removing or reordering any entry breaks the c
 - ``advance``, ``retry``, ``cancel``, ``revoke``, ``undo``: the other reducer inputs.
 - ``suspend``, ``resume``: the turn was suspended in review (with the machine time spent and the time the
   review had waited), and taken up again.
-- ``seal``: the end of an append batch, signing its head: the session id, the number and hash of the entry
-  before it, the key's id and an Ed25519 signature (`trioloop.durable.signing`). `verify_journal` checks every
-  seal and that nothing follows the last one; a snapshot names the seal it follows (``after``) and whether the
-  journal may be compacted (``compact``), so a journal may start after entry 1 only at such a snapshot.
+- ``seal``: the end of an append batch, signing its head: the session id, the key's id and an Ed25519
+  signature (`trioloop.durable.signing`) over the session id and the number and hash of the entry before it
+  (the seal's own ``seq`` - 1 and ``prev``; seals of earlier versions also repeat them as ``seq`` and
+  ``head``). `verify_journal` checks every seal and that nothing follows the last one; a snapshot names the
+  seal it follows (``after``) and whether the journal may be compacted (``compact``), so a journal may start
+  after entry 1 only at such a snapshot.
 
 This module is the format: encoding, decoding and the hash chain. `JournalWriter`
 (`trioloop.durable.journal_writer`) makes the entries of a live session; replay (`trioloop.durable.replay`) folds
@@ -231,8 +233,11 @@ class JournalIntegrity:
 
 
 def _seal_fields(entry: JournalEntry) -> tuple[str, int, str, str, str]:
+    """A seal's session, the number and hash of the entry it signs (its own place in the chain; seals written
+    before that was so repeat them, and must agree), key id and signature."""
     data = entry.data
-    session, seq, head, key, sig = (data.get(k) for k in ("session", "seq", "head", "key", "sig"))
+    session, key, sig = data.get("session"), data.get("key"), data.get("sig")
+    seq, head = data.get("seq", entry.seq - 1), data.get("head", entry.prev)
     if not (type(session) is str and type(seq) is int and type(head) is str and type(key) is str and type(sig) is str):
         raise JournalError(f"journal entry {entry.seq} is a seal without its fields", seq=entry.seq)
     return session, seq, head, key, sig

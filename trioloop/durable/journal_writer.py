@@ -165,8 +165,8 @@ class JournalWriter:
     def _seal(self, signer: JournalSigner) -> None:
         """Sign the head: the session, the last entry's number and its hash (a stream still held stays held)."""
         message = head_message(self._session_id, self._seq, self._prev)
-        seal = {"session": self._session_id, "seq": self._seq, "head": self._prev, "key": signer.key_id}
-        self._last_seal = self._append_entry("seal", {**seal, "sig": signer.sign(message)})
+        seal = {"session": self._session_id, "key": signer.key_id, "sig": signer.sign(message)}
+        self._last_seal = self._append_entry("seal", seal)  # the head it signs is its own ``prev``
 
     @property
     def snapshot_due(self) -> bool:

@@ -115,9 +115,18 @@ class FileWitness:
 
     def __init__(self, folder: str | os.PathLike[str] | None = None) -> None:
         self.folder = Path(folder) if folder is not None else default_witness_path()
+        self._files: dict[str, str] = {}  # journal -> its file's path (a path built once, not per write)
 
     def _path(self, journal: str, suffix: str = ".head") -> Path:
         return self.folder / (hashlib.sha256(journal.encode("utf-8")).hexdigest()[:32] + suffix)
+
+    def _file(self, journal: str) -> str:
+        file = self._files.get(journal)
+        if file is None:
+            if len(self._files) >= 1024:
+                self._files.clear()
+            file = self._files[journal] = str(self._path(journal))
+        return file
 
     def _unreadable(self, journal: str, path: Path) -> JournalError:
         return JournalError(f"the witness file for journal {journal} is not a witnessed head: {path}")
@@ -187,7 +196,7 @@ class FileWitness:
 
     def _write(self, head: WitnessedHead) -> None:
         try:
-            descriptor = os.open(self._path(head.journal), os.O_RDWR)
+            descriptor = os.open(self._file(head.journal), os.O_RDWR)
         except FileNotFoundError:
             self._create(head)
             return

@@ -382,3 +382,26 @@ def test_a_hostile_entry_is_refused_in_bounded_memory() -> None:
     peak, result = _peak(lambda: decode_entry(raw))
     assert isinstance(result, JournalError)
     assert peak <= _bound(raw), (peak, len(raw))
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.dictionaries(st.text(), _JSON_VALUES, max_size=5), seq=st.integers(1, 2**53), at=st.integers(0, 2**53))
+def test_an_entry_is_the_json_the_format_names_for_all_values(data: dict[str, Any], seq: int, at: int) -> None:
+    """The encoder made once gives, for every value, the bytes ``json.dumps`` gives with the format's options."""
+    value = {"seq": seq, "kind": "advance", "prev": "p" * 64, "at": at, "data": data}
+    expected = json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+    assert encode_entry(seq, "advance", "p" * 64, at, data) == expected
+
+
+def test_an_entry_refuses_what_json_cannot_hold() -> None:
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        encode_entry(1, "advance", GENESIS, 0, {"x": float("nan")})
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        encode_entry(1, "advance", GENESIS, 0, {"x": object()})

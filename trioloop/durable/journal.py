@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Final, final
 
 import attrs
@@ -141,7 +142,23 @@ def encode_entry(seq: int, kind: str, prev: str, at_ms: int, data: Mapping[str, 
     if kind not in JOURNAL_KINDS:
         raise ValueError(f"unknown journal entry kind {kind!r}")
     value = {"seq": seq, "kind": kind, "prev": prev, "at": at_ms, "data": data}
-    return json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+    if _encode is None:
+        return json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+    return "".join(_encode(value, 0)).encode("ascii")
+
+
+def _refuse(value: object) -> object:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# The standard library's C encoder, made once: ``json.dumps`` with these options makes a new one for every call,
+# about 2 us of a 3-5 us entry. The same bytes (a property test holds them equal); where the C encoder is missing,
+# ``json.dumps``. No circular-reference markers: entries are built from the session's own acyclic values.
+_encode: Final = (
+    None
+    if c_make_encoder is None
+    else c_make_encoder(None, _refuse, encode_basestring_ascii, None, ":", ",", False, False, False)
+)
 
 
 def decode_entry(raw: bytes) -> JournalEntry:

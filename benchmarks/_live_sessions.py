@@ -15,6 +15,8 @@ server's write to the moment the contender shows the text to the app:
   else an app-held ``httpx.AsyncClient`` with that pool (``default``: httpx's 100 connections, 20 kept
   alive; ``none``: unbounded; a number: that many, all kept alive). The app's client has no pool timeout,
   so requests past the cap wait for a connection instead of failing.
+- ``trioloop_per_session``: the same sessions, each with an `AnthropicProvider` of its own (held by its
+  session, so one connection each): what sharing one provider is measured against.
 - ``sdk``: the anthropic SDK's ``AsyncAnthropic`` on Trio (through anyio), one client for every session,
   ``messages.stream``: the moment its ``text`` event comes out of the stream.
 - ``pydantic_ai``: one pydantic-ai ``Agent`` on its Anthropic model (one provider, so one SDK client), on
@@ -161,13 +163,14 @@ async def _trioloop(
     from trioloop.runtime.session import Session
     from trioloop.threatmodel import THREAT_MODEL, ThreatModel
 
-    client = None if pool == "held" else app_client(pool)
+    client = None if pool in ("held", "per session") else app_client(pool)
     provider = AnthropicProvider(KEY, base_url=base, client=client, model_table=TABLE)
     turn_walls: list[float] = []
 
     async def one(i: int, start: float) -> None:
         await trio.sleep_until(start + i * stagger / n)
-        session = Session(document=ThreatModel(), kind=THREAT_MODEL, provider=provider, model=MODEL)
+        own = provider if pool != "per session" else AnthropicProvider(KEY, base_url=base, model_table=TABLE)
+        session = Session(document=ThreatModel(), kind=THREAT_MODEL, provider=own, model=MODEL)
         if latencies is not None:
             session.observe(_DraftWatch(latencies))
         async with session:
@@ -295,6 +298,7 @@ Contender = Callable[[str, int, int, float, str, "_Latencies | None"], Awaitable
 CONTENDERS: Final[dict[str, tuple[Contender, str]]] = {
     "trioloop": (_trioloop, "trio"),
     "trioloop_app_client": (_trioloop, "trio"),
+    "trioloop_per_session": (_trioloop, "trio"),
     "sdk": (_sdk, "trio"),
     "pydantic_ai": (_pydantic_ai, "asyncio"),
     "httpx_floor": (_httpx_floor, "trio"),
@@ -311,7 +315,12 @@ def worker(
     """One case: ``name`` with ``n`` sessions; CPU, GC, latency and the server's counts over its window."""
     fn, _ = CONTENDERS[name]
     # trioloop_app_client's pool is --pool; the others' are fixed (the SDK's own: 1000 connections, 100 kept)
-    pool = {"trioloop": "held", "trioloop_app_client": pool, "httpx_floor": "none"}.get(name, "sdk default")
+    pool = {
+        "trioloop": "held",
+        "trioloop_app_client": pool,
+        "trioloop_per_session": "per session",
+        "httpx_floor": "none",
+    }.get(name, "sdk default")
     base = f"{url}/paced/{events}/{rate:g}"
     # Warm-up with a client of its own: imports, first-use caches; its connection is closed before the window.
     _run(name, lambda: fn(url + WARM_UP_PATH, 2, 1, 0.0, pool, None))
@@ -350,6 +359,8 @@ def worker(
         "requests": requests,
         # the "after" /stats request's own connection is counted too
         "connects_per_request": round((after["connections"] - before["connections"] - 1) / max(requests, 1), 3),
+        # every session streams at once, so N connections are needed; each one more is a reconnect
+        "reconnects": after["connections"] - before["connections"] - 1 - n,
         "server_max_open_connections": after["max_open"],
         "server_cpu_percent_of_one_core": round((after["cpu_s"] - before["cpu_s"]) / wall * 100, 1),
         "server_late_ms": {"p99": after["late_ms_p99"], "max": after["late_ms_max"]},

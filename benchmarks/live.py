@@ -27,7 +27,8 @@ over one second. Each delta's text is the server's ``time.monotonic_ns()`` at it
 measures the latency from the server's write to the moment the text is visible: for trioloop, when an
 observer of the session (``Session.observe``) first sees it in the published ``TurnState``; for the SDK
 and pydantic-ai, when their stream yields it (see ``benchmarks._live_sessions``). Contenders: trioloop
-sessions sharing one provider that holds its own client (``trioloop``), the same with one app-held
+sessions sharing one provider that holds its own client (``trioloop``), the same sessions with a provider
+each (``trioloop_per_session``, what sharing is measured against), the same with one app-held
 ``httpx.AsyncClient`` of httpx's default pool, 100 connections of which 20 kept alive
 (``trioloop_app_client``; ``--pool`` changes it), the SDK's ``AsyncAnthropic`` on Trio, pydantic-ai's
 ``Agent`` on asyncio, and a floor: bare ``httpx.AsyncClient`` streams on Trio, unbounded pool, finding the
@@ -207,7 +208,7 @@ def paced(url: str, sizes: Sequence[int], args: argparse.Namespace) -> list[tupl
                     figures["cpu_percent_of_one_core"],
                     figures["latency_ms"]["p50"],
                     figures["latency_ms"]["p99"],
-                    figures["connects_per_request"],
+                    f"{figures['connects_per_request']} / {figures['reconnects']}",
                     f"{gc_figures['collections']} / {gc_figures['gen2_collections']}",
                     f"{gc_figures['max_pause_ms']} / {gc_figures['max_pause_cpu_ms']}",
                     f"{figures['server_cpu_percent_of_one_core']} / {figures['server_late_ms']['p99']}",
@@ -287,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "cpu %",
                 "lat p50 ms",
                 "lat p99 ms",
-                "connects/req",
+                "connects/req / reconnects",
                 "gc n / gen2",
                 "gc max ms (wall / cpu)",
                 "server cpu % / late p99 ms",
@@ -295,7 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             paced_rows,
         )
         print(
-            f"trioloop: sessions sharing one provider holding its own client; trioloop_app_client: one app-held "
+            f"trioloop: sessions sharing one provider holding its own client; trioloop_per_session: a provider "
+            f"per session; trioloop_app_client: one app-held "
             f"httpx.AsyncClient, pool {args.pool!r}. GC target: no pause above {GC_TARGET_MS:g} ms at "
             f"N = {GC_TARGET_N}."
         )

@@ -121,7 +121,14 @@ class AnthropicStreamMapper:
                 return []
             return self._folder.admit([notice(Messages.UNDECODABLE_EVENT, self._scrub(frame.data))])
         kind = frame.event
-        if kind == "message":
+        if kind == "content_block_delta" and self._started:
+            # The event nearly every one of a long answer is: a text delta to the open text block, out as it is.
+            delta, index = payload.get("delta"), payload.get("index")
+            if type(delta) is dict and type(index) is int and delta.get("type") == "text_delta":
+                text = delta.get("text")
+                if type(text) is str and type(self._open.get(index)) is _OpenText:
+                    return [TextDelta(text=text)] if text else []
+        elif kind == "message":
             kind = text_or_empty(payload.get("type"))
         out: list[StreamEvent] = []
         self._frame, self._frame_strict = frame.data, None

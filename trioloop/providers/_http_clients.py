@@ -1,7 +1,8 @@
 """Which httpx client carries a streamed request, and how long the clients a provider holds live.
 
 Decides the client options for streamed answers (connect and write bounds, no total read bound, no redirects),
-the pool limits of a held provider's clients, and when another client opens beside the busy ones.
+the pool limits of a held provider's clients, which of them (and which kept connection) the next request
+takes, and when another client opens beside the busy ones.
 """
 
 from __future__ import annotations
@@ -14,19 +15,20 @@ import trio
 __all__ = ["HELD_POOL_LIMITS", "HELD_STREAMS_PER_CLIENT"]
 
 _CLOSE_GRACE: Final = 5.0
-#: The pool of each client a provider holds (``async with provider``, or every `Session` using it). A streamed
-#: answer keeps its HTTP/1.1 connection until it ends, so N sessions streaming at once need N connections:
-#: httpx's default pool (at most 100, 20 kept alive) makes the 101st wait for another's answer and reconnects
-#: most requests past 20. Unbounded here, the pool holds as many connections as there were concurrent streams,
-#: each closed after 4 idle seconds: before uvicorn's default 5 s keep-alive (vLLM and many OpenAI-compatible
-#: servers) closes it from the other end, which would race a request sent on it. An app that passes its own
-#: ``client=`` sets its own limits (``httpx.Limits(max_connections=None, max_keepalive_connections=None)``).
+#: The pool of each client a provider holds (``async with provider``, or every `Session` using it). Unbounded:
+#: a client never makes a stream wait for a connection. An idle connection closes after 4 s: before uvicorn's
+#: default 5 s keep-alive (vLLM and many OpenAI-compatible servers) closes it from the other end, which would race
+#: a request sent on it. An app that passes its own ``client=`` sets its own limits
+#: (``httpx.Limits(max_connections=None, max_keepalive_connections=None)``).
 HELD_POOL_LIMITS: Final = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=4.0)
-#: Streams one held client carries at once before the provider opens another beside it. httpcore 1.0 walks
-#: every connection of a pool for every connection each time a request starts or a response closes, so one
-#: pool of N connections costs O(N²) per request: 37% of the CPU at 300 sessions on one provider. Pools of
-#: at most this many streams keep that walk short; they share one TLS context.
-HELD_STREAMS_PER_CLIENT: Final = 32
+#: Streams one held client carries at once: one, so N sessions streaming at once through one provider use N
+#: clients of one connection each (sharing one TLS context). httpcore 1.0 serves a pool badly under concurrent
+#: requests: it hands every request that starts before the first has run the same idle connection, all but
+#: one fail and try again on the next scheduler pass, so a burst of k requests on one pool takes k passes (on a
+#: busy loop, long enough for idle connections to reach their keep-alive expiry and reconnect); and it walks
+#: every connection of the pool for every connection whenever a request starts or ends. A pool of one stream
+#: has neither cost.
+HELD_STREAMS_PER_CLIENT: Final = 1
 
 
 def _streaming_client(**options: Any) -> httpx.AsyncClient:
@@ -37,33 +39,45 @@ def _streaming_client(**options: Any) -> httpx.AsyncClient:
 
 @final
 class _HeldClients:
-    """The clients a held provider streams through: the least busy one takes the next request, and a new one
-    opens when every one carries `HELD_STREAMS_PER_CLIENT` streams. They close together when the hold ends."""
+    """The clients a held provider streams through; they close together when the hold ends.
 
-    __slots__ = ("_tls", "busy", "clients")
+    Each client has `HELD_STREAMS_PER_CLIENT` places for streams. A free place is either one a stream left with
+    its connection kept (idle in the client's pool) or one without a connection. The next request takes the
+    place a stream left last with its connection kept (its connection is the last to reach its keep-alive
+    expiry), else a place without one (a new connection there), else a new client's.
+    """
+
+    __slots__ = ("_idle", "_room", "_tls", "busy", "clients")
 
     def __init__(self) -> None:
         self._tls = httpx.create_ssl_context()
         self.clients: list[httpx.AsyncClient] = []
+        #: Streams each client carries now.
         self.busy: list[int] = []
+        self._idle: list[int] = []  # a client index per free place with a kept connection, the newest last
+        self._room: list[int] = []  # a client index per free place without one
         self._open()
 
     def _open(self) -> None:
+        self._room += [len(self.clients)] * HELD_STREAMS_PER_CLIENT
         self.clients.append(_streaming_client(limits=HELD_POOL_LIMITS, verify=self._tls))
         self.busy.append(0)
 
     def take(self) -> int:
         """The index of the client the next request goes through, counted busy until `give` returns it."""
-        busy = self.busy
-        index = min(range(len(busy)), key=busy.__getitem__)
-        if busy[index] >= HELD_STREAMS_PER_CLIENT:
-            self._open()
-            index = len(busy) - 1
-        busy[index] += 1
+        if self._idle:
+            index = self._idle.pop()
+        else:
+            if not self._room:
+                self._open()
+            index = self._room.pop()
+        self.busy[index] += 1
         return index
 
-    def give(self, index: int) -> None:
+    def give(self, index: int, reusable: bool) -> None:
+        """Client ``index`` carries one stream less; ``reusable`` when its connection went back to the pool."""
         self.busy[index] -= 1
+        (self._idle if reusable else self._room).append(index)
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):

@@ -112,6 +112,7 @@ class _Exchange:
         send: trio.abc.SendChannel[StreamEvent],
         read_timeout: float,
         max_bytes: int,
+        free: Callable[[bool], None] | None = None,
     ) -> None:
         self._wire = wire
         self._key = key
@@ -130,6 +131,15 @@ class _Exchange:
         guard = send if isinstance(send, _TerminalGuard) else None
         self._guard = guard
         self._guard_batch = None if guard is None else guard.inner_batch
+        self._on_free = free
+
+    def free(self, reusable: bool) -> None:
+        """Hand the client back to its provider, once: ``reusable`` when the body was read to its end (httpx then
+        put the connection back in the pool idle). Done before the terminal event goes on, so a consumer that
+        asks again at once finds this connection free."""
+        on_free, self._on_free = self._on_free, None
+        if on_free is not None:
+            on_free(reusable)
 
     def scrub(self, text: str) -> str:
         """Remove the literal key from provider text before anything caps or stores it."""
@@ -169,7 +179,7 @@ class _Exchange:
                 else:
                     outcome = await self._read_stream(chunks)
                 if outcome.failure is None or outcome.failure.code not in _CONNECTION_SUSPECT:
-                    await _read_tail(chunks)
+                    self.free(await _read_tail(chunks))
                 return outcome
             finally:
                 await _release(response, chunks)
@@ -203,8 +213,12 @@ class _Exchange:
             if is_terminal(event):
                 stopped = True
                 break
-        if chunks is not None and (stopped or (failure is not None and failure.code not in _CONNECTION_SUSPECT)):
-            await _read_tail(chunks)
+        if (
+            chunks is not None
+            and (stopped or (failure is not None and failure.code not in _CONNECTION_SUSPECT))
+            and await _read_tail(chunks)
+        ):
+            self.free(True)
         await self._send_all(out, ends=stopped)
         if failure is not None:
             return AttemptOutcome(failure=failure, committed=self.committed)
@@ -234,6 +248,7 @@ class _Exchange:
         received = 0
         timeout = self._read_timeout
         batches = self._batches
+        process = self._scrubber.process
         moved = -math.inf
         # One gap scope for the whole body (a fresh scope per read costs about three times as much). Its
         # deadline moves forward before a read unless it moved less than _GAP_SLACK_S ago: the HTTP chunks one
@@ -264,11 +279,15 @@ class _Exchange:
                 if not batches:  # the gap bounds the server's silence, not how long the consumer takes
                     gap.deadline = math.inf
                     moved = -math.inf
+                if len(events) == 1 and type(events[0]) is TextDelta:  # the common chunk: one text delta
+                    await self._send_all(process(events[0]))
+                    continue
                 ended = await self._forward(events, chunks)
                 if ended is not None:
                     return ended
         if gap.cancelled_caught:
             return self.fail(ProtocolErrorCode.TRANSPORT, Messages.READ_TIMEOUT, "read gap timeout")
+        self.free(True)  # the body ended: httpx put the connection back in the pool
         try:
             frames = decoder.close()
         except ProtocolError as exc:

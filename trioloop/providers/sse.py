@@ -80,6 +80,17 @@ class SseDecoder:
             else:
                 lines = text.split("\n")
                 lines.pop()  # the empty remainder after the final LF
+                if (
+                    len(lines) == 3
+                    and not lines[2]
+                    and self._saw_first_line
+                    and not self._data
+                    and not self._event
+                    and lines[0].startswith("event: ")
+                    and lines[1].startswith("data: ")
+                ):
+                    # The chunk a live stream sends per event: one named event of one data line, dispatched whole.
+                    return [SseFrame(event=lines[0][7:] or "message", data=lines[1][6:])]
                 frames: list[SseFrame] = []
                 self._dispatch_lines(lines, frames)
                 return frames

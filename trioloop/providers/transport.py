@@ -8,6 +8,7 @@ typed failures) is ``_http_exchange.py``; the clients a held provider streams th
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import logging
@@ -267,13 +268,13 @@ class HttpTransport:
             send=send,
             read_timeout=self._read_timeout,
             max_bytes=self._max_bytes,
+            free=None if held is None or slot < 0 else functools.partial(held.give, slot),
         )
         try:
             return await exchange.run(client, self._url, body, headers)
         finally:
             if slot >= 0:
-                assert held is not None
-                held.give(slot)
+                exchange.free(False)  # unless the body ended (and freed it) first: the connection was dropped
             elif client is not self._client:  # a client of this request alone
                 with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
                     await client.aclose()
@@ -318,9 +319,9 @@ class HttpChatProvider:
         request (no connect or TLS handshake per iteration). Outside a block, each request has its own.
 
         Re-entrant: blocks nest (the app's and a `Session`'s, say) and share one client, which closes
-        when the outermost block ends. Its pools have no connection cap (`HELD_POOL_LIMITS`): N sessions
-        streaming at once through one provider use N connections, each kept alive for the next request, in
-        clients of at most `HELD_STREAMS_PER_CLIENT` streams each (one more opens as they fill)."""
+        when the outermost block ends. N sessions streaming at once through one provider use N connections,
+        each kept alive for the next request (`HELD_POOL_LIMITS`), in clients of `HELD_STREAMS_PER_CLIENT`
+        stream each (one more opens when every one is busy)."""
         self._holds += 1
         if self._holds == 1 and self._http._client is None:
             self._http.held = _HeldClients()

@@ -103,6 +103,8 @@ def spawned_server(module: str = "benchmarks._sse_server") -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def server_stats(url: str) -> dict[str, int]:

@@ -106,7 +106,7 @@ async def journaled(
             tools=loop.REGISTRY,
             limits=loop.LIMITS,
             system_prompt=THREAT_MODEL_SYSTEM_PROMPT,
-            witness=_witness,
+            witness=None if isinstance(store, MemoryJournalStore) else _witness,  # as by default: memory is not
         )
         async with session:
             wall, cpu = time.perf_counter(), time.process_time()

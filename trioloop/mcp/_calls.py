@@ -20,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 from trioloop.machine.questions import QuestionRefused
 from trioloop.machine.tools import ToolOutcome
 from trioloop.machine.untrusted_text import sanitize_scalar
-from trioloop.mcp._connection import Connection, RequestAbandoned, describe
+from trioloop.mcp._connection import Connection, describe
 from trioloop.mcp.elicitation import UnusableRequest, elicit_result, question_parts
 from trioloop.mcp.results import mcp_result_outcome
 from trioloop.mcp.sampling import sampling_request, sampling_result
@@ -57,22 +57,20 @@ async def call_on_connection(
     call_timeout: float,
 ) -> ToolOutcome[Any]:
     """Server ``server``'s ``tool`` called on ``connection`` within ``call_timeout`` seconds: its result for the
-    model, or why it failed. A connection that closed, or did not answer in time, is lost for the next call."""
-    shown = namespaced_name(server, tool)
+    model, or why it failed. A connection that closed, or did not answer in time, is lost for the next call.
+
+    The call runs in the caller's task: at its timeout, or Stop, the SDK's cancellation notice is handed to a task
+    of the connection's (see `_NoticeWriteStream`), so the caller returns at once whatever the server does."""
     watch = trio.CancelScope(deadline=trio.current_time() + call_timeout)
     connection.running[watch] = ctx
+    if connection.lost:  # lost since it was handed out: it will not answer
+        watch.cancel()
     calling = _CALLING.set(ctx)
     result: mcp_types.CallToolResult | None = None
     failure: str | None = None
-    client = connection.client
     try:
         with watch:
-            # In a task of its own: at the timeout the caller returns whatever the SDK still waits on.
-            result = await connection.request(
-                lambda: client.call_tool(tool, arguments, progress_callback=_progress_to(ctx))
-            )
-    except RequestAbandoned:
-        connection.lose()
+            result = await connection.client.call_tool(tool, arguments, progress_callback=_progress_to(ctx))
     except MCPError as exc:
         if exc.code == mcp_types.CONNECTION_CLOSED:
             connection.lose()
@@ -82,14 +80,15 @@ async def call_on_connection(
         failure = f"the call failed ({describe(exc)}). Whether it took effect is unknown"
     finally:
         _CALLING.reset(calling)
-        connection.running.pop(watch, None)
+        connection.call_ended(watch)
+    shown = namespaced_name(server, tool)
+    if result is not None:
+        return mcp_result_outcome(shown, server, result)
     timed_out = watch.cancelled_caught and not connection.lost
     if timed_out:
         # The server did not answer in time: it may be hung as a whole, so the next call must not wait on
         # this connection for the whole timeout again. (Stop and the turn deadline are not this case.)
         connection.lose()
-    if result is not None:
-        return mcp_result_outcome(shown, server, result)
     if failure is None and not timed_out:
         failure = (
             "the server closed the connection during the call (it may have crashed). Whether the call took "

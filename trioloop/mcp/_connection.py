@@ -20,7 +20,7 @@ import mcp_types
 import trio
 from mcp import Client, StdioServerParameters
 from mcp.client import Transport
-from mcp.client._transport import ReadStream, TransportStreams
+from mcp.client._transport import ReadStream, TransportStreams, WriteStream
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -36,6 +36,8 @@ _R = TypeVar("_R")
 
 __all__ = [
     "CLIENT_INFO",
+    "NOTICE_TIMEOUT",
+    "SETTLE_TIMEOUT",
     "Connection",
     "RequestAbandoned",
     "describe",
@@ -107,6 +109,13 @@ class RequestAbandoned(Exception):
     """A request's task ended without an answer: its connection was closed under it."""
 
 
+#: How long a cancelled call's ``notifications/cancelled`` may wait for the transport (the SDK's own bound for it).
+NOTICE_TIMEOUT: Final = 5.0
+#: How long a closing connection waits for the calls its close cut and their notices: a server that takes messages
+#: has them at once, and one that stopped reading does not hold up the rest of the close.
+SETTLE_TIMEOUT: Final = 1.0
+
+
 class Connection:
     """One connection's state; ``client`` is set once the handshake is done."""
 
@@ -120,9 +129,11 @@ class Connection:
         self.lost = False
         self.scope = trio.CancelScope()
         self.closed = trio.Event()  # set once the connection's task has closed it
-        #: Where requests run (the toolset's nursery), each in a task the caller can stop waiting for.
+        #: Where requests and cancellation notices run (the toolset's nursery), each in a task of its own.
         self.nursery = nursery
         self._requests: set[trio.CancelScope] = set()
+        self._notices = 0  # cancellation notices handed to a task of their own and not yet written
+        self._settled = trio.lowlevel.ParkingLot()  # woken when the last call and notice are done
 
     def lose(self) -> None:
         """Mark the connection unusable: end its in-flight calls and close it (its task unwinds)."""
@@ -133,11 +144,47 @@ class Connection:
             request.cancel()
         self.scope.cancel()
 
+    def call_ended(self, watch: trio.CancelScope) -> None:
+        """``watch``'s call is no longer on this connection."""
+        self.running.pop(watch, None)
+        if not self.running and not self._notices:
+            self._settled.unpark_all()
+
+    async def settle(self) -> None:
+        """Wait, at most ``SETTLE_TIMEOUT``, until no call runs on the connection and every cancellation notice
+        handed off is written (or gave up): so a call cut as the connection closes is still told to the server."""
+        with trio.move_on_after(SETTLE_TIMEOUT):
+            while self.running or self._notices:
+                await self._settled.park()
+        await trio.lowlevel.checkpoint()
+
+    def send_notice(self, send: Callable[[SessionMessage], Awaitable[None]], notice: SessionMessage) -> None:
+        """Write ``notice`` (a cancelled call's ``notifications/cancelled``) from a task of its own, shielded and
+        bounded by ``NOTICE_TIMEOUT``: its caller never waits on a transport that stopped taking messages."""
+        assert self.nursery is not None
+        self._notices += 1
+        self.nursery.start_soon(self._write_notice, send, notice, name="trioloop MCP cancellation notice")
+
+    async def _write_notice(self, send: Callable[[SessionMessage], Awaitable[None]], notice: SessionMessage) -> None:
+        try:
+            with trio.move_on_after(NOTICE_TIMEOUT, shield=True) as bound:
+                await send(notice)
+            if bound.cancelled_caught:
+                _log.warning("A cancellation notice gave up: the MCP server is not taking messages")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the transport closed first: there is no server left to tell
+        finally:
+            self._notices -= 1
+            if not self.running and not self._notices:
+                self._settled.unpark_all()
+
     async def request(self, work: Callable[[], Awaitable[_R]]) -> _R:
         """``work()`` (one SDK request) run in a task of its own, so the caller's wait ends when the caller's
-        scope says (its timeout, Stop), whatever the SDK still does: cancelled, the SDK may block in its own
-        shielded notice to a server that stopped reading; that task is cancelled and left to end with the
-        connection (its close is bounded), never waited for. `RequestAbandoned` if the connection went away."""
+        scope says (its timeout, Stop), whatever the SDK still does; that task is cancelled and left to end with
+        the connection (its close is bounded), never waited for. `RequestAbandoned` if the connection went away.
+
+        A tool call needs no such task: the only wait the SDK shields, its cancellation notice, is handed off by
+        the connection's write stream (`send_notice`)."""
         if self.nursery is None:  # no nursery to run it in: the caller waits on the request itself
             return await work()
         scope = trio.CancelScope()
@@ -217,6 +264,43 @@ class _WatchedReadStream:
         await self.aclose()
 
 
+def _is_cancellation(item: SessionMessage) -> bool:
+    message = item.message
+    return isinstance(message, mcp_types.JSONRPCNotification) and message.method == "notifications/cancelled"
+
+
+@final
+class _NoticeWriteStream:
+    """The transport's write stream, with each ``notifications/cancelled`` handed to a task of its own.
+
+    The SDK writes that notice from the cancelled caller's own task, under a shield: behind a server that stopped
+    reading, the caller (a call past its timeout, or Stop) would wait up to the SDK's bound for it. Handed off, the
+    notice still goes out, after the request it cancels, and the caller returns at once. Every other message is
+    written by its sender, as the SDK does."""
+
+    def __init__(self, inner: WriteStream[SessionMessage], connection: Connection) -> None:
+        self._inner = inner
+        self._connection = connection
+
+    async def send(self, item: SessionMessage, /) -> None:
+        if self._connection.nursery is None or not _is_cancellation(item):
+            await self._inner.send(item)
+            return
+        self._connection.send_notice(self._inner.send, item)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
 #: Where a remote server's header values could reach a log line: the HTTP client the SDK runs on (httpx2 and
 #: httpcore2, whose debug lines show response headers) and the SDK's client modules (ours never logs a header).
 #: A logger filter sees only records made on that very logger, so each is named.
@@ -251,10 +335,11 @@ async def _authorized_http(server: HttpServer) -> AsyncIterator[TransportStreams
 
 
 @contextlib.asynccontextmanager
-async def watched(transport: Transport, on_end: Callable[[], None], server: str) -> AsyncIterator[TransportStreams]:
-    """``transport`` with its read stream watched: ``on_end`` runs when the server can no longer be heard."""
+async def watched(transport: Transport, connection: Connection, server: str) -> AsyncIterator[TransportStreams]:
+    """``transport`` for ``connection``: its read stream watched (the connection is lost when the server can no
+    longer be heard) and its cancellation notices written in tasks of their own (`_NoticeWriteStream`)."""
     async with transport as (read_stream, write_stream):
-        yield _WatchedReadStream(read_stream, on_end, server), write_stream
+        yield _WatchedReadStream(read_stream, connection.lose, server), _NoticeWriteStream(write_stream, connection)
 
 
 @contextlib.asynccontextmanager

@@ -24,7 +24,14 @@ import regex
 from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
-__all__ = ["PATTERN_BUDGET_S", "PatternTimeout", "bounded_validator_class", "pattern_budget", "uses_unbounded_regex"]
+__all__ = [
+    "PATTERN_BUDGET_S",
+    "PatternTimeout",
+    "additional_properties",
+    "bounded_validator_class",
+    "pattern_budget",
+    "uses_unbounded_regex",
+]
 
 PATTERN_BUDGET_S: Final = 0.025
 """Time all the pattern matches of one input may take together."""
@@ -75,9 +82,10 @@ def _pattern_properties(
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
-def _additional_properties(
+def additional_properties(
     validator: Any, allowed: Any, instance: Any, schema: Mapping[str, Any]
 ) -> Iterator[ValidationError]:
+    """jsonschema's ``additionalProperties``, with the ``patternProperties`` beside it matched in bounded time."""
     if not validator.is_type(instance, "object"):
         return
     named = schema.get("properties", {})
@@ -104,7 +112,7 @@ def bounded_validator_class(base: type[Validator]) -> type[Validator]:
     keywords = {
         "pattern": _pattern,
         "patternProperties": _pattern_properties,
-        "additionalProperties": _additional_properties,
+        "additionalProperties": additional_properties,
     }
     extended: type[Validator] = jsonschema.validators.extend(base, keywords)  # type: ignore[no-untyped-call]
     return extended

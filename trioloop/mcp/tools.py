@@ -5,6 +5,7 @@ without letting the claim decide anything.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -22,6 +23,7 @@ from trioloop.machine.card import input_details, visible_char
 from trioloop.machine.tools import PreparedCall, PrepareFailure, RegisteredTool, ToolOutcome
 from trioloop.machine.untrusted_text import TRUNCATION_MARK, is_stripped_code_point, sanitize_scalar
 from trioloop.mcp._patterns import PatternTimeout, bounded_validator_class, pattern_budget, uses_unbounded_regex
+from trioloop.mcp._plain_schemas import Check, plain_check
 from trioloop.mcp.servers import ToolClass
 from trioloop.runtime.tools import ToolExecutionContext
 
@@ -52,6 +54,7 @@ class UnusableTool(ValueError):
     """A listed tool that cannot be offered to the model (bad schema, too large); the toolset skips it."""
 
 
+@functools.lru_cache(maxsize=1024)
 def namespaced_name(server: str, tool: str) -> str:
     """``server__tool``, valid for every provider; a tool name that is not already plain ASCII of a safe
     length keeps a readable cleaned prefix and gains a hash of the exact original, so distinct names never
@@ -111,6 +114,16 @@ def _validator(schema: dict[str, Any]) -> Validator:
     return validator
 
 
+def _passes(check: Check | None, raw: dict[str, Any]) -> bool:
+    """Whether the schema's plain check (`plain_check`) finds ``raw`` valid; anything else is jsonschema's to decide."""
+    if check is None:
+        return False
+    try:
+        return check(raw)
+    except Exception:  # e.g. a comparison the input's types do not allow: jsonschema decides
+        return False
+
+
 def _issues(validator: Validator, raw: dict[str, Any]) -> tuple[str, ...]:
     """The input's schema violations (at most ``_MAX_ISSUES``), its patterns matched within one budget:
     an input whose patterns cannot be checked in time is refused, never passed unchecked."""
@@ -168,58 +181,94 @@ def _visible(text: str, cap: int) -> str:
     return "".join(shown)
 
 
-def _card(server: str, tool: str, text: str, digest: str, tool_class: ToolClass, hints: str) -> str:
-    """The card's summary. The input is shown inline up to ``_CARD_INPUT_MAX`` characters; a longer one says
-    how much is not shown inline and carries its digest, so two inputs the grant tells apart never share a
-    summary (the card's field lines show every leaf of the input whole)."""
+def _card_frame(server: str, tool: str, tool_class: ToolClass, hints: str) -> tuple[str, str]:
+    """The card's summary around its input (made once per tool): what comes before it and after it."""
+    effect = (
+        "It reads from outside the document."
+        if tool_class == "read"
+        else "It acts outside the document: undo cannot revert what it does."
+    )
     shown_tool = json.dumps(_visible(tool, 80), ensure_ascii=False)
+    return (
+        f'MCP tool {shown_tool} on server "{server}" with input ',
+        f"\n{effect}\n{_CLASS_LINES[tool_class]}\n{hints}",
+    )
+
+
+def _card_input(text: str, digest: str) -> str:
+    """The input as the card's summary shows it: inline up to ``_CARD_INPUT_MAX`` characters; a longer one says how
+    much is not shown inline and carries its digest, so two inputs the grant tells apart never share a summary
+    (the card's field lines show every leaf of the input whole)."""
     shown_input = _visible(text, _CARD_INPUT_MAX)
     if len(text) > _CARD_INPUT_MAX:
         shown_input += (
             f" [{len(text) - _CARD_INPUT_MAX + 1} more characters not shown here; every field is listed whole"
             f" below; input digest {digest}]"
         )
-    effect = (
-        "It reads from outside the document."
-        if tool_class == "read"
-        else "It acts outside the document: undo cannot revert what it does."
-    )
-    return (
-        f'MCP tool {shown_tool} on server "{server}" with input {shown_input}\n'
-        f"{effect}\n{_CLASS_LINES[tool_class]}\n{hints}"
-    )
+    return shown_input
+
+
+_PLAIN_SCALARS: Final = frozenset({str, int, bool, type(None)})
+
+
+class _NotPlain(Exception):
+    """A value `_canonical_copy` leaves to the JSON parser."""
+
+
+def _canonical_copy(value: Any) -> Any:
+    """``json.loads(canonical_json(value))`` without the parse, for a value of plain JSON types and no float (whose
+    canonical form may differ from the value): containers copied, keys in canonical order, strings shared (they
+    are immutable). Raises `_NotPlain` for anything else."""
+    kind = type(value)
+    if kind in _PLAIN_SCALARS:
+        return value
+    if kind is dict:
+        # Below U+D800, code point order is the UTF-16 order canonical JSON sorts keys by.
+        if not all(type(key) is str and (key.isascii() or max(key, default="") < "\ud800") for key in value):
+            raise _NotPlain
+        return {key: _canonical_copy(value[key]) for key in sorted(value)}
+    if kind is list or kind is tuple:
+        return [_canonical_copy(item) for item in value]
+    raise _NotPlain
+
+
+def _private_copy(value: Any, text: str) -> Any:
+    """A copy of ``value`` no one else holds, equal to parsing ``text``, its canonical JSON (what was digested)."""
+    try:
+        return _canonical_copy(value)
+    except (_NotPlain, RecursionError):
+        return json.loads(text)
 
 
 def build_mcp_tool(server: str, tool: mcp_types.Tool, tool_class: ToolClass, call: McpCall) -> RegisteredTool[Any]:
     """A registered tool for one listed MCP tool. Raises ``UnusableTool`` for a schema it cannot enforce."""
     try:
         validator = _validator(tool.input_schema)
+        plain = plain_check(validator)
         schema = _clean_schema(tool.input_schema)
     except RecursionError:
         raise UnusableTool("its input schema is nested too deeply") from None
     name = namespaced_name(server, tool.name)
     described = sanitize_scalar(tool.description or "", _DESCRIPTION_MAX, allow_newlines=True)[0]
     description = f"[Tool from the MCP server \"{server}\"; its text is the server's, not the user's.] {described}"
-    hints = _hints(tool.annotations)
+    before_input, after_input = _card_frame(server, tool.name, tool_class, _hints(tool.annotations))
     original = tool.name
 
     def prepare(raw: Any) -> PreparedCall[Any] | PrepareFailure:
         if not isinstance(raw, dict):
             return PrepareFailure(issues=("$: the input must be a JSON object",))
-        issues = _issues(validator, raw)
-        if issues:
-            return PrepareFailure(issues=issues)
+        if not _passes(plain, raw):
+            issues = _issues(validator, raw)
+            if issues:
+                return PrepareFailure(issues=issues)
         text = canonical_json(raw)
-        arguments: dict[str, Any] = json.loads(text)  # a private copy of exactly what was digested
+        arguments: dict[str, Any] = _private_copy(raw, text)  # exactly what was digested
         digest = canonical_digest(text)
 
-        async def run(ctx: ToolExecutionContext[Any]) -> ToolOutcome[Any]:
-            return await call(original, arguments, ctx)
-
         return PreparedCall(
-            summary=_card(server, original, text, digest, tool_class, hints),
+            summary=before_input + _card_input(text, digest) + after_input,
             input_digest=digest,
-            run=run,
+            run=functools.partial(call, original, arguments),  # the call's own coroutine: no wrapper to await through
             # Every leaf, as a native tool's card lists them, from a copy of its own (the call's copy is sent),
             # made when a face asks for them.
             details=lambda: input_details(json.loads(text)),

@@ -175,7 +175,7 @@ class McpToolset:
             return await answer_sampling(self.server.name, connection, params)
 
         return Client(
-            watched(transport, connection.lose, server.name),
+            watched(transport, connection, server.name),
             cache=None,
             client_info=CLIENT_INFO,
             message_handler=self._on_server_message,
@@ -260,6 +260,8 @@ class McpToolset:
                             await trio.sleep_forever()
                     finally:
                         closing.deadline = trio.current_time() + CLOSE_TIMEOUT
+                        connection.lose()
+                        await connection.settle()  # a call cut by the close still gets its notice out
         except Exception as exc:
             if not started:
                 raise McpConnectionError(
@@ -331,12 +333,15 @@ class McpToolset:
                 return await self._connect()
 
     async def _call(self, tool: str, arguments: dict[str, Any], ctx: ToolExecutionContext[Any]) -> ToolOutcome[Any]:
-        server = self.server.name
-        shown = namespaced_name(server, tool)
-        try:
-            connection = await self._live_connection()
-        except (McpConnectionError, trio.TooSlowError) as exc:
-            late = f"it did not connect within {self.connect_timeout:g} s."
-            reason = str(exc) if isinstance(exc, McpConnectionError) else late
-            return ToolOutcome.failure(f'The MCP tool "{shown}" was not called: {reason}')
-        return await call_on_connection(connection, tool, arguments, ctx, server=server, call_timeout=self.call_timeout)
+        connection = self._connection
+        if connection is None or connection.lost:
+            try:
+                connection = await self._live_connection()
+            except (McpConnectionError, trio.TooSlowError) as exc:
+                late = f"it did not connect within {self.connect_timeout:g} s."
+                reason = str(exc) if isinstance(exc, McpConnectionError) else late
+                shown = namespaced_name(self.server.name, tool)
+                return ToolOutcome.failure(f'The MCP tool "{shown}" was not called: {reason}')
+        return await call_on_connection(
+            connection, tool, arguments, ctx, server=self.server.name, call_timeout=self.call_timeout
+        )

@@ -11,7 +11,8 @@ in-process figure is the like-for-like one. ``read_note`` is a plain ``def`` for
 read tools are; the runner settles such a tool in place) and ``async def`` for pydantic-ai (which runs a
 plain function in a worker thread); ``trioloop_in_process_async_tool`` measures trioloop with the
 ``async def`` tool as well. The batches of each contender alternate in rounds, so drift hits all of them
-alike. Target (issue 16): trioloop in process at least 10x faster per iteration at K = 8, 32 and 100.
+alike. Targets (issue 42): trioloop in process at least 15x faster per iteration at K = 8 with its defaults, at
+least 10x with an ``async def`` tool (issue 16 asked 10x in process, at K = 8, 32 and 100).
 
 By default the benchmark runs in three processes one after another, with ``PYTHONHASHSEED`` 0, 1 and 2
 (``--processes``, ``--first-seed``): the hash seed lays out every set and dict of str keys differently, and
@@ -304,6 +305,10 @@ def profile(run: Callable[[int], list[Sample]], turns: int, top: int) -> None:
     print_profile(pstats.Stats(profiler), top)
 
 
+#: pydantic-ai / trioloop per iteration, at least (issue 42: 15x in process, 10x with an async tool).
+_TARGETS: Final = {"trioloop_in_process": 15.0, "trioloop_in_process_async_tool": 10.0, "trioloop_loopback_http": 2.0}
+
+
 def _ratio_rows(stats: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[Any, ...]]:
     """Fastest pydantic-ai variant over each trioloop variant, by median wall and by median CPU."""
     rows: list[tuple[Any, ...]] = []
@@ -315,7 +320,7 @@ def _ratio_rows(stats: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[Any, 
         for clock in ("wall_us", "cpu_us"):
             best = min(stats[p][clock]["median"] for p in peers)
             ratios[clock] = round(best / stats[name][clock]["median"], 2)
-        target = 2.0 if name == "trioloop_loopback_http" else 10.0
+        target = _TARGETS[name]
         met = ratios["wall_us"] >= target
         emit(
             case_record(

@@ -21,7 +21,7 @@ import trio
 from benchmarks import loop
 from benchmarks._common import case_record, emit, print_table, summarize
 from trioloop.machine.reducer import TurnInput, TurnState, reduce_turn
-from trioloop.runtime import runner
+from trioloop.runtime import turn as runner  # the module that calls reduce_turn for the live turn
 from trioloop.threatmodel import load_thf
 
 

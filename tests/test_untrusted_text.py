@@ -9,6 +9,7 @@ from trioloop.machine.untrusted_text import (
     START_MARKER,
     TRUNCATION_MARK,
     fence,
+    fence_canonical,
     is_stripped_code_point,
     quote_untrusted,
     sanitize_scalar,
@@ -186,3 +187,15 @@ def test_the_explicit_code_points_are_searched_for_when_the_database_calls_one_p
     assert untrusted_text._nothing_stripped("plain <text>", False)
     assert not untrusted_text._nothing_stripped("a\u202eb", False)
     assert sanitize_scalar("a\u202eb", 10) == ("ab", False)
+
+
+@settings(max_examples=400, deadline=None)
+@given(body=st.text(alphabet=st.sampled_from('ab<>"\n\r\x0b\x0c\x1c\x85\u2028\u2029 é'), max_size=12) | st.text())
+def test_fence_canonical_refuses_exactly_a_marker_or_not_one_line_for_all_bodies(body: str) -> None:
+    """The scans that find a marker or a line break first give, for every body, the rule's own answer."""
+    refused = "<<<" in body or ">>>" in body or len(body.splitlines()) != 1
+    if refused:
+        with pytest.raises(ValueError, match="unsanitized"):
+            fence_canonical(body)
+    else:
+        assert fence_canonical(body) == f"{START_MARKER}\n{body}\n{END_MARKER}"

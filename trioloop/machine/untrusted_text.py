@@ -7,7 +7,6 @@ markers, so a raw marker in a result can only be the fence itself.
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from collections.abc import Mapping
 from typing import Any, Final
@@ -32,8 +31,8 @@ TRUNCATION_MARK: Final = "…"
 
 # Cc (C0, DEL, C1), Cf (bidi controls, zero-width characters, BOM, soft hyphen, tag characters), Cs (lone
 # surrogates cannot be encoded as UTF-8) and Zl/Zp (U+2028/U+2029 would split the JSON line).
-#: The characters `str.splitlines` ends a line at.
-_LINE_BOUNDARY: Final = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+#: The ASCII characters `str.splitlines` ends a line at.
+_ASCII_LINE_ENDS: Final = "\n\r\x0b\x0c\x1c\x1d\x1e"
 _STRIPPED_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 # Named explicitly as well, so the rule does not depend on the Unicode version behind `unicodedata`.
 _ALWAYS_STRIPPED: Final = frozenset(
@@ -130,9 +129,10 @@ def fence(payload: Mapping[str, Any]) -> str:
 
 def fence_canonical(body: str) -> str:
     """``fence`` for a payload already written as its canonical JSON line (so it is encoded only once)."""
-    # '<' and '>' found by a byte scan first (the usual payload has neither); a line break searched once, the
-    # split (which copies the body) only when there is one.
+    # '<' and '>' found by a byte scan first (the usual payload has neither); an ASCII body's line ends found by a
+    # scan each, the split (which copies the body) only for a body that may hold one.
     marked = ("<" in body and "<<<" in body) or (">" in body and ">>>" in body)
-    if marked or not body or (_LINE_BOUNDARY.search(body) is not None and len(body.splitlines()) != 1):
+    one_line = bool(body) if body.isascii() and not any(end in body for end in _ASCII_LINE_ENDS) else None
+    if marked or not (one_line if one_line is not None else len(body.splitlines()) == 1):
         raise ValueError("payload holds unsanitized text; every document string must pass sanitize_scalar")
     return f"{START_MARKER}\n{body}\n{END_MARKER}"

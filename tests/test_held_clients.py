@@ -7,12 +7,16 @@ accepts; more streams than `HELD_STREAMS_PER_CLIENT` at once, so the provider ho
 from __future__ import annotations
 
 import math
+import ssl
 from pathlib import Path
 
+import certifi
+import httpx
+import pytest
 import trio
 
 from trioloop.protocol import ChatRequest, Message, MessageStop, StreamEvent, is_terminal
-from trioloop.providers import AnthropicProvider
+from trioloop.providers import AnthropicProvider, _http_clients
 from trioloop.providers._http_clients import HELD_STREAMS_PER_CLIENT, _HeldClients
 from trioloop.providers._loopback import LoopbackRequest, LoopbackResponse, open_loopback_server
 
@@ -136,3 +140,32 @@ def test_every_place_is_busy_kept_or_free_exactly_once() -> None:
         free = held._idle.count(index) + held._room.count(index)
         assert held.busy[index] == taken.count(index)
         assert held.busy[index] + free == HELD_STREAMS_PER_CLIENT
+
+
+async def test_requests_and_holds_share_one_tls_context_per_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Making a TLS context loads the CA roots (about 20 ms of CPU): requests outside a hold, and every hold of
+    every provider, share one; SSL_CERT_FILE naming other roots gets a context of its own."""
+    made: list[object] = []
+    create = httpx.create_ssl_context
+
+    def counting(*args: object, **kwargs: object) -> ssl.SSLContext:
+        context = create(*args, **kwargs)  # type: ignore[arg-type]
+        made.append(context)
+        return context
+
+    monkeypatch.setattr(_http_clients, "_TLS", {})
+    monkeypatch.setattr(httpx, "create_ssl_context", counting)
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    async with open_loopback_server(lambda request: LoopbackResponse(body=BODY)) as server:
+        with trio.fail_after(20):
+            for _ in range(3):
+                await _stream_once(AnthropicProvider("k", base_url=server.url, retry=None))  # outside any hold
+            for _ in range(2):
+                provider = AnthropicProvider("k", base_url=server.url, retry=None)
+                async with provider:
+                    await _stream_once(provider)
+            assert len(made) == 1
+            monkeypatch.setenv("SSL_CERT_FILE", certifi.where())
+            await _stream_once(AnthropicProvider("k", base_url=server.url, retry=None))
+    assert len(made) == 2

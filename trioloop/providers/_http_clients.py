@@ -7,6 +7,8 @@ takes, and when another client opens beside the busy ones.
 
 from __future__ import annotations
 
+import os
+import ssl
 from typing import Any, Final, final
 
 import httpx
@@ -31,9 +33,26 @@ HELD_POOL_LIMITS: Final = httpx.Limits(max_connections=None, max_keepalive_conne
 HELD_STREAMS_PER_CLIENT: Final = 1
 
 
+#: httpx's default TLS context by the environment it was made under (``SSL_CERT_FILE``, ``SSL_CERT_DIR``).
+_TLS: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
+
+
+def shared_tls() -> ssl.SSLContext:
+    """The TLS context httpx would make for a client (certifi's roots, or the file or folder ``SSL_CERT_FILE`` /
+    ``SSL_CERT_DIR`` names), made once per value of those variables and shared by every client trioloop's
+    providers make: making one loads the roots, about 20 ms of CPU, which a request outside a held provider, and
+    every hold, paid again. An `ssl.SSLContext` is safe to share between connections and threads."""
+    key = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    context = _TLS.get(key)
+    if context is None:
+        context = _TLS[key] = httpx.create_ssl_context()
+    return context
+
+
 def _streaming_client(**options: Any) -> httpx.AsyncClient:
     """A client for streamed answers: 30 s to connect and write, no total read bound (the transport's own
-    read gap bounds the silence), redirects refused."""
+    read gap bounds the silence), redirects refused, the shared TLS context unless ``verify`` says otherwise."""
+    options.setdefault("verify", shared_tls())
     return httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False, **options)
 
 
@@ -50,7 +69,7 @@ class _HeldClients:
     __slots__ = ("_idle", "_room", "_tls", "busy", "clients")
 
     def __init__(self) -> None:
-        self._tls = httpx.create_ssl_context()
+        self._tls = shared_tls()
         self.clients: list[httpx.AsyncClient] = []
         #: Streams each client carries now.
         self.busy: list[int] = []

@@ -216,13 +216,30 @@ class Connection:
         return answered[0]
 
 
+class _WrappedStream:
+    """What both of a transport's wrapped streams do alike: close the stream they wrap, as a context manager too."""
+
+    _inner: ReadStream[SessionMessage | Exception] | WriteStream[SessionMessage]
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
 @final
-class _WatchedReadStream:
+class _WatchedReadStream(_WrappedStream):
     """The transport's read stream, reporting its end: a server that died between calls is noticed (and
     replaced on the next call) without sending anything. Everything else is passed through."""
 
     def __init__(self, inner: ReadStream[SessionMessage | Exception], on_end: Callable[[], None], server: str) -> None:
-        self._inner = inner
+        self._inner: ReadStream[SessionMessage | Exception] = inner
         self._on_end = on_end
         self._server = server
 
@@ -243,9 +260,6 @@ class _WatchedReadStream:
             _log.warning("MCP server %s sent something unusable, skipped (%s)", self._server, describe(item))
         return item
 
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
     def __aiter__(self) -> _WatchedReadStream:
         return self
 
@@ -255,14 +269,6 @@ class _WatchedReadStream:
         except anyio.EndOfStream:
             raise StopAsyncIteration from None
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
 
 def _is_cancellation(item: SessionMessage) -> bool:
     message = item.message
@@ -270,7 +276,7 @@ def _is_cancellation(item: SessionMessage) -> bool:
 
 
 @final
-class _NoticeWriteStream:
+class _NoticeWriteStream(_WrappedStream):
     """The transport's write stream, with each ``notifications/cancelled`` handed to a task of its own.
 
     The SDK writes that notice from the cancelled caller's own task, under a shield: behind a server that stopped
@@ -279,7 +285,7 @@ class _NoticeWriteStream:
     written by its sender, as the SDK does."""
 
     def __init__(self, inner: WriteStream[SessionMessage], connection: Connection) -> None:
-        self._inner = inner
+        self._inner: WriteStream[SessionMessage] = inner
         self._connection = connection
 
     async def send(self, item: SessionMessage, /) -> None:
@@ -288,17 +294,6 @@ class _NoticeWriteStream:
             return
         self._connection.send_notice(self._inner.send, item)
         await trio.lowlevel.cancel_shielded_checkpoint()
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 #: Where a remote server's header values could reach a log line: the HTTP client the SDK runs on (httpx2 and

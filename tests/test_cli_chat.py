@@ -14,7 +14,8 @@ import trio
 import trio.testing
 
 from trioloop.cli.chat import _chat
-from trioloop.cli.parser import EXIT_TURN_FAILED, EXIT_USAGE, _build_parser, main
+from trioloop.cli.exit_codes import EXIT_TURN_FAILED, EXIT_USAGE
+from trioloop.cli.parser import _build_parser, main
 from trioloop.providers._loopback import LoopbackResponse, open_loopback_server, replay
 from trioloop.providers._network import describe_network_failure
 

@@ -12,7 +12,8 @@ import trio
 import trio.testing
 
 from trioloop.cli.chat import chat_session
-from trioloop.cli.parser import EXIT_TURN_FAILED, _build_parser, _journal_path
+from trioloop.cli.exit_codes import EXIT_TURN_FAILED
+from trioloop.cli.parser import _build_parser, _journal_path
 from trioloop.machine.limits import TurnLimits
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
 from trioloop.threatmodel import load_thf

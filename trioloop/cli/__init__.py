@@ -2,18 +2,19 @@
 
 `parser` builds the command line and dispatches; `chat` and `demo` drive a `Session` from the terminal;
 `audit` prints a journal's trail; `view` shows a turn (streamed text, cards, status lines, the outcome);
-`review` reads the person's answers; `common` holds what chat and demo share.
+`review` reads the person's answers; `common` holds what chat and demo share; `exit_codes` what every command
+may exit with.
 """
 
-from trioloop.cli.parser import (
+from trioloop.cli.exit_codes import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
     EXIT_INVALID,
     EXIT_OK,
     EXIT_TURN_FAILED,
     EXIT_USAGE,
-    main,
 )
+from trioloop.cli.parser import main
 
 __all__ = [
     "EXIT_BROKEN_PIPE",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from trioloop.cli.common import error
-from trioloop.cli.parser import EXIT_INVALID, EXIT_OK, EXIT_USAGE
+from trioloop.cli.exit_codes import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
     from trioloop.durable.signing import JournalKeys

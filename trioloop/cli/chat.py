@@ -16,8 +16,8 @@ from rich.text import Text
 
 from trioloop.cli.common import Saver, error, interruptible, load_document, make_console, one_turn, report, warn
 from trioloop.cli.document_lock import DocumentLock
+from trioloop.cli.exit_codes import EXIT_TURN_FAILED, EXIT_USAGE
 from trioloop.cli.mcp_servers import McpOptions, add_mcp_servers
-from trioloop.cli.parser import EXIT_TURN_FAILED, EXIT_USAGE
 from trioloop.cli.resume_check import check_resumed
 from trioloop.cli.review import LinePrompt
 from trioloop.cli.usage import show_usage, usage_text

@@ -15,7 +15,7 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
-from trioloop.cli.parser import EXIT_INVALID, EXIT_USAGE
+from trioloop.cli.exit_codes import EXIT_INVALID, EXIT_USAGE
 from trioloop.cli.view import TurnView, outcome_line
 from trioloop.machine.reducer import TurnState
 from trioloop.runtime.session import Session

@@ -3,10 +3,8 @@
 Building the parser imports nothing but argparse: each command imports what it needs when it runs, so
 ``trioloop --help`` and ``trioloop --version`` cost only the interpreter's start.
 
-Exit codes: 0 success, 1 the document is invalid (for ``audit``: a journal that does not verify), 2 usage
-or configuration error (a file that cannot be read, no API key, a refused base URL), 3 a chat turn failed
-(the AI provider could not be reached or answered with an error), 130 interrupted, 141 the output was closed
-(``trioloop audit J | head -1``: the command stops quietly, as a shell reports a process SIGPIPE ended).
+The exit codes live in `exit_codes`, below the parser, so the subcommands it dispatches to share them without
+importing the parser back.
 """
 
 from __future__ import annotations
@@ -16,16 +14,11 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import Any, NoReturn
+
+from trioloop.cli.exit_codes import EXIT_BROKEN_PIPE, EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 __all__ = ["main"]
-
-EXIT_OK: Final = 0
-EXIT_INVALID: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_TURN_FAILED: Final = 3
-EXIT_INTERRUPTED: Final = 130
-EXIT_BROKEN_PIPE: Final = 141  # 128 + SIGPIPE
 
 Command = Callable[[argparse.Namespace], int]
 

@@ -161,11 +161,11 @@ async def test_replay_equals_live_after_several_turns() -> None:
             assert (await session.send("first")).outcome is Outcome.COMPLETED
             assert (await session.send("second")).outcome is Outcome.COMPLETED
             nursery.cancel_scope.cancel()
-        live = (session.state, session.history, session.document, session.undo_history, session._last_turn_id)
+        live = (session.state, session.history, session.document, session.undo_history, session._turns.last_turn_id)
     replayed = await open_note(store, provider)
     assert replayed.state is not None and live[0] is not None
     assert comparable(replayed.state) == comparable(live[0])
-    assert (replayed.history, replayed.document, replayed.undo_history, replayed._last_turn_id) == live[1:]
+    assert (replayed.history, replayed.document, replayed.undo_history, replayed._turns.last_turn_id) == live[1:]
     assert replayed.document == "ONE\ntwo\n"
     await replayed.aclose()
 
@@ -511,8 +511,8 @@ async def test_a_settled_turn_ends_with_one_append_that_holds_its_snapshot() -> 
     steps = [read, ScriptStep(text="Done."), ScriptStep(text="Again.")]
     async with ScriptedProvider(steps) as provider:
         async with await open_note(store, provider, compact=True) as session:
-            assert session._journal is not None
-            lease = session._journal.lease
+            assert session._journal.journal is not None
+            lease = session._journal.journal.lease
             batches: list[list[str]] = []
             append = lease.append
 

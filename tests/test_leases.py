@@ -118,7 +118,7 @@ async def test_an_open_session_keeps_its_lease_and_its_tools_see_the_epoch(place
         reopened = await Session.open(place.store(), sid, kind=NOTE, provider=provider, tools=[effect_tool(tmp_path)])
         async with reopened:
             assert reopened.document == "effect\n"
-            assert reopened._journal is not None and reopened._journal.turns.epoch == 2
+            assert reopened._journal.journal is not None and reopened._journal.journal.turns.epoch == 2
 
 
 async def _approve_when_pending(session: Session[str], call_id: str) -> None:

@@ -69,8 +69,8 @@ async def test_a_reopened_journal_counts_what_the_turns_counted(tmp_path: Path, 
             assert session.usage == Usage()
             counted = await _three_turns(session)
             if compact:
-                session._journal.turns.writer.snapshot(session.snapshot())  # type: ignore[union-attr]
-                await session._journal.flush()  # type: ignore[union-attr]
+                session._journal.journal.turns.writer.snapshot(session.snapshot())  # type: ignore[union-attr]
+                await session._journal.journal.flush()  # type: ignore[union-attr]
         kinds = [entry.kind for entry in decode_entries(await store.read("chat-1"))]
         reopened = await Session.open(store, "chat-1", provider=provider, **OPTIONS)
         async with reopened:

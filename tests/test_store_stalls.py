@@ -79,8 +79,8 @@ async def _stalled_turn(url: str, stop: bool) -> tuple[float, Session[str]]:
             store, f"stall-{secrets.token_hex(4)}", kind=NOTE, provider=provider, document="", model="m", limits=limits
         )
         async with session:
-            assert session._journal is not None
-            with _frozen_backend(session._journal.lease):
+            assert session._journal.journal is not None
+            with _frozen_backend(session._journal.journal.lease):
                 began = trio.current_time()
                 async with trio.open_nursery() as nursery:
                     if stop:

@@ -15,7 +15,7 @@ import math
 import trio
 
 from trioloop.machine.limits import Bound, TurnBudget, TurnLimits, timing_exhaustion
-from trioloop.runtime.controls import TurnControls
+from trioloop.runtime.scopes import TurnScopes
 from trioloop.runtime.sharpener import LEAD_S, DeadlineSharpener
 
 __all__ = ["REQUEST_DEADLINE_GRACE_S", "TurnClock", "ms", "now_ms"]
@@ -40,8 +40,8 @@ class TurnClock:
     """The deadline of one turn, where it is enforced (the turn's scope, the tools' scopes, the sharpener, the
     request nursery's backstop), and the time spent waiting for the person, which never counts against it."""
 
-    def __init__(self, controls: TurnControls, started_at: float, deadline_ms: int) -> None:
-        self.controls = controls
+    def __init__(self, scopes: TurnScopes, started_at: float, deadline_ms: int) -> None:
+        self.scopes = scopes
         self.started_at = started_at
         self.deadline = started_at + deadline_ms / 1000
         self.paused_s = 0.0  # time spent waiting for the person: the turn deadline does not run then
@@ -91,11 +91,11 @@ class TurnClock:
         scope has the turn deadline too, or none while the turn waits for the person: a review timeout ends
         the turn (which then cancels its tools), never a tool on its own."""
         self.scope_deadline = math.inf if self.waiting else deadline
-        scope = self.controls._scope
+        scope = self.scopes.turn
         if scope is not None:
             scope.deadline = deadline
-        for tool_scope in self.controls._tool_scopes:
-            tool_scope.deadline = self.scope_deadline
+        for work_scope in self.scopes.work:
+            work_scope.deadline = self.scope_deadline
         if self.approach is not None:
             self.approach.deadline = deadline - LEAD_S
         self.sharpener.move(deadline)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import trio
 
@@ -16,13 +16,12 @@ from trioloop.machine.inputs import Retry
 from trioloop.machine.limits import timing_exhaustion
 from trioloop.machine.state import Phase
 from trioloop.protocol.events import StreamError, StreamEvent, is_terminal, terminal_cut
+from trioloop.protocol.provider import ChatProvider
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import is_retriable
-from trioloop.runtime.clock import now_ms
-from trioloop.runtime.controls import InboxItem, RequestEnded, StreamBatch, StreamItem
-
-if TYPE_CHECKING:
-    from trioloop.runtime.turn import Turn
+from trioloop.runtime.clock import TurnClock, now_ms
+from trioloop.runtime.inbox import InboxItem, RequestEnded, StreamBatch, StreamItem, TurnView
+from trioloop.runtime.workspace import TurnRequest
 
 __all__ = ["BATCHES_PER_YIELD", "InboxChannel", "ProviderRequests"]
 
@@ -94,8 +93,20 @@ class ProviderRequests:
     """The turn's requests: which attempt is current (a retry supersedes the one before; a superseded request's
     events are never seen), whether one is open, whether its first event has reached the reducer."""
 
-    def __init__(self, turn: Turn[Any]) -> None:
+    def __init__(
+        self,
+        turn: TurnView,
+        *,
+        request: TurnRequest[Any],
+        provider: ChatProvider,
+        inbox: trio.MemorySendChannel[InboxItem],
+        clock: TurnClock,
+    ) -> None:
         self.turn = turn
+        self.request = request
+        self.provider = provider
+        self.inbox = inbox
+        self.clock = clock
         self.attempt = 0
         self.open = False
         self.saw_first_event = False
@@ -103,31 +114,31 @@ class ProviderRequests:
 
     def start(self, *, backoff_s: float) -> None:
         """Open the next attempt: the state's messages, the turn's tools, after ``backoff_s``."""
-        turn = self.turn
+        asked = self.request
         self.attempt += 1
         self.open = True
         self.saw_first_event = False
         request = ChatRequest(
-            model=turn.request.model,
-            system=turn.request.system,
-            messages=turn.state.messages,
-            tools=turn.request.registry.definitions(),
-            max_tokens=turn.request.max_output_tokens,
+            model=asked.model,
+            system=asked.system,
+            messages=self.turn.state.messages,
+            tools=asked.registry.definitions(),
+            max_tokens=asked.max_output_tokens,
             caller_retries=True,
         )
         # A child of the request nursery, which is outside the turn's scope: on Stop or the deadline
-        # the consumer settles first and then cancels the requests (``_drive``), so the settled state
+        # the consumer settles first and then cancels the requests (``Turn.drive``), so the settled state
         # never waits behind a response being torn down. The nursery's deadline is the backstop.
-        assert self.nursery is not None, "a turn opens requests only inside _drive"
+        assert self.nursery is not None, "a turn opens requests only inside Turn.drive"
         self.nursery.start_soon(self.task, self.attempt, request, backoff_s, name="trioloop request")
 
     async def task(self, attempt: int, request: ChatRequest, backoff_s: float) -> None:
-        inbox = self.turn.controls._send
+        inbox = self.inbox
         sink = InboxChannel(inbox, attempt)
         if backoff_s > 0:
             await trio.sleep(backoff_s)
         try:
-            await self.turn.provider.stream(request, sink)
+            await self.provider.stream(request, sink)
         except trio.Cancelled:
             raise
         except Exception as exc:  # a provider bug must end the turn as a typed failure, not a crash
@@ -152,7 +163,7 @@ class ProviderRequests:
         ):
             return False
         wait = self.backoff(failure.retry_after)
-        if trio.current_time() + wait >= turn.clock.deadline:
+        if trio.current_time() + wait >= self.clock.deadline:
             return False
         # Transient failure before the first event reached the reducer: nothing was shown, so a
         # retry cannot repeat output. The reducer counts it and tells the person (one counter:
@@ -169,7 +180,7 @@ class ProviderRequests:
         state = self.turn.state
         if state.budget.retries_used >= state.limits.max_retries_per_turn:
             return False
-        machine_now = state.budget.started_at_ms + self.turn.clock.machine_ms()
+        machine_now = state.budget.started_at_ms + self.clock.machine_ms()
         return timing_exhaustion(state.budget, state.limits, machine_now) is None
 
     def backoff(self, retry_after: float | None = None) -> float:

@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import trio
+from typing import Any, TypeVar
 
 from trioloop.durable.files import write_atomic
 from trioloop.durable.session_file import (
@@ -20,19 +18,21 @@ from trioloop.durable.session_file import (
     decode_session,
     encode_session,
 )
-from trioloop.machine.document import TextDocumentKind
-from trioloop.machine.limits import TurnLimits
-from trioloop.machine.tools import RegisteredTool, ToolRegistry
+from trioloop.machine.document import DocumentKind, TextDocumentKind
+from trioloop.protocol.events import Usage
 from trioloop.protocol.messages import Message, assert_tool_pairing
-from trioloop.protocol.provider import ChatProvider
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
+from trioloop.runtime.workspace import Workspace
 
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-
-    from trioloop.runtime.session import Session
-
-__all__ = ["TranscriptError", "load_transcript", "resume_session", "save_session", "snapshot_of", "transcript_of"]
+__all__ = [
+    "TranscriptError",
+    "load_transcript",
+    "read_session_file",
+    "save_snapshot",
+    "save_transcript",
+    "snapshot_of",
+    "transcript_of",
+]
 
 D = TypeVar("D")
 _TRANSCRIPT_VERSION = 1
@@ -42,46 +42,41 @@ class TranscriptError(ValueError):
     """A transcript file that is not a valid, pairable conversation."""
 
 
-def snapshot_of(session: Session[D]) -> SessionSnapshot[D]:
+def snapshot_of(
+    workspace: Workspace[D],
+    *,
+    history: tuple[Message, ...],
+    last_turn_id: str | None,
+    turn_count: int,
+    usage: Usage,
+    model: str,
+    source: str | None,
+) -> SessionSnapshot[D]:
     """What a session file holds: conversation, document, undo history, the last turn, the turn count, the tokens."""
-    undo = session.undo_history
+    undo = workspace.undo
     return SessionSnapshot(
-        messages=session.history,
-        document=session.document,
+        messages=history,
+        document=workspace.document,
         undo=tuple(UndoRecord(turn_id=e.turn_id, document=e.document) for e in undo.entries),
         undo_max_entries=undo.max_entries,
-        last_turn_id=session._last_turn_id,
-        turn_count=session._turns_started,
-        model=session.model,
-        kind=session.kind.name,
-        source=session.source,
-        usage=session.usage,
+        last_turn_id=last_turn_id,
+        turn_count=turn_count,
+        model=model,
+        kind=workspace.kind.name,
+        source=source,
+        usage=usage,
     )
 
 
-def save_session(session: Session[Any], path: str | os.PathLike[str]) -> None:
+def save_snapshot(snapshot: SessionSnapshot[D], kind: DocumentKind[D], path: str | os.PathLike[str]) -> None:
     """`Session.save`: the session file, written atomically."""
-    kind = session.kind
     if not isinstance(kind, TextDocumentKind):
         raise TypeError(f"the {kind.name} kind has no text form (dump/load), so this session cannot be saved")
-    write_atomic(path, encode_session(snapshot_of(session), dump_document=kind.dump))
+    write_atomic(path, encode_session(snapshot, dump_document=kind.dump))
 
 
-def resume_session(
-    cls: type[Session[D]],
-    path: str | os.PathLike[str],
-    *,
-    kind: TextDocumentKind[D],
-    provider: ChatProvider,
-    model: str | None,
-    tools: ToolRegistry[D] | Iterable[RegisteredTool[D]],
-    limits: TurnLimits,
-    system_prompt: str | None,
-    max_output_tokens: int,
-    nursery: trio.Nursery | None,
-    max_bytes: int,
-) -> Session[D]:
-    """`Session.resume`: a session continued from the file at ``path`` (read up to ``max_bytes``)."""
+def read_session_file(path: str | os.PathLike[str], kind: TextDocumentKind[D], max_bytes: int) -> SessionSnapshot[D]:
+    """`Session.resume`: the session file at ``path`` (read up to ``max_bytes``), checked against ``kind``."""
     try:
         with open(path, "rb") as file:
             data = file.read(max_bytes + 1)
@@ -90,26 +85,7 @@ def resume_session(
     snapshot = decode_session(data, load_document=kind.load, max_bytes=max_bytes)
     if snapshot.kind not in (None, kind.name):
         raise SessionFileError(f"the session file holds a {snapshot.kind} document, not a {kind.name}")
-    chosen = model if model is not None else snapshot.model
-    if chosen is None:
-        raise SessionFileError("the session file names no model: pass model=")
-    return cls._restored(
-        document=snapshot.document,
-        history=snapshot.messages,
-        undo=snapshot.undo_history(),
-        turns_started=snapshot.turns_started(),
-        last_turn_id=snapshot.last_turn_id,
-        usage=snapshot.usage,
-        kind=kind,
-        provider=provider,
-        model=chosen,
-        tools=tools,
-        limits=limits,
-        system_prompt=system_prompt,
-        max_output_tokens=max_output_tokens,
-        nursery=nursery,
-        source=snapshot.source,
-    )
+    return snapshot
 
 
 def transcript_of(model: str, history: tuple[Message, ...]) -> dict[str, Any]:

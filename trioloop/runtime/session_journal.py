@@ -1,14 +1,14 @@
-"""A session's journal: the lease it writes under, the appends (signed, and compacted when asked), and the two
-ways a session gets one: `open_session` (a new id, or an existing journal verified and replayed) and
-`journal_into` (a session that already exists, from its snapshot on).
+"""A session's journal: the lease it writes under, the appends (signed, and compacted when asked), and how a
+session gets one (`JournalOpening`): a new journal started from the session's snapshot, or an existing one verified
+and replayed.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 import trio
 
@@ -24,28 +24,25 @@ from trioloop.durable.journal import (
 )
 from trioloop.durable.journal_writer import JournalWriter
 from trioloop.durable.leases import LeaseLost
-from trioloop.durable.replay import replay_journal, replay_start, tools_used
+from trioloop.durable.replay import Replayed, replay_journal, replay_start, tools_used
+from trioloop.durable.session_file import SessionSnapshot
 from trioloop.durable.signing import JournalKeys, JournalSigner
 from trioloop.durable.store import JournalLease, JournalStore, JournalStoreError, StoredEntry
 from trioloop.durable.witness import FileWitness, HeadWitness, WitnessedHead, check_witnessed
 from trioloop.machine.document import TextDocumentKind
-from trioloop.machine.limits import TurnLimits
-from trioloop.machine.tools import RegisteredTool, ToolRegistry, create_tool_registry
-from trioloop.protocol.provider import ChatProvider
+from trioloop.machine.tools import ToolRegistry
 from trioloop.runtime.journaling import ResumePoint, TurnJournal
-
-if TYPE_CHECKING:
-    from trioloop.runtime.session import Session
 
 __all__ = [
     "DEFAULT_SIGNER",
     "DEFAULT_WITNESS",
     "DocumentMismatch",
+    "JournalHandle",
+    "JournalOpening",
     "SessionJournal",
     "SessionJournalError",
     "ToolsMissing",
-    "journal_into",
-    "open_session",
+    "resume_point",
 ]
 
 #: ``signer=`` meaning the key named by ``TRIOLOOP_JOURNAL_KEY``, else the per-user key (`JournalSigner.default`).
@@ -195,53 +192,98 @@ class SessionJournal:
                 await self.lease.release()
 
 
-async def open_session(
-    cls: type[Session[D]],
-    store: JournalStore,
-    session_id: str,
-    *,
-    kind: TextDocumentKind[D],
-    provider: ChatProvider,
-    document: D | None,
-    model: str | None,
-    tools: ToolRegistry[D] | Iterable[RegisteredTool[D]],
-    limits: TurnLimits,
-    system_prompt: str | None,
-    max_output_tokens: int,
-    nursery: trio.Nursery | None,
-    wait_s: float,
-    compact: bool,
-    signer: Signer,
-    keys: JournalKeys | None,
-    witness: Witness,
-    source: str | None,
-) -> Session[D]:
-    """`Session.open`: take the lease, then start a new journal or verify and replay the one there."""
-    key = await _resolve(signer, keys)
-    heads = _witness(witness, key, store)
-    registry = tools if isinstance(tools, ToolRegistry) else create_tool_registry(tools)
-    options: dict[str, Any] = {
-        "kind": kind,
-        "provider": provider,
-        "tools": registry,
-        "limits": limits,
-        "system_prompt": system_prompt,
-        "max_output_tokens": max_output_tokens,
-        "nursery": nursery,
-    }
-    lease = await store.acquire(session_id, wait_s=wait_s)
-    try:
-        stored = await lease.entries()
+class JournalHandle:
+    """The session's journal once it has one (``journal``; None before): what the session's parts write through."""
+
+    def __init__(self) -> None:
+        self.journal: SessionJournal | None = None
+
+
+class JournalOpening:
+    """A session's journal being opened: the lease taken, the key and witness chosen; then either a new journal
+    started (`start`) or the one in the store verified and replayed (`read`, then `take_over`). Used as
+    ``async with``: the lease is released if anything fails before a `SessionJournal` holds it."""
+
+    def __init__(
+        self,
+        lease: JournalLease,
+        session_id: str,
+        key: JournalSigner | None,
+        heads: HeadWitness | None,
+        keys: JournalKeys | None,
+    ) -> None:
+        self.lease = lease
+        self.session_id = session_id
+        self.key = key
+        self.heads = heads
+        self.keys = keys
+        self.entries: list[JournalEntry] = []
+        self.integrity: JournalIntegrity | None = None
+        self.journal_id = ""
+
+    @classmethod
+    async def acquire(
+        cls,
+        store: JournalStore,
+        session_id: str,
+        *,
+        signer: Signer,
+        keys: JournalKeys | None,
+        witness: Witness,
+        wait_s: float,
+    ) -> JournalOpening:
+        """Choose the key and the witness, then take the session's lease (`SessionLocked` after ``wait_s``)."""
+        key = await _resolve(signer, keys)
+        heads = _witness(witness, key, store)
+        return cls(await store.acquire(session_id, wait_s=wait_s), session_id, key, heads, keys)
+
+    async def __aenter__(self) -> JournalOpening:
+        await trio.lowlevel.checkpoint()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is not None:
+            with trio.CancelScope(shield=True):
+                await self.lease.release()
+
+    async def start(self, snapshot: SessionSnapshot[Any], kind: TextDocumentKind[Any], compact: bool) -> SessionJournal:
+        """A new journal whose first entry is ``snapshot`` (the session as it stands), appended before it returns."""
+        journal_id = secrets.token_hex(16)
+        key = self.key
+        writer = JournalWriter(
+            last_seq=0,
+            last_hash=GENESIS,
+            dump_document=kind.dump,
+            session_id=self.session_id,
+            signer=key,
+            compact=compact,
+            journal_id=journal_id,
+        )
+        integrity = JournalIntegrity(
+            signed=key is not None,
+            verified=key is not None,
+            key_ids=frozenset() if key is None else frozenset({key.key_id}),
+        )
+        journal = SessionJournal(self.lease, writer, compact, integrity, witness=self.heads, journal_id=journal_id)
+        journal.turns.writer.snapshot(snapshot)
+        await journal.flush()
+        return journal
+
+    async def read(
+        self, *, kind: TextDocumentKind[D], registry: ToolRegistry[D], source: str | None
+    ) -> Replayed[D] | None:
+        """The journal in the store, verified (numbering, chain, signatures, the witnessed head) and replayed; None
+        for a new session. `ToolsMissing` if a journaled call's tool is not in ``registry``; `DocumentMismatch`
+        for a journal of another kind or (``source`` given) another source."""
+        stored = await self.lease.entries()
         if not stored:
-            if document is None or model is None:
-                raise ValueError(f"session {session_id!r} is new: pass document= and model= to start it")
-            session = cls(document=document, model=model, source=source, **options)
-            await _start(session, lease, compact, session_id, key, heads)
-            return session
+            return None
+        key, keys = self.key, self.keys
         verifying = None if key is None else key.keys if keys is None else key.keys | keys
-        entries, integrity, journal_id = await _verified(stored, session_id, verifying)
-        if heads is not None:
-            check_witnessed(entries, await heads.last_head(journal_id))
+        entries, self.integrity, self.journal_id = await _verified(stored, self.session_id, verifying)
+        self.entries = entries
+        if self.heads is not None:
+            check_witnessed(entries, await self.heads.last_head(self.journal_id))
         missing = tools_used(entries) - set(registry.names)
         if missing:
             raise ToolsMissing(missing)
@@ -250,120 +292,43 @@ async def open_session(
             raise DocumentMismatch("kind", replayed.kind, kind.name)
         if source is not None and replayed.source not in (None, source):
             raise DocumentMismatch("source", replayed.source, source)
-        chosen = model if model is not None else replayed.model
-        if chosen is None:
-            raise ValueError("the journal names no model: pass model=")
-        session = cls._restored(
-            document=replayed.document,
-            history=replayed.messages,
-            undo=replayed.undo,
-            turns_started=replayed.turn_count,
-            last_turn_id=replayed.last_turn_id,
-            usage=replayed.usage,
-            model=chosen,
-            source=replayed.source if replayed.source is not None else source,
-            **options,
-        )
-        resume = None
-        live = replayed.live
-        if live is not None:
-            machine_ms = replayed.suspended_machine_ms
-            resume = ResumePoint(
-                state=live,
-                machine_ms=replayed.advanced_machine_ms if machine_ms is None else machine_ms,
-                review_waited_ms=replayed.suspended_review_ms or 0,
-                card_digests=replayed.card_digests,
-            )
-        session._take_up(replayed.state, resume)
+        return replayed
+
+    async def take_over(self, replayed: Replayed[Any], kind: TextDocumentKind[Any], compact: bool) -> SessionJournal:
+        """The journal `read` replayed, written on from its last entry (witnessed from now on, if it was not)."""
+        entries = self.entries
         writer = JournalWriter(
             last_seq=replayed.last_seq,
             last_hash=replayed.last_hash,
             dump_document=kind.dump,
-            session_id=session_id,
-            signer=key,
+            session_id=self.session_id,
+            signer=self.key,
             compact=compact,
             last_seal=_last_seal(entries),
-            journal_id=journal_id,
+            journal_id=self.journal_id,
         )
         replay_from = entries[replay_start(entries)].seq
-        _attach(session, SessionJournal(lease, writer, compact, integrity, replay_from, heads, journal_id))
-        if heads is not None:  # a journal written before it had a witness is witnessed from now on
+        journal = SessionJournal(self.lease, writer, compact, self.integrity, replay_from, self.heads, self.journal_id)
+        if self.heads is not None:  # a journal written before it had a witness is witnessed from now on
             last = entries[-1]
-            await heads.witness(WitnessedHead(journal=journal_id, session=session_id, seq=last.seq, hash=last.hash))
-        return session
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            await lease.release()
-        raise
+            await self.heads.witness(
+                WitnessedHead(journal=self.journal_id, session=self.session_id, seq=last.seq, hash=last.hash)
+            )
+        return journal
 
 
-async def journal_into(
-    session: Session[Any],
-    store: JournalStore,
-    session_id: str,
-    *,
-    wait_s: float,
-    compact: bool,
-    signer: Signer = DEFAULT_SIGNER,
-    witness: Witness = DEFAULT_WITNESS,
-) -> None:
-    """`Session.journal_into`: a new journal under ``session_id`` whose first entry is the session's snapshot."""
-    if session._journal is not None and not session._journal.closed:
-        raise RuntimeError("this session is already journaled")
-    if not isinstance(session.kind, TextDocumentKind):
-        raise TypeError(f"the {session.kind.name} kind has no text form (dump/load), so it cannot be journaled")
-    key = await _resolve(signer, None)
-    heads = _witness(witness, key, store)
-    lease = await store.acquire(session_id, wait_s=wait_s)
-    try:
-        if await lease.last_seq() != 0:
-            raise ValueError(f"session {session_id!r} already has a journal: open it with Session.open")
-        await _start(session, lease, compact, session_id, key, heads)
-    except BaseException:
-        session._journal = None
-        with trio.CancelScope(shield=True):
-            await lease.release()
-        raise
-
-
-async def _start(
-    session: Session[Any],
-    lease: JournalLease,
-    compact: bool,
-    session_id: str,
-    key: JournalSigner | None,
-    heads: HeadWitness | None,
-) -> None:
-    """A new journal for ``session``: its first entry is the session as it stands."""
-    kind = session.kind
-    assert isinstance(kind, TextDocumentKind)
-    journal_id = secrets.token_hex(16)
-    writer = JournalWriter(
-        last_seq=0,
-        last_hash=GENESIS,
-        dump_document=kind.dump,
-        session_id=session_id,
-        signer=key,
-        compact=compact,
-        journal_id=journal_id,
+def resume_point(replayed: Replayed[Any]) -> ResumePoint | None:
+    """The live turn a replayed journal left (suspended in review, or cut short by a crash), if any."""
+    live = replayed.live
+    if live is None:
+        return None
+    machine_ms = replayed.suspended_machine_ms
+    return ResumePoint(
+        state=live,
+        machine_ms=replayed.advanced_machine_ms if machine_ms is None else machine_ms,
+        review_waited_ms=replayed.suspended_review_ms or 0,
+        card_digests=replayed.card_digests,
     )
-    integrity = JournalIntegrity(
-        signed=key is not None,
-        verified=key is not None,
-        key_ids=frozenset() if key is None else frozenset({key.key_id}),
-    )
-    journal = SessionJournal(lease, writer, compact, integrity, witness=heads, journal_id=journal_id)
-    _attach(session, journal)
-    journal.turns.writer.snapshot(session.snapshot())
-    await journal.flush()
-
-
-def _attach(session: Session[Any], journal: SessionJournal) -> None:
-    """``journal`` is the session's; its lease is renewed in the session's nursery while there is one (else
-    from when the session is entered)."""
-    session._journal = journal
-    if session._nursery is not None:
-        session._nursery.start_soon(journal.keep_alive, name="trioloop lease renewal")
 
 
 async def _resolve(signer: Signer, keys: JournalKeys | None) -> JournalSigner | None:

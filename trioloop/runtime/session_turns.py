@@ -5,24 +5,29 @@ conversation, undo target or suspended turn.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import attrs
 import trio
 
+from trioloop.durable.session_file import SessionSnapshot
 from trioloop.machine.calls import CallStatus
+from trioloop.machine.limits import TurnLimits
 from trioloop.machine.state import Phase, TurnState
 from trioloop.protocol.events import Usage, usage_sum
+from trioloop.protocol.messages import Message
+from trioloop.protocol.provider import ChatProvider
 from trioloop.runtime.controls import TurnControls
 from trioloop.runtime.journaling import ResumePoint
-from trioloop.runtime.runner import TurnRequest, run_turn
+from trioloop.runtime.publisher import StatePublisher
+from trioloop.runtime.runner import run_turn
+from trioloop.runtime.session_journal import JournalHandle, SessionJournal
+from trioloop.runtime.toolsets import Toolsets
+from trioloop.runtime.workspace import TurnRequest, Workspace
 
-if TYPE_CHECKING:
-    from trioloop.runtime.session import Session
-    from trioloop.runtime.session_journal import SessionJournal
-
-__all__ = ["SessionBusy", "TurnSlot"]
+__all__ = ["SessionBusy", "TurnSetup", "TurnSlot"]
 
 D = TypeVar("D")
 
@@ -31,12 +36,47 @@ class SessionBusy(RuntimeError):
     """``send`` was called while a turn is still in flight."""
 
 
-class TurnSlot(Generic[D]):
-    """The running turn's controls, or the suspended turn and its pending decisions; the turn count and the turn
-    `Session.undo_last_turn` undoes."""
+@attrs.frozen(kw_only=True)
+class TurnSetup:
+    """The session's settings as the next turn takes them (an app may change them between turns)."""
 
-    def __init__(self, session: Session[D]) -> None:
-        self.session = session
+    provider: ChatProvider
+    model: str
+    system: str
+    limits: TurnLimits
+    max_output_tokens: int
+    #: Who decides, as the journal records each decision.
+    actor: str
+
+
+class TurnSlot(Generic[D]):
+    """The running turn's controls, or the suspended turn and its pending decisions; the conversation, the turn
+    count, the tokens of the settled turns, and the turn `Session.undo_last_turn` undoes.
+
+    Given the workspace its turns write, the publisher their states go to, the toolsets (listed again before a
+    turn, and the tools it offers), the session's journal, and two callbacks into the session: ``nursery`` (the
+    one its tools live in; `SessionClosed` without one) and ``snapshot`` (the session as a session file holds it,
+    for a compacted journal)."""
+
+    def __init__(
+        self,
+        *,
+        workspace: Workspace[D],
+        publisher: StatePublisher,
+        toolsets: Toolsets[D],
+        journal: JournalHandle,
+        nursery: Callable[[], trio.Nursery],
+        snapshot: Callable[[], SessionSnapshot[D]],
+        history: tuple[Message, ...] = (),
+    ) -> None:
+        self.workspace = workspace
+        self.publisher = publisher
+        self.toolsets = toolsets
+        self.journals = journal
+        self.nursery = nursery
+        self.snapshot = snapshot
+        #: The conversation so far (pairable): what the next turn sends.
+        self.history = history
         self.controls: TurnControls | None = None  # the turn running now
         self.resume: ResumePoint | None = None  # a live turn suspended in review (or cut by a crash)
         self.pending: TurnControls | None = None  # its decisions, taken before `continue_turn`
@@ -46,10 +86,18 @@ class TurnSlot(Generic[D]):
         self.last_turn_id: str | None = None
         self.usage = Usage()  # every settled turn's tokens (those of a saved or journaled session included)
 
+    def restore(self, *, started: int, last_turn_id: str | None, usage: Usage) -> None:
+        """Continue a saved or journaled session's numbering and token count."""
+        self.started, self.last_turn_id, self.usage = started, last_turn_id, usage
+
     def take_up(self, resume: ResumePoint) -> None:
         """Hold ``resume`` (a live turn read back from a journal) until `continue_turn`."""
         self.resume = resume
         self.pending = TurnControls()
+
+    def publish(self, state: TurnState) -> None:
+        """Publish ``state`` (a settled turn's last state is handed over once)."""
+        self.publisher.publish(state, turn_running=self.controls is not None)
 
     def deciding(self) -> TurnControls | None:
         """Where a decision goes: the running turn, or the suspended one (taken when it continues)."""
@@ -59,7 +107,7 @@ class TurnSlot(Generic[D]):
         """Where a decision on ``call_ids`` goes, or None when one of them has no card open (a late click on a
         card that is gone, another turn's call): such a decision is refused (False), not queued to be dropped."""
         controls = self.deciding()
-        state = self.resume.state if self.controls is None and self.resume is not None else self.session.state
+        state = self.resume.state if self.controls is None and self.resume is not None else self.publisher.state
         if controls is None or state is None or not call_ids:
             return None
         for call_id in call_ids:
@@ -68,60 +116,60 @@ class TurnSlot(Generic[D]):
                 return None
         return controls
 
-    async def send(self, text: str) -> TurnState:
+    async def send(self, text: str, setup: TurnSetup) -> TurnState:
         if self.controls is not None:
             raise SessionBusy("A turn is already running in this session; wait for it or stop it first.")
         if self.resume is not None:
             raise SessionBusy("A turn suspended in review is waiting: take it up with continue_turn() first.")
         controls = TurnControls()
         spent_s = 0.0
-        toolsets = self.session._toolsets
+        toolsets = self.toolsets
         if toolsets:
             # Part of the turn: Stop ends it, and the time it takes counts against the turn's deadline.
             self.controls = controls
             began = trio.current_time()
-            listing = trio.CancelScope(deadline=began + self.session.limits.turn_deadline_ms / 1000)
-            controls._tool_scopes.add(listing)
+            listing = trio.CancelScope(deadline=began + setup.limits.turn_deadline_ms / 1000)
+            controls.scopes.work.add(listing)
             try:
                 with listing:
                     await toolsets.refresh()
             finally:
-                controls._tool_scopes.discard(listing)
+                controls.scopes.work.discard(listing)
                 self.controls = None
             spent_s = trio.current_time() - began
         self.started += 1
-        return await self.run(text, f"turn-{self.started}", None, controls, spent_s)
+        return await self.run(text, f"turn-{self.started}", setup, None, controls, spent_s)
 
-    async def continue_turn(self) -> TurnState:
+    async def continue_turn(self, setup: TurnSetup) -> TurnState:
         if self.controls is not None:
             raise SessionBusy("A turn is already running in this session.")
         resume = self.resume
         if resume is None:
             raise SessionBusy("No suspended turn: there is nothing to continue.")
-        session = self.session
-        _ = session.nursery  # SessionClosed before the suspended turn is taken, so a refusal loses nothing
-        if session._journal is not None:
-            session._journal.check()
+        _ = self.nursery()  # SessionClosed before the suspended turn is taken, so a refusal loses nothing
+        journal = self.journals.journal
+        if journal is not None:
+            journal.check()
         controls, self.pending = self.pending, None
         self.resume = None
-        if session._journal is not None:
-            session._journal.add("resume", {"by": session.actor, "turn_id": resume.state.turn_id})
-        return await self.run("", resume.state.turn_id, resume, controls)
+        if journal is not None:
+            journal.add("resume", {"by": setup.actor, "turn_id": resume.state.turn_id})
+        return await self.run("", resume.state.turn_id, setup, resume, controls)
 
     async def run(
         self,
         text: str,
         turn_id: str,
+        setup: TurnSetup,
         resume: ResumePoint | None,
         controls: TurnControls | None = None,
         spent_s: float = 0.0,
     ) -> TurnState:
-        session = self.session
-        journal = session._journal
+        journal = self.journals.journal
         if journal is not None:
             journal.check()
-        nursery = session.nursery
-        publisher = session._publisher
+        nursery = self.nursery()
+        publisher = self.publisher
         controls = controls or TurnControls()
         controls.on_questions = publisher.questions_changed
         self.controls = controls
@@ -129,25 +177,25 @@ class TurnSlot(Generic[D]):
         request = TurnRequest(
             text=text,
             turn_id=turn_id,
-            model=session.model,
-            system=session.system_prompt,
-            base_messages=session.history,
-            registry=session.registry,
-            limits=session.limits,
-            max_output_tokens=session.max_output_tokens,
+            model=setup.model,
+            system=setup.system,
+            base_messages=self.history,
+            registry=self.toolsets.registry,
+            limits=setup.limits,
+            max_output_tokens=setup.max_output_tokens,
             spent_s=spent_s,
         )
         if journal is not None:
-            journal.turns.writer.actor = session.actor
+            journal.turns.writer.actor = setup.actor
             journal.turns.on_settled = partial(self._closing_snapshot, journal, turn_id)
         try:
             state = await run_turn(
                 request,
-                session._workspace,
-                session.provider,
+                self.workspace,
+                setup.provider,
                 tool_nursery=nursery,
                 controls=controls,
-                on_state=session._publish,
+                on_state=self.publish,
                 journal=None if journal is None else journal.turns,
                 resume=resume,
             )
@@ -157,7 +205,7 @@ class TurnSlot(Generic[D]):
                 journal.turns.on_settled = None
             final = publisher.state
             if final is not None and final.is_settled:
-                session._history = final.messages
+                self.history = final.messages
                 self.last_turn_id = turn_id
                 self.usage = usage_sum(self.usage, final.usage)
             elif final is not None and controls.suspended_at is not None:
@@ -170,10 +218,10 @@ class TurnSlot(Generic[D]):
                 publisher.tell_suspended(final)
             self.ended.set()
         if journal is None or journal.turns.error is None:  # a failed journal: the last durable state stands
-            session._publish(state)
+            self.publish(state)
         if journal is not None:
             if state.is_settled and journal.turns.writer.snapshot_due:
-                journal.turns.writer.snapshot(session.snapshot())  # compaction: reopening replays from here
+                journal.turns.writer.snapshot(self.snapshot())  # compaction: reopening replays from here
             await journal.flush()
         return state
 
@@ -182,10 +230,9 @@ class TurnSlot(Generic[D]):
         reopening replays from here); written in the turn's last append."""
         writer = journal.turns.writer
         if writer.snapshot_due:
-            snapshot = self.session.snapshot()
             writer.snapshot(
                 attrs.evolve(
-                    snapshot,
+                    self.snapshot(),
                     messages=state.messages,
                     last_turn_id=turn_id,
                     usage=usage_sum(self.usage, state.usage),
@@ -194,14 +241,14 @@ class TurnSlot(Generic[D]):
 
     async def suspend(self) -> TurnState | None:
         controls = self.controls
-        session = self.session
         if controls is not None:
-            state = session.state
+            state = self.publisher.state
             if state is not None and state.phase is Phase.AWAITING_APPROVAL:
                 controls.suspend()
             else:
                 controls.stop()
             await self.ended.wait()
-        if session._journal is not None:
-            await session._journal.flush()
-        return session.state
+        journal = self.journals.journal
+        if journal is not None:
+            await journal.flush()
+        return self.publisher.state

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import trio
 
@@ -22,16 +22,17 @@ from trioloop.machine.state import CallRecord, CallStatus
 from trioloop.machine.texts import NOT_TEXT_RESULT
 from trioloop.machine.tools import PreparedCall, RegisteredTool, ToolOutcome
 from trioloop.machine.transaction import Committed, Refused, commit_tool_outcome
-from trioloop.runtime.clock import now_ms
+from trioloop.runtime.asking import OpenQuestions
+from trioloop.runtime.clock import TurnClock, now_ms
+from trioloop.runtime.inbox import TurnInbox, TurnView
+from trioloop.runtime.journaling import TurnJournal
+from trioloop.runtime.person import PersonWaits
+from trioloop.runtime.progress import CallProgress
+from trioloop.runtime.scopes import TurnScopes
 from trioloop.runtime.tools import ToolExecutionContext
-
-if TYPE_CHECKING:
-    from trioloop.runtime.turn import Turn
+from trioloop.runtime.workspace import TOOL_CANCEL_GRACE_S, TurnRequest, Workspace
 
 __all__ = ["NOT_AN_OUTCOME", "TOOL_CANCELLED_ITSELF", "TOOL_CANCEL_GRACE_S", "ToolCalls"]
-
-#: How long a cancelled tool may take to unwind before the turn abandons it (its value discarded).
-TOOL_CANCEL_GRACE_S = 2.0
 NOT_AN_OUTCOME = "The tool returned something that is not a tool outcome."
 TOOL_CANCELLED_ITSELF = "The tool cancelled its own run; nothing it returned was used."
 
@@ -70,17 +71,47 @@ def _checked(produced: object, snapshot: D, kind: DocumentKind[D]) -> ToolOutcom
 
 
 class ToolCalls(Generic[D]):
-    """The turn's tool runs: which calls were started, how many async ones still run, and whether the turn is
-    ending (after which no tool value is ever committed)."""
+    """The turn's tool runs: which calls were started and how many async ones still run.
 
-    def __init__(self, turn: Turn[D], nursery: trio.Nursery) -> None:
+    Given the consumer (`TurnView`: its state, its own inputs, its journal sync), the workspace the calls commit
+    to, the nursery async tools run in, and the turn's parts a run reports to: its inbox (a settlement from a
+    tool's task), its scopes (each run's own, and whether the turn is settling), each call's progress, the open
+    questions, the person (a call's questions and sampling), the clock (each run's deadline), the journal (the
+    fence checked before each start) and ``stop`` (the turn stopped when the fence fails)."""
+
+    def __init__(
+        self,
+        turn: TurnView,
+        *,
+        nursery: trio.Nursery,
+        workspace: Workspace[D],
+        request: TurnRequest[D],
+        inbox: TurnInbox,
+        scopes: TurnScopes,
+        progress: CallProgress,
+        asking: OpenQuestions,
+        person: PersonWaits,
+        clock: TurnClock,
+        journal: TurnJournal | None,
+        stop: Callable[[], object],
+    ) -> None:
         self.turn = turn
         self.nursery = nursery
+        self.workspace = workspace
+        self.turn_id = request.turn_id
+        self.grace_s = request.tool_cancel_grace_s
+        self.inbox = inbox
+        self.scopes = scopes
+        self.progress = progress
+        self.asking = asking
+        self.person = person
+        self.clock = clock
+        self.journal = journal
+        self.stop = stop
         self.started: set[str] = set()
         self.running = 0
         self.idle = trio.Event()
         self.idle.set()
-        self.ending = False  # set when the turn starts settling: no tool value is committed after it
 
     async def start_approved(self, current: Sequence[CallRecord]) -> None:
         """Start the approved calls of ``current`` (the iteration's calls in the state as it is now)."""
@@ -89,7 +120,7 @@ class ToolCalls(Generic[D]):
         # one left it, so two approved edits never race into a document_changed refusal.
         mutating = any(c.status is CallStatus.RUNNING and c.effect == "mutate" for c in current)
         starting: list[tuple[CallRecord, PreparedCall[Any]]] = []
-        snapshot = turn.workspace.document
+        snapshot = self.workspace.document
         for call in current:
             if call.status is not CallStatus.APPROVED or call.id in self.started:
                 continue
@@ -105,31 +136,32 @@ class ToolCalls(Generic[D]):
             starting.append((started, started.prepared))
         if not starting:
             return
-        if turn.journal is not None:
+        journal = self.journal
+        if journal is not None:
             # Every start (and what led to it: the approvals) is durable before any of these tools runs, in
             # one append: a crash never runs a tool twice.
             await turn.sync()
-        epoch = None if turn.journal is None else turn.journal.epoch
+        epoch = None if journal is None else journal.epoch
+        kind = self.workspace.kind
         for call, prepared in starting:
             tool = turn.state.tool_set.get(call.tool_name)
             if tool is None:  # unreachable: the reducer checked the frozen tool set
                 continue
             # The tool's own scope carries the turn deadline, so at the deadline (as on Stop) the
             # tool sees its own scope cancelled, not just a Cancelled from further out.
-            if turn.controls.turn_cancelled:
+            if self.scopes.turn_cancelled:
                 continue  # Stop or the deadline came first: none of the tool's code runs; the settle ends the call
-            if turn.journal is not None and not turn.journal.fenced():
-                turn.controls.stop()  # the lease may be another process's now: nothing more runs under it
+            if journal is not None and not journal.fenced():
+                self.stop()  # the lease may be another process's now: nothing more runs under it
                 continue
-            scope = trio.CancelScope(deadline=turn.clock.scope_deadline)
+            scope = trio.CancelScope(deadline=self.clock.scope_deadline)
             # The tool gets a private copy, made when it first reads ctx.document (or the snapshot
             # itself when the kind is immutable): nothing it does to it can reach the live document or
             # the undo snapshot that undo restores.
-            kind = turn.workspace.kind
-            progress = partial(turn.controls._note_call_progress, call.id)
+            progress = partial(self.report_progress, call.id)
             ask, sample = (
-                partial(turn.person.ask, call.id, call.tool_name),
-                partial(turn.person.sample, call.id, call.tool_name),
+                partial(self.person.ask, call.id, call.tool_name),
+                partial(self.person.sample, call.id, call.tool_name),
             )
             if kind.immutable:
                 context = ToolExecutionContext(
@@ -161,7 +193,7 @@ class ToolCalls(Generic[D]):
                     self.finish(call.id, tool, snapshot, scope, outcome, report=turn.apply)
                     continue
                 pending = produced
-            turn.controls._tool_scopes.add(scope)
+            self.scopes.work.add(scope)
             if self.running == 0:
                 self.idle = trio.Event()  # set again when the last running tool ends
             self.running += 1
@@ -180,7 +212,6 @@ class ToolCalls(Generic[D]):
         snapshot: D,
         scope: trio.CancelScope,
     ) -> None:
-        turn = self.turn
         try:
             outcome: ToolOutcome[D] | None = None
             with scope:
@@ -188,10 +219,10 @@ class ToolCalls(Generic[D]):
                     produced = await pending
                 except Exception as exc:  # contained to this call (Cancelled is not an Exception), reported
                     produced = _failed_while_running(exc)
-                outcome = _checked_outcome(produced, snapshot, turn.workspace.kind)
-            self.finish(call_id, tool, snapshot, scope, outcome, report=turn.controls._put)
+                outcome = _checked_outcome(produced, snapshot, self.workspace.kind)
+            self.finish(call_id, tool, snapshot, scope, outcome, report=self.inbox.put)
         finally:
-            turn.controls._tool_scopes.discard(scope)
+            self.scopes.work.discard(scope)
             self.running -= 1
             if self.running == 0:
                 self.idle.set()
@@ -211,8 +242,7 @@ class ToolCalls(Generic[D]):
         Commit and report happen with no checkpoint in between, so no cancellation can split them. A
         fault in the commit is reported as the call's failure.
         """
-        turn = self.turn
-        if self.ending or turn.controls.turn_cancelled or turn.state.is_settled:
+        if self.scopes.settling or self.scopes.turn_cancelled or self.turn.state.is_settled:
             return  # Stop, the deadline or the end of the turn: whatever it returned is discarded, never committed
         if scope.cancel_called or outcome is None:
             # The tool cancelled its own scope: the call fails (nothing it returned is used) and the turn
@@ -223,27 +253,27 @@ class ToolCalls(Generic[D]):
         except Exception as exc:  # a tool must never crash the turn: report it as this call's failure
             failure: ToolOutcome[D] = ToolOutcome.failure(f"The tool could not be settled ({type(exc).__name__}).")
             settled = CallSettled(call_id=call_id, outcome=failure, now_ms=now_ms())
-        turn.controls.call_progress.pop(call_id, None)
-        turn.controls._end_questions(call_id)
+        self.progress.calls.pop(call_id, None)
+        self.asking.end(call_id)
         report(settled)
 
     def commit(self, call_id: str, tool: RegisteredTool[D], snapshot: D, outcome: ToolOutcome[D]) -> CallSettled:
         """Commit ``outcome`` to the workspace (if it proposes a valid change) and say how the call settled."""
-        turn = self.turn
+        workspace = self.workspace
         committed = commit_tool_outcome(
-            turn.workspace.document,
+            workspace.document,
             snapshot,
             outcome,
             tool,
-            turn.workspace.undo,
-            turn_id=turn.request.turn_id,
-            kind=turn.workspace.kind,
+            workspace.undo,
+            turn_id=self.turn_id,
+            kind=workspace.kind,
         )
         settled: ToolOutcome[D]
         changed = isinstance(committed, Committed)
         if isinstance(committed, Committed):
-            turn.workspace.document = committed.document
-            turn.workspace.undo = committed.history
+            workspace.document = committed.document
+            workspace.undo = committed.history
             settled = ToolOutcome.success(committed.result)
         elif isinstance(committed, Refused):
             settled = ToolOutcome.failure(committed.result)
@@ -255,11 +285,16 @@ class ToolCalls(Generic[D]):
         """Cancel every tool still running and wait for them to unwind, for at most the grace period.
 
         Shielded, so it also runs when the turn is being cancelled from outside. A tool still running
-        after the grace is abandoned: ``ending`` is set, so its value can never be committed.
+        after the grace is abandoned: the turn's scopes say it is settling, so its value can never be committed.
         """
-        turn = self.turn
-        self.ending = True
-        turn.controls._cancel_tools()
+        self.scopes.settling = True
+        self.asking.end()
+        self.scopes.cancel_work()
         if self.running:
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + turn.request.tool_cancel_grace_s):
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + self.grace_s):
                 await self.idle.wait()
+
+    def report_progress(self, call_id: str, progress: float, total: float | None, message: str) -> None:
+        """A running call's progress report, kept while the turn takes input (a late one is dropped)."""
+        if not self.inbox.closed:
+            self.progress.report(call_id, progress, total, message)

@@ -68,9 +68,23 @@ class ToolExecutionContext(Generic[D]):
         on_ask: AskSink | None = None,
         on_sample: SampleSink | None = None,
     ) -> None:
-        self._document = document
-        self._make_document: Callable[[], D] | None = None
-        self._cancel_scope = trio.CancelScope() if cancel_scope is None else cancel_scope
+        scope = trio.CancelScope() if cancel_scope is None else cancel_scope
+        self._fill(document, None, scope, on_progress, on_ask, on_sample)
+
+    def _fill(
+        self,
+        document: D | None,
+        make_document: Callable[[], D] | None,
+        cancel_scope: trio.CancelScope,
+        on_progress: ProgressSink | None = None,
+        on_ask: AskSink | None = None,
+        on_sample: SampleSink | None = None,
+    ) -> None:
+        """Every field of a new context: its document (or how to make it on first read) and its sinks."""
+        if make_document is None:
+            self._document = document  # type: ignore[assignment]  # D itself may include None
+        self._make_document = make_document
+        self._cancel_scope = cancel_scope
         self._on_progress = on_progress
         self._on_ask = on_ask
         self._on_sample = on_sample
@@ -91,12 +105,7 @@ class ToolExecutionContext(Generic[D]):
     ) -> ToolExecutionContext[D]:
         """A context whose ``document`` is ``make_document()``, called once, on the first read."""
         context = cls.__new__(cls)
-        context._make_document = make_document
-        context._cancel_scope = cancel_scope
-        context._on_progress = on_progress
-        context._on_ask = on_ask
-        context._on_sample = on_sample
-        context.fencing_epoch = None
+        context._fill(None, make_document, cancel_scope, on_progress, on_ask, on_sample)
         return context
 
     async def sample(self, *, source: str, request: SamplingRequest) -> Sampled:

@@ -10,26 +10,36 @@ its collaborators: `TurnClock` (the deadline), `PersonWaits` (review and questio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeVar
 
 import trio
 
-from trioloop.machine.inputs import Advance, ApproveBatch, ApproveCall, CallSettled, Cancel, DenyCall, TurnInput
+from trioloop.durable.replay import recovery_inputs
+from trioloop.machine.inputs import (
+    Advance,
+    ApproveBatch,
+    ApproveCall,
+    CallSettled,
+    Cancel,
+    DenyCall,
+    Submit,
+    TurnInput,
+)
 from trioloop.machine.limits import Bound
 from trioloop.machine.reducer import NO_STATE_CHANGE, reduce_turn
 from trioloop.machine.state import Phase, TurnState
 from trioloop.machine.stream_fold import fold_text_deltas
 from trioloop.protocol.events import StreamError, StreamEvent
 from trioloop.protocol.provider import ChatProvider
-from trioloop.runtime.clock import TurnClock
-from trioloop.runtime.controls import InboxItem, RequestEnded, StreamBatch, StreamItem, TurnControls
-from trioloop.runtime.journaling import TurnJournal
+from trioloop.runtime.clock import REQUEST_DEADLINE_GRACE_S, TurnClock, now_ms
+from trioloop.runtime.controls import TurnControls
+from trioloop.runtime.inbox import InboxItem, RequestEnded, StreamBatch, StreamItem
+from trioloop.runtime.journaling import ResumePoint, TurnJournal
 from trioloop.runtime.person import PersonWaits
 from trioloop.runtime.requests import ProviderRequests
+from trioloop.runtime.sharpener import LEAD_S as SHARPEN_LEAD_S
 from trioloop.runtime.tool_calls import ToolCalls
-
-if TYPE_CHECKING:
-    from trioloop.runtime.runner import StateObserver, TurnRequest, Workspace
+from trioloop.runtime.workspace import StateObserver, TurnRequest, Workspace
 
 #: How long after the turn settled (Stop, its deadline, a review timeout) the entries saying how it ended may still
 #: take to append. A settled state that holds no new commit is published before that append, so this delays only
@@ -63,14 +73,37 @@ class Turn(Generic[D]):
         self.lookahead: InboxItem | None = None  # taken from the inbox while gathering a wake-up, not yet handled
         self.suspended = False
         self.workspace = workspace
-        self.provider = provider
         self.controls = controls
+        self.inbox = inbox = controls.inbox
+        self.scopes = scopes = controls.scopes
+        self.progress = controls.progress
         self.on_state = on_state
         self.state = TurnState.idle()
-        self.clock = TurnClock(controls, started_at, request.limits.turn_deadline_ms)
-        self.person = PersonWaits(self)
-        self.requests = ProviderRequests(self)
-        self.tools = ToolCalls(self, tool_nursery)
+        self.clock = clock = TurnClock(scopes, started_at, request.limits.turn_deadline_ms)
+        self.person = PersonWaits(
+            self,
+            asking=controls.asking,
+            scopes=scopes,
+            inbox=inbox,
+            clock=clock,
+            provider=provider,
+            model=request.model,
+        )
+        self.requests = ProviderRequests(self, request=request, provider=provider, inbox=inbox.sender, clock=clock)
+        self.tools = ToolCalls(
+            self,
+            nursery=tool_nursery,
+            workspace=workspace,
+            request=request,
+            inbox=inbox,
+            scopes=scopes,
+            progress=controls.progress,
+            asking=controls.asking,
+            person=self.person,
+            clock=clock,
+            journal=journal,
+            stop=controls.stop,
+        )
         # The document and undo history as the journal last confirmed them: put back if an append fails, so
         # the live session never holds (or shows) a commit its journal may not have.
         self.durable = (workspace.document, workspace.undo)
@@ -109,10 +142,10 @@ class Turn(Generic[D]):
         # the turn is settling, by what is left of its deadline or a short grace, whichever is longer. An append cut
         # short fails the journal (the turn stops and says so).
         wait_until = self.clock.scope_deadline
-        if self.controls._closed and not self.clock.waiting:
+        if self.inbox.closed and not self.clock.waiting:
             wait_until = max(wait_until, trio.current_time() + JOURNAL_GRACE_S)
         if journal.writer.has_ready:
-            if not await journal.flush(wait_until, self.controls._tool_scopes):
+            if not await journal.flush(wait_until, self.scopes.work):
                 self.controls.stop()
                 # What the failed append held is unknown to the journal: the live document goes back to what it
                 # confirmed, and the state that held it back is never published (reopening reads the truth).
@@ -125,10 +158,82 @@ class Turn(Generic[D]):
             if self.on_state is not None:
                 self.on_state(self.state)
 
+    # -- driving ---------------------------------------------------------------------------------
+
+    async def drive(self, resume: ResumePoint | None) -> TurnState:
+        """Drive the turn to a settled state (or suspended in review): submit the request's text, or take up
+        ``resume``, then consume the inbox under the turn's scope until it settles."""
+        request, clock, scopes = self.request, self.clock, self.scopes
+        if resume is None:
+            self.apply(
+                Submit(
+                    turn_id=request.turn_id,
+                    text=request.text,
+                    base_messages=request.base_messages,
+                    tool_set=request.registry,
+                    limits=request.limits,
+                    now_ms=int(clock.started_at * 1000),
+                )
+            )
+        else:
+            # ``started_at`` is now minus the machine time already spent: the deadline continues where it stood.
+            clock.restart(clock.started_at, resume.state.limits.turn_deadline_ms)
+        try:
+            # The request tasks' nursery holds the turn's scope, not the other way round: Stop and the deadline
+            # cancel the turn's scope, the consumer settles, and only then are the requests cancelled (below).
+            # Its own deadline, just after the turn's, is the backstop and what a provider sees as its own.
+            async with trio.open_nursery() as requests:
+                self.requests.nursery = requests
+                clock.backstop = requests.cancel_scope
+                requests.cancel_scope.deadline = clock.deadline + REQUEST_DEADLINE_GRACE_S
+                try:
+                    with trio.CancelScope(deadline=clock.deadline) as turn_scope:
+                        scopes.turn = turn_scope
+                        if resume is not None:
+                            self.take_up(resume, now_ms())
+                        if scopes.stop_requested:
+                            turn_scope.cancel()
+                        with trio.CancelScope(deadline=clock.deadline - SHARPEN_LEAD_S) as approach:
+                            clock.approach = approach
+                            approach.deadline = turn_scope.deadline - SHARPEN_LEAD_S  # a resumed review moved it
+                            await self.consume()
+                        clock.approach = None
+                        if not self.state.is_settled and not self.suspended:
+                            # The deadline is near (and only then, so a turn that ends sooner spawns nothing):
+                            # Trio's timer rounds up to the millisecond, the sharpener makes it fire on time.
+                            requests.start_soon(clock.sharpener.run, name="trioloop deadline sharpener")
+                            await self.consume()
+                finally:
+                    # Settled (or failing): nothing still running (a request, the sharpener) is wanted, on
+                    # every way out. A cancel costs even when no task is left to see it.
+                    if requests.child_tasks:
+                        requests.cancel_scope.cancel()
+        finally:
+            # Runs on Stop, on the deadline, and even when a scope outside the turn cancels us: the turn
+            # always ends settled (unless suspended in review). The one await is shielded and bounded.
+            if self.suspended:
+                await self.sync()
+            else:
+                await self.settle()
+            scopes.turn = None
+            self.inbox.end()
+        return self.state
+
+    def take_up(self, resume: ResumePoint, now_ms: int) -> None:
+        """Put a journaled live turn back in place: its state, its review clock, then the recovery inputs."""
+        state = resume.state
+        self.state = state
+        if state.phase is Phase.AWAITING_APPROVAL:
+            self.clock.take_up_review(resume.review_waited_ms, state.limits.review_timeout_ms)
+        if self.on_state is not None:
+            self.on_state(state)
+        for item in recovery_inputs(state, resume.card_digests, now_ms=now_ms):
+            self.apply(item)
+
     # -- the one consumer ------------------------------------------------------------------------
 
     async def consume(self) -> None:
-        receive = self.controls._receive
+        receive = self.inbox.receiver
         while not self.state.is_settled:
             if self.journal is not None and (
                 self.unpublished or (self.state.phase is Phase.AWAITING_APPROVAL and self.journal.writer.has_ready)
@@ -151,11 +256,11 @@ class Turn(Generic[D]):
                     item = await receive.receive()
             except trio.Cancelled:
                 if self.approaching():
-                    raise  # the deadline draws near (only the approach scope is cancelled): _drive goes on
-                if self.controls._suspend_requested and not self.controls._stop_requested and self.try_suspend():
-                    raise  # suspended in review: nothing settles; _drive ends the turn's tasks
+                    raise  # the deadline draws near (only the approach scope is cancelled): `drive` goes on
+                if self.scopes.suspend_requested and not self.scopes.stop_requested and self.try_suspend():
+                    raise  # suspended in review: nothing settles; `drive` ends the turn's tasks
                 # Stop, the deadline or a scope outside: settle now, before the request task is
-                # cancelled (``_drive`` does that next) and unwinds (an HTTP response being closed):
+                # cancelled (``drive`` does that next) and unwinds (an HTTP response being closed):
                 # nothing it does can reach the workspace, so the settled state need not wait for it.
                 # run_turn still returns only after every task has ended.
                 await self.settle()
@@ -167,10 +272,7 @@ class Turn(Generic[D]):
         item, self.lookahead = self.lookahead, None
         if item is not None:
             return item
-        try:
-            return self.controls._receive.receive_nowait()
-        except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
-            return None
+        return self.inbox.take_nowait()
 
     def take(self, item: InboxItem) -> None:
         """Handle ``item`` and, if it holds stream events, every stream event already waiting behind it.
@@ -231,7 +333,7 @@ class Turn(Generic[D]):
             self.controls.stop()  # decided meanwhile: suspending is Stop in any other phase
             return False
         self.suspended = True
-        self.controls._closed = True
+        self.inbox.close()
         waited = self.clock.review_waited_ms() or 0
         machine = max(self.clock.machine_ms(), 0)
         self.controls.suspended_at = (machine, waited)
@@ -242,7 +344,7 @@ class Turn(Generic[D]):
     def approaching(self) -> bool:
         """Whether the approach scope is cancelled and nothing else that concerns the turn is (yet)."""
         approach = self.clock.approach
-        return approach is not None and approach.cancel_called and not self.controls.turn_cancelled
+        return approach is not None and approach.cancel_called and not self.scopes.turn_cancelled
 
     def handle(self, item: InboxItem) -> None:
         if isinstance(item, RequestEnded):
@@ -262,21 +364,21 @@ class Turn(Generic[D]):
             self.handle_stream_event(item.event)
             return
         if isinstance(item, StreamBatch):
-            if item.attempt != self.requests.attempt or self.controls.turn_cancelled:
+            if item.attempt != self.requests.attempt or self.scopes.turn_cancelled:
                 return  # stale (a retry superseded it), or Stop or the deadline came first: never seen
             for event in fold_text_deltas(item.events):
-                if self.controls._stop_requested or self.state.is_settled or item.attempt != self.requests.attempt:
+                if self.scopes.stop_requested or self.state.is_settled or item.attempt != self.requests.attempt:
                     return  # an observer stopped the turn, or it settled, or retried: the rest is cut off
                 if type(event) in NO_STATE_CHANGE:
                     self.requests.saw_first_event = True  # a tool call's start, an input delta: no state to make
-                    self.controls._note_progress(event)
+                    self.progress.follow(event)
                     continue
                 self.handle_stream_event(event)
             return
         self.apply(item)
 
     def handle_stream_event(self, event: StreamEvent) -> None:
-        self.controls._note_progress(event)
+        self.progress.follow(event)
         if not isinstance(event, StreamError) or not event.terminal:
             self.requests.saw_first_event = True
         elif self.requests.retried(event):
@@ -292,7 +394,7 @@ class Turn(Generic[D]):
             if state.phase is Phase.REQUESTING and not self.requests.open:
                 if self.journal is not None and self.journal.writer.submit_pending:
                     await self.sync()  # the turn (the person's words) is durable before its first request
-                    if self.controls.turn_cancelled:
+                    if self.scopes.turn_cancelled:
                         return
                 self.requests.start(backoff_s=0.0)
             elif state.phase is Phase.EXECUTING:
@@ -313,21 +415,21 @@ class Turn(Generic[D]):
         settlements already in the inbox, then ``Cancel`` with the bound that ran out, or ``stop``.
 
         Runs once where the consumer first sees the cancellation and again (doing nothing new) in
-        ``_drive``'s ``finally``, which also covers a turn that completed with a tool still running.
+        ``drive``'s ``finally``, which also covers a turn that completed with a tool still running.
         """
-        if self.tools.ending and self.state.is_settled:
+        if self.scopes.settling and self.state.is_settled:
             return
         # Which bound ran out matters only to a turn that is not settled yet (a completed turn skips it).
         bound = (
             None
-            if self.controls.stop_requested or self.state.is_settled
+            if self.scopes.stop_requested or self.state.is_settled
             else self.clock.timing_bound(self.state.budget, self.state.limits)
         )
         reason: Literal["stop", "deadline", "review_timeout"] = (
             "review_timeout" if bound is Bound.REVIEW_TIMEOUT else "deadline" if bound is Bound.DEADLINE else "stop"
         )
         await self.tools.cancel_all()
-        self.controls._closed = True
+        self.inbox.close()
         if not self.state.is_settled:
             self.drain_settlements()
             self.apply(Cancel(reason=reason))

@@ -42,7 +42,7 @@ from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptSt
 from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
-from trioloop.ui._qt_cards import _input_text
+from trioloop.ui._qt_plain_text import input_text
 from trioloop.ui.qt import CallCard, NoticeKind, ReviewPanel, TrioGuestHost, run_trio_guest, turn_notice
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -925,10 +925,10 @@ def test_an_editor_left_unchanged_approves_the_call_as_proposed(app: QApplicatio
 def test_the_input_editor_hides_nothing_and_reads_back_exactly(value: Any) -> None:
     """For any input: the editor's text parses back to exactly that input, and holds no invisible code
     point (each is a JSON escape), while visible text in any script is shown as itself."""
-    shown = _input_text({"v": value})
+    shown = input_text({"v": value})
     assert json.loads(shown) == {"v": value}
     assert not any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") and ch != "\n" for ch in shown)
-    assert "Zahlungsdienst für Karten" in _input_text({"name": "Zahlungsdienst für Karten"})
+    assert "Zahlungsdienst für Karten" in input_text({"name": "Zahlungsdienst für Karten"})
 
 
 # -- undo and redo, several turns deep ------------------------------------------------------------

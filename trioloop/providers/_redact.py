@@ -104,6 +104,11 @@ class StreamRedactor:
         self._tail = (tail + release)[-(n - 1) :] if n > 1 else ""
         return release
 
+    @property
+    def holding(self) -> bool:
+        """Whether text is held back (it may be the start of the key) until the next ``push`` or ``flush``."""
+        return bool(self._pending)
+
     def flush(self) -> str:
         """Release what is held; the stream of fragments has ended."""
         if not self._pending:
@@ -138,6 +143,9 @@ class EventScrubber:
     _thinking: StreamRedactor = attrs.field(init=False)
     _arguments: StreamRedactor = attrs.field(init=False)
     _arguments_id: str | None = attrs.field(init=False, default=None)
+    # Whether the thinking or the argument redactor holds text back, which a text delta must not overtake; kept
+    # here, set where either is pushed or flushed, so the common text delta reads one field (it is per event).
+    _held_beside_text: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
         self._text = StreamRedactor(self.key)
@@ -149,7 +157,7 @@ class EventScrubber:
 
     def process(self, event: StreamEvent) -> list[StreamEvent]:
         """``event`` made safe, preceded by any held text it must not overtake (possibly none at all)."""
-        if type(event) is TextDelta and not self._thinking._pending and not self._arguments._pending:
+        if type(event) is TextDelta and not self._held_beside_text:
             # The common case: nothing of another stream held, so nothing to flush before this text.
             text = self._text.push(event.text)
             if text is event.text:
@@ -157,6 +165,7 @@ class EventScrubber:
             return [TextDelta(text=text)] if text else []
         if isinstance(event, TextDelta):
             out = self._flush_arguments() + self._flush_thinking()
+            self._held_beside_text = False
             text = self._text.push(event.text)
             if text is event.text and not out:
                 return [event]  # nothing held or replaced: the event itself, not a copy
@@ -164,6 +173,7 @@ class EventScrubber:
         if isinstance(event, ThinkingDelta):
             out = self._flush_text() + self._flush_arguments()
             text = self._thinking.push(event.text)
+            self._held_beside_text = self._thinking.holding
             return [*out, ThinkingDelta(text=text)] if text else out
         if isinstance(event, ToolCallInputDelta):
             call_id = self._clean(event.id)
@@ -172,8 +182,10 @@ class EventScrubber:
                 out += self._flush_arguments()
                 self._arguments_id = call_id
             fragment = self._arguments.push(event.partial_json)
+            self._held_beside_text = self._arguments.holding
             return [*out, ToolCallInputDelta(id=call_id, partial_json=fragment)] if fragment else out
         out = self._flush_text() + self._flush_thinking() + self._flush_arguments()
+        self._held_beside_text = False
         if isinstance(event, MessageStart):
             out.append(MessageStart(model=self._clean(event.model)) if self.key in event.model else event)
         elif isinstance(event, ToolCallStart):
@@ -218,6 +230,7 @@ class EventScrubber:
 
     def flush(self) -> list[StreamEvent]:
         """Everything still held, as events; call before ending the stream another way (a held-back error)."""
+        self._held_beside_text = False
         return self._flush_text() + self._flush_thinking() + self._flush_arguments()
 
     def _flush_text(self) -> list[StreamEvent]:

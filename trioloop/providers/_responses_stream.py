@@ -7,15 +7,13 @@ is known by its ``call_id``, which pairs it with its ``function_call_output``; t
 the fallback for a server that sends none, and an item ``id`` two calls share finds neither (their
 ``call_id`` and ``output_index`` do). Every reasoning item becomes a ``ProviderBlock`` so it goes back
 on the next request. The final response object is authoritative: an item the stream never finished is read
-from its ``output``.
+from its ``output``. The fields an event may carry are read in ``_responses_items.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, final
-
-import attrs
 
 from trioloop.protocol.errors import ProtocolErrorCode
 from trioloop.protocol.events import (
@@ -29,10 +27,21 @@ from trioloop.protocol.events import (
     ThinkingDelta,
     ToolCallInputDelta,
     ToolCallStart,
-    Usage,
     is_terminal,
 )
 from trioloop.protocol.messages import ProviderBlock
+from trioloop.providers._responses_items import (
+    INCOMPLETE_REASONS,
+    TRANSIENT_LABELS,
+    UNFINISHED_STATUSES,
+    OpenCall,
+    Undecodable,
+    event_item,
+    locate,
+    parts_text,
+    read_usage,
+    string_field,
+)
 from trioloop.providers._responses_request import REASONING_KIND, RESPONSE_KIND, RESPONSES_BLOCK_WIRE
 from trioloop.providers.base import (
     Messages,
@@ -52,59 +61,6 @@ from trioloop.providers.sse import SseFrame
 
 __all__ = ["ResponsesStreamMapper"]
 
-_INCOMPLETE_REASONS: Final[Mapping[str, StopReason]] = {
-    "max_output_tokens": StopReason.MAX_TOKENS,
-    "content_filter": StopReason.REFUSAL,
-}
-_TRANSIENT_LABELS: Final = ("server_error", "overloaded", "api_error", "internal_error")
-_UNFINISHED_STATUSES: Final = frozenset({"in_progress", "incomplete"})
-
-
-class _Undecodable(Exception):
-    """An event whose JSON does not have the documented shape."""
-
-
-@attrs.define
-class _OpenCall:
-    id: str
-    name: str
-    fragments: list[str] = attrs.field(factory=list)
-    final: str | None = None  # the arguments ``function_call_arguments.done`` gave
-
-
-def _locate(payload: Mapping[str, Any]) -> tuple[int | None, str]:
-    raw = payload.get("output_index")
-    index = non_negative_int(raw)
-    if raw is not None and index is None:
-        raise _Undecodable
-    return index, text_or_empty(payload.get("item_id"))
-
-
-def _item(payload: Mapping[str, Any]) -> tuple[int | None, Mapping[str, Any]]:
-    item = payload.get("item")
-    if not isinstance(item, dict):
-        raise _Undecodable
-    index, _ = _locate(payload)
-    return index, item
-
-
-def _piece(payload: Mapping[str, Any], field: str) -> str:
-    value = payload.get(field)
-    if not isinstance(value, str):
-        raise _Undecodable
-    return value
-
-
-def _parts_text(parts: Any, kinds: Iterable[str], separator: str = "") -> str:
-    if not isinstance(parts, list):
-        return ""
-    wanted = tuple(kinds)
-    texts = []
-    for part in parts:
-        if isinstance(part, dict) and part.get("type") in wanted:
-            texts.append(text_or_empty(part.get("text")) or text_or_empty(part.get("refusal")))
-    return separator.join(t for t in texts if t)
-
 
 @final
 class ResponsesStreamMapper:
@@ -121,7 +77,7 @@ class ResponsesStreamMapper:
         self._done = False
         self._model = ""
         self._response_id = ""
-        self._calls: dict[tuple[str, int | str], _OpenCall] = {}  # an open call under each of its keys
+        self._calls: dict[tuple[str, int | str], OpenCall] = {}  # an open call under each of its keys
         self._shared: set[tuple[str, int | str]] = set()  # ids two calls carried: they find neither
         self._givens: dict[str, str] = {}  # the call_id of each function call's item id
         self._handled: set[tuple[str, int | str]] = set()  # items completed or skipped
@@ -132,6 +88,8 @@ class ResponsesStreamMapper:
         self._summary_at: tuple[tuple[str, int | str] | None, int] = (None, 0)
         self._refused = False
         self._folder = NoticeFolder()
+        # Read per event: on Python 3.11 an instance field is found faster than a class attribute.
+        self._handlers = self._HANDLERS
 
     @property
     def done(self) -> bool:
@@ -146,13 +104,13 @@ class ResponsesStreamMapper:
                 return []
             return self._folder.admit([notice(Messages.UNDECODABLE_EVENT, self._scrub(frame.data))])
         kind = payload.get("type")
-        handler = _HANDLERS.get(kind if isinstance(kind, str) else frame.event)
+        handler = self._handlers.get(kind if isinstance(kind, str) else frame.event)
         if handler is None:
             return []  # an event this mapper has no use for (annotations, built-in tools, keep-alives)
         out: list[StreamEvent] = []
         try:
             handler(self, payload, out)
-        except _Undecodable:
+        except Undecodable:
             out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(frame.data)))
         if not self._started and any(not is_terminal(event) for event in out):
             self._started = True
@@ -179,7 +137,7 @@ class ResponsesStreamMapper:
     def _lifecycle(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
         response = payload.get("response")
         if not isinstance(response, dict):
-            raise _Undecodable
+            raise Undecodable
         self._remember(response)
 
     def _remember(self, response: Mapping[str, Any]) -> None:
@@ -200,12 +158,12 @@ class ResponsesStreamMapper:
             self._shared.add(("id", item_id))
 
     def _item_added(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
-        index, item = _item(payload)
+        index, item = event_item(payload)
         if item.get("type") == "function_call":
             self._open_call(index, item, out)
 
     def _item_done(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
-        index, item = _item(payload)
+        index, item = event_item(payload)
         self._complete_item(index, item, out, cut=False)
 
     def _complete_item(self, index: int | None, item: Mapping[str, Any], out: list[StreamEvent], *, cut: bool) -> None:
@@ -224,14 +182,14 @@ class ResponsesStreamMapper:
             self._handled.update(keys)
             self._message_done(keys, item, out)
 
-    def _open_call(self, index: int | None, item: Mapping[str, Any], out: list[StreamEvent]) -> _OpenCall | None:
+    def _open_call(self, index: int | None, item: Mapping[str, Any], out: list[StreamEvent]) -> OpenCall | None:
         item_id, given = text_or_empty(item.get("id")), text_or_empty(item.get("call_id"))
         self._tell_apart(item_id, given)
         if ("call", given) in self._calls or ("call", given) in self._handled:
             self._shared.add(("call", given))  # a repeated call_id: the reducer answers the repeat as a duplicate
         keys = self._keys(index, item_id, given)
         if not keys or any(key in self._calls or key in self._handled for key in keys):
-            raise _Undecodable
+            raise Undecodable
         name = text_or_empty(item.get("name"))
         if not name:
             # Nothing could run it and nothing could answer it by name: said, and its deltas ignored.
@@ -240,7 +198,7 @@ class ResponsesStreamMapper:
             return None
         # The call_id pairs the call with its output; a server that sends none still gets its call answered.
         call_id = given or item_id or f"call_{index}"
-        call = _OpenCall(call_id, name)
+        call = OpenCall(call_id, name)
         for key in keys:
             self._calls[key] = call
         self._start(out)
@@ -251,7 +209,7 @@ class ResponsesStreamMapper:
             out.append(ToolCallInputDelta(id=call_id, partial_json=arguments))
         return call
 
-    def _find_call(self, keys: list[tuple[str, int | str]]) -> _OpenCall | None:
+    def _find_call(self, keys: list[tuple[str, int | str]]) -> OpenCall | None:
         return next((self._calls[key] for key in keys if key in self._calls), None)
 
     def _finish_call(
@@ -286,15 +244,15 @@ class ResponsesStreamMapper:
         if not call.fragments and arguments:
             out.append(ToolCallInputDelta(id=call.id, partial_json=arguments))
         status = text_or_empty(item.get("status"))
-        if status in _UNFINISHED_STATUSES or (cut and streamed and status != "completed"):
+        if status in UNFINISHED_STATUSES or (cut and streamed and status != "completed"):
             out.append(unreadable_call(call.id, call.name, Messages.UNFINISHED_CALL))
         else:
             out.append(finish_tool_call(call.id, call.name, [arguments]))
         self._call_ids.append(call.id)
 
     def _arguments_delta(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
-        fragment = _piece(payload, "delta")
-        index, item_id = _locate(payload)
+        fragment = string_field(payload, "delta")
+        index, item_id = locate(payload)
         keys = self._keys(index, item_id)
         call = self._find_call(keys)
         if call is None:
@@ -305,8 +263,8 @@ class ResponsesStreamMapper:
             out.append(ToolCallInputDelta(id=call.id, partial_json=fragment))
 
     def _arguments_done(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
-        arguments = _piece(payload, "arguments")
-        index, item_id = _locate(payload)
+        arguments = string_field(payload, "arguments")
+        index, item_id = locate(payload)
         call = self._find_call(self._keys(index, item_id))
         if call is not None:
             call.final = arguments
@@ -314,32 +272,32 @@ class ResponsesStreamMapper:
     # -- text, refusals, reasoning ----------------------------------------------------------------
 
     def _text_delta(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
-        self._show_text(payload, _piece(payload, "delta"), out)
+        self._show_text(payload, string_field(payload, "delta"), out)
 
     def _text_done(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
         """The whole text of a part: shown only when no delta of that item was (a server that sends no deltas)."""
-        text = _piece(payload, "text")
+        text = string_field(payload, "text")
         if not self._text_shown(payload):
             self._show_text(payload, text, out)
 
     def _refusal_delta(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
         # A refusal streams in its own part; it reads like Anthropic's refusal text plus its stop reason.
         self._refused = True
-        self._show_text(payload, _piece(payload, "delta"), out)
+        self._show_text(payload, string_field(payload, "delta"), out)
 
     def _refusal_done(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
-        refusal = _piece(payload, "refusal")
+        refusal = string_field(payload, "refusal")
         self._refused = True
         if not self._text_shown(payload):
             self._show_text(payload, refusal, out)
 
     def _text_shown(self, payload: Mapping[str, Any]) -> bool:
         """Whether deltas of the event's item were shown (any text at all, for an event that names no item)."""
-        keys = self._keys(*_locate(payload))
+        keys = self._keys(*locate(payload))
         return any(key in self._text_items for key in keys) if keys else self._any_text
 
     def _show_text(self, payload: Mapping[str, Any], text: str, out: list[StreamEvent]) -> None:
-        index, item_id = _locate(payload)
+        index, item_id = locate(payload)
         self._text_items.update(self._keys(index, item_id))
         if text:
             self._any_text = True
@@ -351,8 +309,8 @@ class ResponsesStreamMapper:
         if self._any_text or any(key in self._text_items for key in keys):
             return
         content = item.get("content")
-        text = _parts_text(content, ("output_text", "refusal"))
-        if _parts_text(content, ("refusal",)):
+        text = parts_text(content, ("output_text", "refusal"))
+        if parts_text(content, ("refusal",)):
             self._refused = True
         if text:
             self._any_text = True
@@ -360,8 +318,8 @@ class ResponsesStreamMapper:
             out.append(TextDelta(text=text))
 
     def _thinking_delta(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
-        piece = _piece(payload, "delta")
-        index, item_id = _locate(payload)
+        piece = string_field(payload, "delta")
+        index, item_id = locate(payload)
         keys = self._keys(index, item_id)
         summary = non_negative_int(payload.get("summary_index")) or 0
         anchor = keys[0] if keys else None
@@ -379,7 +337,7 @@ class ResponsesStreamMapper:
         """The whole reasoning item goes into the history as it came (encrypted content and all)."""
         self._start(out)
         if not any(key in self._thinking_items for key in keys):
-            text = _parts_text(item.get("summary"), ("summary_text",), "\n\n") or _parts_text(
+            text = parts_text(item.get("summary"), ("summary_text",), "\n\n") or parts_text(
                 item.get("content"), ("reasoning_text",)
             )
             if text:
@@ -403,7 +361,7 @@ class ResponsesStreamMapper:
     def _end(self, payload: Mapping[str, Any], out: list[StreamEvent], *, incomplete: bool) -> None:
         response = payload.get("response")
         if not isinstance(response, dict):
-            raise _Undecodable
+            raise Undecodable
         self._remember(response)
         self._start(out)
         output = response.get("output")
@@ -412,7 +370,7 @@ class ResponsesStreamMapper:
                 index = non_negative_int(item.get("output_index"))
                 try:
                     self._complete_item(position if index is None else index, item, out, cut=incomplete)
-                except _Undecodable:  # one bad item costs that item, not the end of the response
+                except Undecodable:  # one bad item costs that item, not the end of the response
                     out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(compact_json(item) or "")[:200]))
         for call in {id(c): c for c in self._calls.values()}.values():  # still open, not in the output
             if incomplete:
@@ -424,7 +382,7 @@ class ResponsesStreamMapper:
         if incomplete:
             details = response.get("incomplete_details")
             reason = text_or_empty(details.get("reason")) if isinstance(details, dict) else ""
-            stop = _INCOMPLETE_REASONS.get(reason, StopReason.OTHER)
+            stop = INCOMPLETE_REASONS.get(reason, StopReason.OTHER)
         else:
             stop = StopReason.REFUSAL if self._refused else StopReason.END_TURN
         if self._keep_response_id and self._response_id:
@@ -434,7 +392,7 @@ class ResponsesStreamMapper:
             )
         usage = response.get("usage")
         if isinstance(usage, dict):
-            out.append(_usage(usage))
+            out.append(read_usage(usage))
         elif usage is not None:
             out.append(notice(Messages.UNDECODABLE_EVENT, self._scrub(compact_json(usage) or "")[:200]))
         out.append(MessageStop(stop_reason=effective_stop(stop, len(self._call_ids))))
@@ -443,7 +401,7 @@ class ResponsesStreamMapper:
     def _failed(self, payload: Mapping[str, Any], out: list[StreamEvent]) -> None:
         response = payload.get("response")
         if not isinstance(response, dict):
-            raise _Undecodable
+            raise Undecodable
         error = response.get("error")
         out.append(self._error(error if isinstance(error, dict) else {}))
 
@@ -461,7 +419,7 @@ class ResponsesStreamMapper:
         rate_limited = "rate_limit" in label or "insufficient_quota" in label
         if rate_limited:
             text = Messages.STREAM_RATE_LIMITED
-        elif any(word in label for word in _TRANSIENT_LABELS) and not self._started:
+        elif any(word in label for word in TRANSIENT_LABELS) and not self._started:
             text = Messages.SERVER_ERROR  # before any content, a server error is retried like a 5xx
         else:
             text = Messages.STREAM_PROVIDER_ERROR
@@ -471,37 +429,23 @@ class ResponsesStreamMapper:
             provider_detail=self._scrub(message or code or kind) or None,
         )
 
-
-def _usage(usage: Mapping[str, Any]) -> Usage:
-    """Input tokens include the cached ones, output tokens the reasoning ones; both also given apart."""
-    inputs, outputs = usage.get("input_tokens_details"), usage.get("output_tokens_details")
-    cached = non_negative_int(inputs.get("cached_tokens")) if isinstance(inputs, dict) else None
-    reasoning = non_negative_int(outputs.get("reasoning_tokens")) if isinstance(outputs, dict) else None
-    return Usage(
-        input_tokens=non_negative_int(usage.get("input_tokens")) or 0,
-        output_tokens=non_negative_int(usage.get("output_tokens")) or 0,
-        cache_read_input_tokens=cached or 0,
-        reasoning_tokens=reasoning or 0,
-    )
-
-
-_Handler = Callable[[ResponsesStreamMapper, Mapping[str, Any], list[StreamEvent]], None]
-_HANDLERS: Final[Mapping[str, _Handler]] = {
-    "response.created": ResponsesStreamMapper._lifecycle,
-    "response.in_progress": ResponsesStreamMapper._lifecycle,
-    "response.queued": ResponsesStreamMapper._lifecycle,
-    "response.output_item.added": ResponsesStreamMapper._item_added,
-    "response.output_item.done": ResponsesStreamMapper._item_done,
-    "response.function_call_arguments.delta": ResponsesStreamMapper._arguments_delta,
-    "response.function_call_arguments.done": ResponsesStreamMapper._arguments_done,
-    "response.output_text.delta": ResponsesStreamMapper._text_delta,
-    "response.output_text.done": ResponsesStreamMapper._text_done,
-    "response.refusal.delta": ResponsesStreamMapper._refusal_delta,
-    "response.refusal.done": ResponsesStreamMapper._refusal_done,
-    "response.reasoning_summary_text.delta": ResponsesStreamMapper._thinking_delta,
-    "response.reasoning_text.delta": ResponsesStreamMapper._thinking_delta,
-    "response.completed": ResponsesStreamMapper._completed,
-    "response.incomplete": ResponsesStreamMapper._incomplete,
-    "response.failed": ResponsesStreamMapper._failed,
-    "error": ResponsesStreamMapper._error_event,
-}
+    #: The handler of each event type: plain functions of the class, called with the mapper.
+    _HANDLERS: Final[Mapping[str, Callable[[ResponsesStreamMapper, Mapping[str, Any], list[StreamEvent]], None]]] = {
+        "response.created": _lifecycle,
+        "response.in_progress": _lifecycle,
+        "response.queued": _lifecycle,
+        "response.output_item.added": _item_added,
+        "response.output_item.done": _item_done,
+        "response.function_call_arguments.delta": _arguments_delta,
+        "response.function_call_arguments.done": _arguments_done,
+        "response.output_text.delta": _text_delta,
+        "response.output_text.done": _text_done,
+        "response.refusal.delta": _refusal_delta,
+        "response.refusal.done": _refusal_done,
+        "response.reasoning_summary_text.delta": _thinking_delta,
+        "response.reasoning_text.delta": _thinking_delta,
+        "response.completed": _completed,
+        "response.incomplete": _incomplete,
+        "response.failed": _failed,
+        "error": _error_event,
+    }

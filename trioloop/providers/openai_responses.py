@@ -2,8 +2,8 @@
 
 Stateless by default: ``store: false``, and every request carries the whole history, reasoning items with
 their encrypted content included (``_responses_request.py``). ``previous_response_id`` is the opt-in
-alternative. The stream mapping is ``_responses_stream.py``; these three are the only modules that know
-this wire's JSON.
+alternative. The stream mapping is ``_responses_stream.py`` (the fields its events carry,
+``_responses_items.py``); these four are the only modules that know this wire's JSON.
 """
 
 from __future__ import annotations

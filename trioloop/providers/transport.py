@@ -308,6 +308,7 @@ class HttpChatProvider:
             max_response_bytes=max_response_bytes,
         )
         self._http = http
+        self._app_client = client is not None  # an app's client serves every request: the provider holds none
         self._holds = 0  # nested `async with` blocks holding the provider's clients open
         self._transport: Transport = http if retry is None else RetryingTransport(http, retry, on_retry)
 
@@ -323,7 +324,7 @@ class HttpChatProvider:
         each kept alive for the next request (`HELD_POOL_LIMITS`), in clients of `HELD_STREAMS_PER_CLIENT`
         stream each (one more opens when every one is busy)."""
         self._holds += 1
-        if self._holds == 1 and self._http._client is None:
+        if self._holds == 1 and not self._app_client:
             self._http.held = _HeldClients()
         return self
 

@@ -1,4 +1,4 @@
-"""One review card per tool call, and the plain-text label every piece of untrusted text goes through.
+"""One review card per tool call: what the call asks and what became of it, and the clicks that review it.
 
 A card shows what the model asked for (tool name, the tool's own plain-text summary, a destructive
 badge), the call's input and its dry-run preview, and what became of it: a progress bar while it
@@ -8,7 +8,7 @@ that one click unfolds); a read's card is one line that expands on a click. A ca
 nothing: its buttons only report clicks (with a reason to deny, or an edited input to approve), and the
 panel turns them into session commands. Typing on a card that waits for review goes into its deny reason.
 Every string that came from the model, a tool or the document is shown with ``Qt.PlainText``, so
-markup in it is displayed, never interpreted.
+markup in it is displayed, never interpreted (the labels and text helpers of ``_qt_plain_text.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import json
 from collections.abc import Callable
 from typing import Any, Final, final
 
-from PySide6.QtCore import QElapsedTimer, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QKeyEvent, QPainter, QPaintEvent
+from PySide6.QtCore import QElapsedTimer, Qt, QTimer, Signal
+from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -34,9 +34,10 @@ from PySide6.QtWidgets import (
 )
 
 from trioloop.machine.reducer import DENY_REASON_MAX, CallRecord, CallStatus, DenialReason
-from trioloop.machine.untrusted_text import is_stripped_code_point, sanitize_scalar
+from trioloop.machine.untrusted_text import sanitize_scalar
+from trioloop.ui._qt_plain_text import OneLineLabel, input_text, plain_label, shown_reason
 
-__all__ = ["CallCard", "call_status_text", "plain_label", "shown_reason"]
+__all__ = ["CallCard", "call_status_text"]
 
 #: Longest piece of a call's result shown on its card; the whole text went to the model.
 RESULT_PREVIEW_CHARS: Final = 300
@@ -45,54 +46,6 @@ _UNSET: Final = "null"
 _TYPING_MODIFIERS: Final = (
     Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.AltModifier | Qt.KeyboardModifier.MetaModifier
 )
-
-
-def plain_label(text: str = "", *, object_name: str = "", wrap: bool = False) -> QLabel:
-    """A QLabel that can only ever show ``text`` literally (no rich text, no links)."""
-    label = QLabel()
-    label.setTextFormat(Qt.TextFormat.PlainText)
-    label.setOpenExternalLinks(False)
-    label.setText(text)
-    label.setWordWrap(wrap)
-    if object_name:
-        label.setObjectName(object_name)
-    return label
-
-
-@final
-class _OneLineLabel(QLabel):
-    """A plain-text label that keeps to one line, ending in "…" where the text does not fit.
-
-    ``text()`` stays the whole text; only the painting is cut, so the card never grows wider than its
-    panel. (No tooltip: Qt would render a tooltip that looks like markup as rich text.)"""
-
-    def __init__(self, text: str, *, object_name: str) -> None:
-        super().__init__()
-        self.setTextFormat(Qt.TextFormat.PlainText)
-        self.setObjectName(object_name)
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self.setText(text)
-
-    def minimumSizeHint(self) -> QSize:
-        return QSize(0, super().minimumSizeHint().height())
-
-    def paintEvent(self, event: QPaintEvent) -> None:
-        area = self.contentsRect()
-        line = " ".join(self.text().split())
-        painter = QPainter(self)
-        painter.drawText(
-            area,
-            int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter),
-            self.fontMetrics().elidedText(line, Qt.TextElideMode.ElideRight, area.width()),
-        )
-        painter.end()
-
-
-def shown_reason(reason: str) -> str:
-    """A reason typed to decline a call, as its card shows it: control and bidi code points stripped
-    (they could reorder or hide what is shown), whitespace runs as one space, capped."""
-    kept = "".join(char for char in reason if char in "\t\n" or not is_stripped_code_point(char))
-    return " ".join(kept.split())[:DENY_REASON_MAX]
 
 
 def call_status_text(call: CallRecord) -> str:
@@ -126,22 +79,6 @@ def _result_preview(call: CallRecord) -> str:
     if len(first) > RESULT_PREVIEW_CHARS:
         first = first[: RESULT_PREVIEW_CHARS - 1] + "…"
     return first
-
-
-def _input_text(raw_input: Any) -> str:
-    """The call's input as the editor shows it: indented JSON in which every invisible code point (a bidi
-    control, a zero-width space, a line separator) is a JSON escape, so nothing can hide in what the user
-    approves, while visible text in any script reads as itself. ``json.loads`` gives the input back."""
-    text = json.dumps(raw_input, indent=2, ensure_ascii=False)
-    return "".join(_json_escape(char) if is_stripped_code_point(char, allow_newlines=True) else char for char in text)
-
-
-def _json_escape(char: str) -> str:
-    code = ord(char)
-    if code <= 0xFFFF:
-        return f"\\u{code:04x}"
-    code -= 0x10000  # outside the BMP: a UTF-16 surrogate pair, as JSON writes it
-    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 @final
@@ -185,7 +122,7 @@ class CallCard(QFrame):
         self.status_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.summary_label: QLabel
         if self.compact:
-            self.summary_label = _OneLineLabel(call.summary, object_name="callSummary")
+            self.summary_label = OneLineLabel(call.summary, object_name="callSummary")
         else:
             self.summary_label = plain_label(call.summary, object_name="callSummary", wrap=True)
             self.summary_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -220,7 +157,7 @@ class CallCard(QFrame):
         self.edit_button.setText("Edit input")
         self.edit_button.setCheckable(True)
         self.edit_button.setToolTip("Change the input before approving; the tool checks the edit, the model is told")
-        self.input_editor = QPlainTextEdit(_input_text(raw_input))
+        self.input_editor = QPlainTextEdit(input_text(raw_input))
         self.input_editor.setObjectName("inputEditor")
         self.input_editor.setVisible(False)
         self.edit_error = plain_label(object_name="editError", wrap=True)

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from trioloop.ui._qt_cards import plain_label
+from trioloop.ui._qt_plain_text import plain_label
 from trioloop.ui._qt_questions import QUESTION_STYLE
 
 __all__ = ["PanelLayout"]

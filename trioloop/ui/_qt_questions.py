@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from trioloop.machine.questions import AnswerError, Question, QuestionField
-from trioloop.ui._qt_cards import plain_label
+from trioloop.ui._qt_plain_text import plain_label
 
 __all__ = ["QUESTION_STYLE", "QuestionCard"]
 

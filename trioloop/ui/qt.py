@@ -46,8 +46,9 @@ except ImportError as exc:  # the extra, or a system library Qt links to: say wh
 from trioloop.machine.questions import AnswerAction, AnswerError
 from trioloop.machine.reducer import CallStatus, TurnState
 from trioloop.runtime.session import Session, SessionBusy
-from trioloop.ui._qt_cards import CallCard, call_status_text, shown_reason
+from trioloop.ui._qt_cards import CallCard, call_status_text
 from trioloop.ui._qt_guest import TrioGuestHost, run_trio_guest
+from trioloop.ui._qt_plain_text import shown_reason
 from trioloop.ui._qt_questions import QuestionCard
 from trioloop.ui._qt_view import (
     EARLIER_REDONE_NOTICE,

@@ -156,7 +156,16 @@ class PostgresJournalStore(SqlJournals):
                 )
                 if epoch is None:
                     return None
-                lease = _PostgresLease(self, session_id, connection, epoch)
+                lease = _PostgresLease(
+                    session_id,
+                    connection,
+                    epoch,
+                    self.lease_ttl_s,
+                    timeout_s=self.timeout_s,
+                    limiter=self._limiter,
+                    closed=self._is_closed,
+                    forget=self._forget,
+                )
                 lease.clock.granted(asked_at)
                 self._leases[id(lease)] = lease
                 return lease
@@ -178,6 +187,13 @@ class PostgresJournalStore(SqlJournals):
                 if admin is not None:
                     await trio.to_thread.run_sync(admin.close, limiter=self._limiter)
         await trio.lowlevel.checkpoint()
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    def _forget(self, lease: _PostgresLease) -> None:
+        """A lease this store granted was released: ``close`` has no more to release for it."""
+        self._leases.pop(id(lease), None)
 
     async def _in_thread(self, what: str, work: Callable[[], _T]) -> _T:
         if self._closed:
@@ -267,17 +283,33 @@ def _claim(connection: psycopg.Connection[tuple[Any, ...]], session_id: str, ttl
 
 @final
 class _PostgresLease(ExpiringLease):
+    """A lease on one session of a `PostgresJournalStore`, on a connection of its own: given the bound on each call
+    (``timeout_s``), the store's thread limiter, whether the store is ``closed``, and ``forget``, which tells the
+    store it was released."""
+
     def __init__(
-        self, store: PostgresJournalStore, session_id: str, connection: psycopg.Connection[tuple[Any, ...]], epoch: int
+        self,
+        session_id: str,
+        connection: psycopg.Connection[tuple[Any, ...]],
+        epoch: int,
+        ttl_s: float,
+        *,
+        timeout_s: float,
+        limiter: trio.CapacityLimiter,
+        closed: Callable[[], bool],
+        forget: Callable[[_PostgresLease], None],
     ) -> None:
-        self._store = store
         self._session_id = session_id
         self._connection = connection
         self._epoch = epoch
+        self._timeout_s = timeout_s
+        self._limiter = limiter
+        self._store_closed = closed
+        self._forget = forget
         self._lock = trio.Lock()  # one call at a time on the lease's connection
         self._released = False
         self._broken: str | None = None  # why the connection was given up mid-call
-        self.clock = LeaseClock(store.lease_ttl_s)
+        self.clock = LeaseClock(ttl_s)
 
     @property
     def session_id(self) -> str:
@@ -287,7 +319,7 @@ class _PostgresLease(ExpiringLease):
         """Push the lease's end on by its time to live; `LeaseLost` if it is no longer this holder's."""
         asked_at = trio.current_time()
         renewed = await self._run(
-            "renewing the lease on", lambda c: _LEASES.renew(c, self._session_id, self._epoch, self._store.lease_ttl_s)
+            "renewing the lease on", lambda c: _LEASES.renew(c, self._session_id, self._epoch, self.clock.ttl_s)
         )
         self._renewed(asked_at, renewed)
 
@@ -306,15 +338,15 @@ class _PostgresLease(ExpiringLease):
                     " and the lease with it: acquire the session again"
                 )
             label = f"{what} session {self._session_id!r}"
-            timeout_s = self._store.timeout_s
-            if self._store._closed:
+            timeout_s = self._timeout_s
+            if self._store_closed():
                 raise JournalStoreError("the PostgreSQL journal store is closed")
             try:
                 # Abandonable: a server that stops answering (a stalled connection, dropped packets) holds the
                 # caller no longer than the bound, Stop or the turn's deadline, whatever the thread still waits on.
                 with trio.move_on_after(timeout_s):
                     return await trio.to_thread.run_sync(
-                        _guarded, label, lambda: work(self._connection), limiter=self._store._limiter,
+                        _guarded, label, lambda: work(self._connection), limiter=self._limiter,
                         abandon_on_cancel=True,
                     )  # fmt: skip
             except trio.Cancelled:
@@ -373,10 +405,10 @@ class _PostgresLease(ExpiringLease):
     async def release(self) -> None:
         if not self._released:
             self._released = True
-            self._store._leases.pop(id(self), None)
+            self._forget(self)
             with trio.CancelScope(shield=True):
                 async with self._lock:  # closing the connection ends the advisory lock with the session
-                    await trio.to_thread.run_sync(self._close, limiter=self._store._limiter)
+                    await trio.to_thread.run_sync(self._close, limiter=self._limiter)
         await trio.lowlevel.checkpoint()
 
     def _close(self) -> None:

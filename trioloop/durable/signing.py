@@ -181,11 +181,16 @@ class JournalKeys:
         """The ids of the keys held."""
         return frozenset(self._keys)
 
+    @property
+    def public_keys(self) -> tuple[bytes, ...]:
+        """The 32 raw bytes of each public key held (``JournalKeys(keys.public_keys)`` holds the same keys)."""
+        return tuple(self._keys.values())
+
     def __bool__(self) -> bool:
         return bool(self._keys)
 
     def __or__(self, other: JournalKeys) -> JournalKeys:
-        return JournalKeys([*self._keys.values(), *other._keys.values()])
+        return JournalKeys([*self._keys.values(), *other.public_keys])
 
     def verify(self, key_id: str, message: bytes, signature: str) -> bool:
         """Whether ``signature`` (base64) is the key ``key_id``'s over ``message``; False for an unknown key."""

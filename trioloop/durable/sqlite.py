@@ -30,9 +30,9 @@ import os
 import sqlite3
 import threading
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Any, Final, TypeVar, final
+from typing import Any, Final, Protocol, TypeVar, final
 
 import attrs
 import trio
@@ -197,7 +197,9 @@ class SQLiteJournalStore(SqlJournals):
             if taken is None:
                 return None
             key, epoch = taken
-            lease = _SQLiteLease(self, session_id, key, epoch)
+            lease = _SQLiteLease(
+                session_id, key, epoch, self.lease_ttl_s, run=self._run, append=self._append, forget=self._forget
+            )
             lease.clock.granted(asked_at)
             self._leases[id(lease)] = lease
             return lease
@@ -226,6 +228,19 @@ class SQLiteJournalStore(SqlJournals):
             await trio.lowlevel.checkpoint()
             raise JournalStoreError(f"the SQLite journal store {self._path} is closed")
         return await self._thread.call(what, work, abandon=abandon)
+
+    async def _append(
+        self, what: str, write: Callable[[sqlite3.Connection], None], after: Callable[[], None] | None
+    ) -> None:
+        """``write`` in a transaction of appends on the store's thread, then ``after()`` once it committed."""
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            raise JournalStoreError(f"the SQLite journal store {self._path} is closed")
+        await self._thread.append(what, write, after=after)
+
+    def _forget(self, lease: _SQLiteLease) -> None:
+        """A lease this store granted was released: ``close`` has no more to release for it."""
+        self._leases.pop(id(lease), None)
 
     def _connect(self) -> sqlite3.Connection:
         """The connection (the store's thread), opened on first use."""
@@ -327,16 +342,39 @@ def _sync_directory(directory: str) -> None:
         os.close(fd)
 
 
+class _Run(Protocol):
+    """`SQLiteJournalStore._run`: ``work(connection)`` on the store's thread (refused once the store is closed)."""
+
+    def __call__(
+        self, what: str, work: Callable[[sqlite3.Connection], _T], *, abandon: bool = False
+    ) -> Awaitable[_T]: ...
+
+
 @final
 class _SQLiteLease(ExpiringLease, AppendsThen):
-    def __init__(self, store: SQLiteJournalStore, session_id: str, key: tuple[int, int], epoch: int) -> None:
-        self._store = store
+    """A lease on one session of a `SQLiteJournalStore`: given the store's calls on its thread (``run``; ``append``,
+    which may share a transaction with other appends), and ``forget``, which tells the store it was released."""
+
+    def __init__(
+        self,
+        session_id: str,
+        key: tuple[int, int],
+        epoch: int,
+        ttl_s: float,
+        *,
+        run: _Run,
+        append: Callable[[str, Callable[[sqlite3.Connection], None], Callable[[], None] | None], Awaitable[None]],
+        forget: Callable[[_SQLiteLease], None],
+    ) -> None:
         self._session_id = session_id
         self._key = key
         self._epoch = epoch
         self._offset = _lock_offset(session_id, epoch)
+        self._run = run
+        self._append = append
+        self._forget = forget
         self._released = False
-        self.clock = LeaseClock(store.lease_ttl_s)
+        self.clock = LeaseClock(ttl_s)
 
     @property
     def session_id(self) -> str:
@@ -346,9 +384,9 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
         """Push the lease's end on by its time to live; `LeaseLost` if it is no longer this holder's."""
         self._held()
         asked_at = trio.current_time()
-        renewed = await self._store._run(
+        renewed = await self._run(
             f"renewing the lease on session {self._session_id!r}",
-            lambda c: _LEASES.renew(c, self._session_id, self._epoch, self._store.lease_ttl_s),
+            lambda c: _LEASES.renew(c, self._session_id, self._epoch, self.clock.ttl_s),
             abandon=True,
         )
         self._renewed(asked_at, renewed)
@@ -364,7 +402,7 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
             self._held()
             return connection.execute(entries_query("?"), (self._session_id, after)).fetchall()
 
-        return stored_entries(await self._store._run(f"reading session {self._session_id!r}", read, abandon=True))
+        return stored_entries(await self._run(f"reading session {self._session_id!r}", read, abandon=True))
 
     async def last_seq(self) -> int:
         self._held()
@@ -373,7 +411,7 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
             self._held()
             return _last_seq(connection, self._session_id)
 
-        return await self._store._run(f"reading session {self._session_id!r}", read, abandon=True)
+        return await self._run(f"reading session {self._session_id!r}", read, abandon=True)
 
     async def append(self, entries: Sequence[StoredEntry]) -> None:
         await self.append_then(entries, None)
@@ -393,10 +431,7 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
                 [(self._session_id, entry.seq, entry.data) for entry in batch],
             )
 
-        if self._store._closed:
-            await trio.lowlevel.checkpoint()
-            raise JournalStoreError(f"the SQLite journal store {self._store.path} is closed")
-        await self._store._thread.append(f"appending to session {self._session_id!r}", write, after=after)
+        await self._append(f"appending to session {self._session_id!r}", write, after)
 
     async def discard_before(self, seq: int) -> None:
         self._held()
@@ -409,15 +444,15 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
                 (self._session_id, seq, self._session_id),
             )
 
-        await self._store._run(f"compacting session {self._session_id!r}", delete, abandon=True)
+        await self._run(f"compacting session {self._session_id!r}", delete, abandon=True)
 
     async def release(self) -> None:
         if not self._released:
             self._released = True
-            self._store._leases.pop(id(self), None)
+            self._forget(self)
             with trio.CancelScope(shield=True):
                 with contextlib.suppress(JournalStoreError):  # the row's time runs out by itself anyway
-                    await self._store._run("ending a lease", lambda c: _LEASES.end(c, self._session_id, self._epoch))
+                    await self._run("ending a lease", lambda c: _LEASES.end(c, self._session_id, self._epoch))
                 await trio.to_thread.run_sync(_unlock, self._key, self._offset)  # the registry has its own lock
         await trio.lowlevel.checkpoint()
 

@@ -30,7 +30,8 @@ audit trail without persistence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Protocol, final, runtime_checkable
 
@@ -152,10 +153,23 @@ class JournalStore(Protocol):
 
 
 class _MemoryLease:
-    def __init__(self, store: MemoryJournalStore, session_id: str, epoch: int) -> None:
-        self._store = store
+    """A lease on one journal of a `MemoryJournalStore`: given the journal's list (which it alone changes while it
+    holds the session), whether appends are to fail, and what hands the session back to its store."""
+
+    def __init__(
+        self,
+        session_id: str,
+        epoch: int,
+        journal: list[StoredEntry],
+        *,
+        failing: Callable[[], bool],
+        free: Callable[[], None],
+    ) -> None:
         self._session_id = session_id
         self._epoch = epoch
+        self._entries = journal
+        self._failing = failing
+        self._free = free
         self._released = False
 
     @property
@@ -176,7 +190,7 @@ class _MemoryLease:
     def _journal(self) -> list[StoredEntry]:
         if self._released:
             raise JournalStoreError("this lease was released")
-        return self._store._journals[self._session_id]
+        return self._entries
 
     async def entries(self, *, after: int = 0) -> Sequence[StoredEntry]:
         await trio.lowlevel.checkpoint()
@@ -191,7 +205,7 @@ class _MemoryLease:
         await trio.lowlevel.checkpoint()
         journal = self._journal()
         check_batch(journal[-1].seq if journal else 0, entries)
-        if self._store.fail_appends:
+        if self._failing():
             raise JournalStoreError("the memory store was told to fail appends")
         journal.extend(entries)
 
@@ -205,8 +219,7 @@ class _MemoryLease:
     async def release(self) -> None:
         if not self._released:
             self._released = True
-            self._store._leased.discard(self._session_id)
-            self._store._freed.unpark_all()
+            self._free()
         await trio.lowlevel.checkpoint()
 
     async def __aenter__(self) -> _MemoryLease:
@@ -245,9 +258,19 @@ class MemoryJournalStore:
         if session_id in self._leased:  # checked and taken with no checkpoint in between
             raise SessionLocked(f"session {session_id!r} is driven by another lease")
         self._leased.add(session_id)
-        self._journals.setdefault(session_id, [])
+        journal = self._journals.setdefault(session_id, [])
         self._epochs[session_id] = epoch = self._epochs.get(session_id, 0) + 1
-        return _MemoryLease(self, session_id, epoch)
+        return _MemoryLease(
+            session_id, epoch, journal, failing=self._failing, free=functools.partial(self._free, session_id)
+        )
+
+    def _failing(self) -> bool:
+        return self.fail_appends
+
+    def _free(self, session_id: str) -> None:
+        """A lease on ``session_id`` ended: another may be granted (a waiting `acquire` looks again)."""
+        self._leased.discard(session_id)
+        self._freed.unpark_all()
 
     async def session_ids(self) -> Sequence[str]:
         """The ids of every session with a journal, sorted."""

@@ -25,15 +25,7 @@ from trioloop.otel.conventions import (
     gen_ai_provider_name,
 )
 from trioloop.otel.instruments import _instruments
-from trioloop.otel.iteration import (
-    _calls,
-    _end_chat,
-    _end_review,
-    _notices,
-    _start_chat,
-    _start_review,
-    _Turn,
-)
+from trioloop.otel.iteration import _notices, _Spans, _Turn
 from trioloop.runtime.session import Session
 
 _IN_REQUEST: Final = frozenset({Phase.REQUESTING, Phase.STREAMING})
@@ -87,6 +79,13 @@ class OtelObserver:
         self._agent_name = agent_name
         self._conversation_id = conversation_id
         self._clock = clock
+        self._spans = _Spans(
+            self._tracer,
+            self._instruments,
+            capture=capture_content,
+            provider_name=self._provider_name,
+            system_prompt=_system_prompt_of(self._session),
+        )
         self._turn: _Turn | None = None
         self._unfollowed: str | None = None  # the id of a live turn that began with nothing configured
 
@@ -187,35 +186,35 @@ class OtelObserver:
     def _advance(self, turn: _Turn, last: TurnState | None, state: TurnState, now: int) -> None:
         chat = turn.chat
         if chat is not None and (state.phase not in _IN_REQUEST or state.iteration != chat.iteration):
-            _end_chat(self, turn, chat, state, now)
+            self._spans.end_chat(turn, chat, state, now)
             chat = None
         if state.phase in _IN_REQUEST:
             if chat is None:
-                chat = turn.chat = _start_chat(self, turn, state, now)
+                chat = turn.chat = self._spans.start_chat(turn, state, now)
             elif state.phase is Phase.STREAMING and chat.first_chunk is None:
                 chat.first_chunk = now
         if len(state.notice_log) != turn.notices:
-            _notices(self, turn, state, now)
+            _notices(turn, state, now)
         review = turn.review
         if state.phase is Phase.AWAITING_APPROVAL:
             if review is None or review.iteration != state.iteration:
                 if review is not None:
-                    _end_review(self, turn, review, state, now, "decided")
-                review = turn.review = _start_review(self, turn, state, now)
+                    self._spans.end_review(turn, review, state, now, "decided")
+                review = turn.review = self._spans.start_review(turn, state, now)
             review.pending.update(c.id for c in state.current_calls if c.status is CallStatus.PENDING)
         elif review is not None:
-            _end_review(self, turn, review, state, now, _review_outcome(state))
+            self._spans.end_review(turn, review, state, now, _review_outcome(state))
         if last is None or state.calls is not last.calls:
-            _calls(self, turn, state, now)
+            self._spans.calls(turn, state, now)
         if state.is_settled:
             self._end_turn(turn, state, now, "settled")
 
     def _end_turn(self, turn: _Turn, state: TurnState, now: int, status: TurnEnd) -> None:
         turn.ended = status
         if turn.chat is not None:
-            _end_chat(self, turn, turn.chat, state, now, None if status == "settled" else status)
+            self._spans.end_chat(turn, turn.chat, state, now, None if status == "settled" else status)
         if turn.review is not None:
-            _end_review(self, turn, turn.review, state, now, "decided" if status == "settled" else status)
+            self._spans.end_review(turn, turn.review, state, now, "decided" if status == "settled" else status)
         for span, _ in turn.tools.values():  # only a turn that did not settle leaves calls running
             span.set_attribute("trioloop.call.status", "running")
             span.end(end_time=now)
@@ -271,6 +270,17 @@ class OtelObserver:
         if output:
             content["gen_ai.output.messages"] = _messages_json(output[-1:])
         return content
+
+
+def _system_prompt_of(session: weakref.ref[Session[Any]] | None) -> Callable[[], str | None]:
+    """The session's system prompt when asked (None without a session, or once it is gone); the session is held
+    weakly, and the observer not at all, so its spans part makes no cycle with it."""
+
+    def system_prompt() -> str | None:
+        live = None if session is None else session()
+        return None if live is None else live.system_prompt
+
+    return system_prompt
 
 
 def instrument(

@@ -4,19 +4,19 @@ A grant binds one call id, tool name, input digest and iteration, and is spent b
 made only by `grant_for_call` / `grant_for_batch` (a user's click) or `auto_grant_read_only` (the
 read-only policy); nothing here reads message text, tool results or document content, so no bytes
 from a model or a document have a path to a grant. `authorize_start` is the one gate to `running`.
+The values themselves sit below the state that holds them (`Grant` and `Denial` in `grants`, `Violation` in
+`calls`) and are named here too.
 """
 
 from __future__ import annotations
 
-import enum
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any
 
-import attrs
-
-from trioloop.machine.state import CallStatus
+from trioloop.machine.calls import CallRecord, CallStatus, Violation
+from trioloop.machine.grants import Denial, Grant
 
 if TYPE_CHECKING:
-    from trioloop.machine.state import CallRecord, TurnState
+    from trioloop.machine.state import TurnState
     from trioloop.machine.tools import RegisteredTool
 
 __all__ = [
@@ -28,52 +28,6 @@ __all__ = [
     "grant_for_batch",
     "grant_for_call",
 ]
-
-
-@final
-class Violation(enum.StrEnum):
-    """Why the reducer refused an input; recorded, never raised."""
-
-    NO_GRANT = "no_grant"
-    DIGEST_MISMATCH = "digest_mismatch"
-    FOREIGN_ITERATION = "foreign_iteration"
-    GRANT_ALREADY_CONSUMED = "grant_already_consumed"
-    UNKNOWN_TOOL = "unknown_tool"
-    DENIED_REPLAY = "denied_replay"
-    LIMIT_EXCEEDED = "limit_exceeded"
-    DUPLICATE_CALL_ID = "duplicate_call_id"
-    POST_SETTLEMENT_EVENT = "post_settlement_event"
-
-
-@final
-@attrs.frozen(kw_only=True)
-class Grant:
-    """Permission for exactly one run of one call, with one input, in one iteration."""
-
-    call_id: str
-    tool_name: str
-    input_digest: str
-    iteration: int
-    consumed: bool = False
-
-    def spent(self) -> Grant:
-        """This grant, consumed (it permits no further run)."""
-        return Grant(
-            call_id=self.call_id,
-            tool_name=self.tool_name,
-            input_digest=self.input_digest,
-            iteration=self.iteration,
-            consumed=True,
-        )
-
-
-@final
-@attrs.frozen(kw_only=True)
-class Denial:
-    """A user's refusal; it sticks to the (tool, input) pair for the rest of the turn."""
-
-    tool_name: str
-    input_digest: str
 
 
 def grant_for_call(state: TurnState, call_id: str) -> Grant | None:

@@ -9,15 +9,10 @@ from typing import Any
 
 import attrs
 
-from trioloop.machine.authorization import (
-    Denial,
-    Grant,
-    Violation,
-    authorize_start,
-    grant_for_batch,
-    grant_for_call,
-)
+from trioloop.machine.authorization import authorize_start, grant_for_batch, grant_for_call
+from trioloop.machine.calls import Violation
 from trioloop.machine.card import changed_fields
+from trioloop.machine.grants import Denial, Grant
 from trioloop.machine.inputs import (
     Advance,
     ApproveBatch,

@@ -7,11 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from trioloop.machine.authorization import (
-    Denial,
-    Violation,
-    auto_grant_read_only,
-)
+from trioloop.machine.authorization import auto_grant_read_only
+from trioloop.machine.calls import Violation
+from trioloop.machine.grants import Denial
 from trioloop.machine.ids import fresh_call_id
 from trioloop.machine.limits import tool_call_cap
 from trioloop.machine.state import (

@@ -20,9 +20,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from trioloop.machine.authorization import (
-    Violation,
-)
+from trioloop.machine.calls import Violation
 from trioloop.machine.inputs import (
     INPUT_TYPE_KINDS,
     Advance,

@@ -9,7 +9,7 @@ state.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, final
+from typing import Any, final
 
 import attrs
 
@@ -24,14 +24,12 @@ from trioloop.machine.calls import (
     ViolationRecord,
     call_table,
 )
+from trioloop.machine.grants import Denial, Grant
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnBudget, TurnLimits
 from trioloop.machine.persistent import Log, TextRun, cached
 from trioloop.machine.tools import ToolRegistry, create_tool_registry
 from trioloop.protocol.events import StopReason, StreamError, Usage
 from trioloop.protocol.messages import ContentBlock, Message, TextBlock, ToolCallBlock
-
-if TYPE_CHECKING:
-    from trioloop.machine.authorization import Denial, Grant
 
 __all__ = [
     "CallRecord",

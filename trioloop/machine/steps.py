@@ -8,9 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
-from trioloop.machine.authorization import (
-    Violation,
-)
+from trioloop.machine.calls import Violation
 from trioloop.machine.limits import Bound, bound_notice
 from trioloop.machine.state import (
     CallRecord,

@@ -11,7 +11,7 @@ import json
 import unicodedata
 from typing import Final
 
-from trioloop.machine.authorization import Violation
+from trioloop.machine.calls import Violation
 from trioloop.machine.tools import PrepareFailure
 from trioloop.machine.untrusted_text import quote_untrusted
 from trioloop.protocol.events import StreamError, retry_label

@@ -109,7 +109,7 @@ class PreparedCall(Generic[D]):
         if other.__class__ is not self.__class__:
             return NotImplemented
         assert isinstance(other, PreparedCall)
-        return self._key() == other._key()
+        return self._key() == (other.summary, other.input_digest, other.details)
 
     def __hash__(self) -> int:
         return hash(self._key())

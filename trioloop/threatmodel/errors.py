@@ -2,12 +2,16 @@
 
 Each class is one class of failure (SPEC §8). A message is a single line that names the section, the
 id and the broken rule, and never contains a filesystem path or parser internals, because messages
-are shown to users and handed back to a model so it can correct itself.
+are shown to users and handed back to a model so it can correct itself. `path_hint` adds the fix to a
+failure on text that names a file.
 """
 
 from __future__ import annotations
 
+import os
 import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import ClassVar
 
 __all__ = [
@@ -99,3 +103,26 @@ class UnsafeYaml(ThfError):
     """The input is too large, too deeply nested, or expands aliases beyond the allowed bound."""
 
     kind = "unsafe-yaml"
+
+
+@contextmanager
+def path_hint(source: str | bytes) -> Iterator[None]:
+    """Re-raise a document error on text that names an existing file (or a `.thf` name) with the fix.
+
+    `load_thf("payment.thf")` reads the string as YAML (one scalar, not a document); the error then says
+    to pass a `pathlib.Path`, which is how a file is read.
+    """
+    try:
+        yield
+    except ThfError as error:
+        name = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
+        if len(name) > 4096 or "\n" in name or "\0" in name or not name.strip():
+            raise
+        exists = os.path.isfile(name)
+        if not (exists or name.strip().lower().endswith(".thf")):
+            raise
+        where = "names an existing file" if exists else "looks like a file name"
+        raise type(error)(
+            f"{error.message}; the text given, {quote(name)}, {where}: pass a Path to read a file "
+            "(pathlib.Path of that text)"
+        ) from error

@@ -26,17 +26,16 @@ import attrs
 from trioloop.durable.files import write_atomic
 from trioloop.threatmodel._safe_yaml import MAX_DOCUMENT_BYTES, dump_yaml, parse_yaml
 from trioloop.threatmodel._thf_layout import Field, Item, Layout, LayoutRecorder, Top
-from trioloop.threatmodel.errors import UnsafeYaml
+from trioloop.threatmodel.errors import UnsafeYaml, path_hint
 from trioloop.threatmodel.model import SECTION_NAMES, ThreatModel
-from trioloop.threatmodel.thf import (
-    _METADATA_FIELDS,
-    _TABLES,
-    _TOP_LEVEL_KEYS,
+from trioloop.threatmodel.thf_shape import (
+    METADATA_FIELDS,
     REQUIRED_SECTIONS,
-    _write_fields,
-    dump_thf,
+    TABLES,
+    TOP_LEVEL_KEYS,
     model_from_data,
-    path_hint,
+    model_to_data,
+    write_fields,
 )
 from trioloop.threatmodel.validation import check_semantics
 
@@ -74,7 +73,7 @@ class ThfFile:
             patched = _patch(self._layout, self.model, model)
             if patched is not None:
                 return "".join(patched.lines), patched
-        text = dump_thf(model)
+        text = dump_yaml(model_to_data(model))
         return text, _layout_of(text)
 
 
@@ -102,7 +101,7 @@ def save_thf(path: str | os.PathLike[str], model: ThreatModel, original: ThfFile
 
 
 def _fresh(model: ThreatModel) -> ThfFile:
-    text = dump_thf(model)
+    text = dump_yaml(model_to_data(model))
     return ThfFile(model=model, text=text, layout=_layout_of(text))
 
 
@@ -132,7 +131,7 @@ def _present(model: ThreatModel, key: str) -> bool:
         return True
     if key in _SECTIONS:
         return key in REQUIRED_SECTIONS or bool(getattr(model, key))
-    return key in model.extra and key not in _TOP_LEVEL_KEYS
+    return key in model.extra and key not in TOP_LEVEL_KEYS
 
 
 def _value(model: ThreatModel, key: str) -> Any:
@@ -153,10 +152,10 @@ def _data(model: ThreatModel, key: str, order: tuple[str, ...]) -> Any:
     if key == "version":
         return model.version
     if key == "metadata":
-        return _ordered(_write_fields("metadata", model.metadata, _METADATA_FIELDS, False), order)
+        return _ordered(write_fields("metadata", model.metadata, METADATA_FIELDS, False), order)
     if key in _SECTIONS:
-        _, fields = _TABLES[key]
-        return [_write_fields(f"{key}[{i}]", entity, fields, False) for i, entity in enumerate(getattr(model, key))]
+        _, fields = TABLES[key]
+        return [write_fields(f"{key}[{i}]", entity, fields, False) for i, entity in enumerate(getattr(model, key))]
     value = model.extra[key]
     return _ordered(value, order) if isinstance(value, Mapping) else value
 
@@ -170,7 +169,7 @@ def _ordered(data: Any, order: tuple[str, ...]) -> Any:
 
 def _new_keys(model: ThreatModel) -> list[str]:
     keys = ["version", "metadata", *(name for name in SECTION_NAMES if _present(model, name))]
-    keys += [key for key in model.extra if key not in _TOP_LEVEL_KEYS]
+    keys += [key for key in model.extra if key not in TOP_LEVEL_KEYS]
     return keys
 
 
@@ -236,7 +235,7 @@ def _render_top(out: _Out, model: ThreatModel, key: str, order: tuple[str, ...])
         # Our own block layout: "key:" then each entity from a line starting with "  - ".
         starts = [i - first for i in range(first + 1, last + 1) if out.lines[i].startswith("  - ")]
         ends = [s - 1 for s in starts[1:]] + [last - first]
-        _, fields = _TABLES[key]
+        _, fields = TABLES[key]
         items = tuple(Item(s, e, tuple(f.key for f in fields)) for s, e in zip(starts, ends, strict=True))
         if len(items) != len(data):
             items = None
@@ -255,7 +254,7 @@ def _patch_section(out: _Out, lines: tuple[str, ...], top: Top, before: Any, aft
         old_index.setdefault(entity.id, number)
     if len(old_index) != len(before) or len({entity.id for entity in after}) != len(after):
         return None  # duplicate ids: rewrite the section whole
-    _, fields = _TABLES[top.key]
+    _, fields = TABLES[top.key]
     mark = len(out.lines)
     # The key line and what precedes the first entity.
     base = out.copy(lines, top.first, top.item_lines(items[0])[0])
@@ -279,7 +278,7 @@ def _patch_section(out: _Out, lines: tuple[str, ...], top: Top, before: Any, aft
                 placed.append(patched.moved_to(patched.first - base))
                 continue
             order = item.keys
-        data = _ordered(_write_fields(f"{top.key}[{position}]", entity, fields, False), order)
+        data = _ordered(write_fields(f"{top.key}[{position}]", entity, fields, False), order)
         start, end = out.rendered(dump_yaml([data]), top.dash)
         placed.append(Item(start - base, end - base, tuple(data)))
     if not placed:
@@ -300,8 +299,8 @@ def _patch_fields(
     """
     if item.fields is None:
         return None
-    old = _write_fields(where, before, spec, False)
-    new = _write_fields(where, after, spec, False)
+    old = write_fields(where, before, spec, False)
+    new = write_fields(where, after, spec, False)
 
     def unchanged(key: str) -> bool:
         if key in old and key in new:

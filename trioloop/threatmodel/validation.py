@@ -20,14 +20,13 @@ from trioloop.threatmodel.errors import (
     quote,
 )
 from trioloop.threatmodel.model import SECTION_NAMES, SUPPORTED_VERSION, Group, ThreatModel
+from trioloop.threatmodel.thf_shape import model_from_data, model_to_data
 
 __all__ = ["check_semantics", "validate_threat_model"]
 
 
 def validate_threat_model(model: ThreatModel) -> ThfError | None:
     """The first rule `model` breaks, or None when it is valid. Never raises."""
-    from trioloop.threatmodel.thf import model_from_data, model_to_data  # thf imports this module
-
     try:
         if not isinstance(model, ThreatModel):
             return InvalidShape(f"expected a ThreatModel, got {type(model).__name__}")

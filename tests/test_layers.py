@@ -247,3 +247,141 @@ def test_the_qt_face_names_its_extra_when_pyside6_is_missing() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False, timeout=60)
     assert done.returncode != 0
     assert 'pip install "trioloop[qt]"' in done.stderr
+
+
+# -- circles: the modules of each package import each other top-down ----------------------------------------
+
+
+def packages() -> list[str]:
+    """Every package of trioloop (a folder with modules)."""
+    return sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("_") and modules(p.name))
+
+
+def _module_of(dotted: list[str], package: str, names: set[str]) -> str | None:
+    """The module of ``package`` an imported dotted name is in (``__init__`` for the package's own names), or None."""
+    if dotted[:2] != ["trioloop", package]:
+        return None
+    return dotted[2] if len(dotted) > 2 and dotted[2] in names else "__init__"
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Which modules of ``package`` each of its modules imports (statically, anywhere in the module, type-only
+    imports and imports inside functions included). ``from package import name`` depends on the module ``name``
+    when there is one, else on the package's ``__init__``, whose names it takes."""
+    names = {path.stem for path in (PACKAGE / package).glob("*.py")}
+    home = ["trioloop", package]  # where a relative import starts from
+    graph: dict[str, set[str]] = {}
+    for path in modules(package):
+        if path.parent != PACKAGE / package:
+            continue
+        found: list[list[str]] = []
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found += [alias.name.split(".") for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = (node.module or "").split(".") if not node.level else home[: len(home) - node.level + 1]
+                if node.level and node.module:
+                    base = [*base, *node.module.split(".")]
+                found += [[*base, alias.name] for alias in node.names] if base == home else [base]
+        targets = {_module_of(dotted, package, names) for dotted in found}
+        graph[path.stem] = {target for target in targets if target is not None and target != path.stem}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def top_down(package: str) -> list[list[str]]:
+    """The modules of ``package`` in levels, top first: a module imports only modules of the levels below it
+    (``__init__`` aside: it gathers the package's names, so it stands on top of what it imports)."""
+    graph = module_graph(package)
+    assert import_circles(graph) == [], package
+    level: dict[str, int] = {}
+
+    def depth(module: str) -> int:
+        if module not in level:
+            level[module] = 1 + max((depth(dep) for dep in graph[module]), default=-1)
+        return level[module]
+
+    for module in graph:
+        depth(module)
+    highest = max(level.values(), default=0)
+    return [sorted(m for m, d in level.items() if d == n) for n in range(highest, -1, -1)]
+
+
+@pytest.mark.parametrize("package", packages())
+def test_the_modules_of_a_package_import_each_other_without_circles(package: str) -> None:
+    assert import_circles(module_graph(package)) == []
+
+
+def test_the_circle_check_sees_a_circle() -> None:
+    # Two modules of one package importing each other: one only for the type checker, the other inside a function
+    # and relatively.
+    assert import_circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    first, second = PACKAGE / "runtime" / "_circle_probe_a.py", PACKAGE / "runtime" / "_circle_probe_b.py"
+    first.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trioloop.runtime._circle_probe_b import f\n",
+        encoding="utf-8",
+    )
+    second.write_text("def f():\n    from . import _circle_probe_a\n", encoding="utf-8")
+    try:
+        assert ["_circle_probe_a", "_circle_probe_b"] in import_circles(module_graph("runtime"))
+    finally:
+        first.unlink()
+        second.unlink()
+
+
+#: Modules that may pass the size a reader takes in at once, and why.
+LONG_MODULES = {"threatmodel/catalog.py": "data: the component catalog's entries, one per kind of element"}
+MAX_MODULE_LINES = 500
+
+
+def test_every_module_is_short_enough_to_read_whole() -> None:
+    # DESIGN.md: a module over ~500 lines is split by job, not by size (a data table aside).
+    long = {
+        path.relative_to(PACKAGE).as_posix(): lines
+        for path in PACKAGE.rglob("*.py")
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert {name: n for name, n in long.items() if name not in LONG_MODULES} == {}
+    assert set(LONG_MODULES) <= set(long), "a module listed in LONG_MODULES is short now: remove it from the list"

@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from test_layers import MAY_IMPORT
+from test_layers import MAY_IMPORT, module_graph, top_down
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "trioloop"
@@ -113,6 +113,10 @@ def render() -> str:
         "           runtime  ->  providers  ----------->  protocol",
         "```",
         "",
+        "Inside each package the modules import each other top-down, without circles (type-only imports",
+        "included; `tests/test_layers.py` checks it): each table below lists a package's modules from the top, and a",
+        "module imports only modules listed after it (its row names them).",
+        "",
         "| package | may import (of trioloop) | start reading at |",
         "|---|---|---|",
     ]
@@ -135,10 +139,17 @@ def render() -> str:
     for name in TOP_MODULES:
         lines.append(f"| `trioloop/{name}` | {first_sentence(PACKAGE / name)} |")
     for part, (decides, _) in PARTS.items():
-        lines += ["", f"## `trioloop.{part}`", "", decides, "", "| module | what it decides |", "|---|---|"]
-        for path in modules_of(part):
-            where = path.relative_to(PACKAGE).as_posix()
-            lines.append(f"| `{where}` | {first_sentence(path)} |")
+        lines += ["", f"## `trioloop.{part}`", "", decides, ""]
+        if not (PACKAGE / part).is_dir():
+            lines += ["| module | what it decides |", "|---|---|"]
+            lines += [f"| `trioloop/{part}.py` | {first_sentence(PACKAGE / f'{part}.py')} |"]
+            continue
+        graph = module_graph(part)
+        lines += ["| module | imports of the package | what it decides |", "|---|---|---|"]
+        for level in top_down(part):
+            for module in level:
+                uses = ", ".join(f"`{name}`" for name in sorted(graph[module])) or "nothing"
+                lines.append(f"| `{part}/{module}.py` | {uses} | {first_sentence(PACKAGE / part / f'{module}.py')} |")
     return "\n".join(lines) + "\n"
 
 

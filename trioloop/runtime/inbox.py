@@ -67,13 +67,6 @@ class TurnInbox:
             return False
         return True
 
-    def take_nowait(self) -> InboxItem | None:
-        """The next item if one is queued, else None (no wait, no checkpoint)."""
-        try:
-            return self.receiver.receive_nowait()
-        except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
-            return None
-
     def close(self) -> None:
         """Refuse every decision and tool value from now on."""
         self.closed = True

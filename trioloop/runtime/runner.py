@@ -60,24 +60,12 @@ async def run_turn(
     started_at = trio.current_time() - request.spent_s  # the turn's clock (and its deadline) runs from the call
     if resume is not None:
         started_at -= resume.machine_ms / 1000
+    controls = controls or TurnControls()
     if tool_nursery is not None:
-        return await _drive(request, workspace, provider, tool_nursery, controls, on_state, started_at, journal, resume)
+        return await Turn(request, workspace, provider, controls, on_state, tool_nursery, started_at, journal).drive(
+            resume
+        )
     async with trio.open_nursery() as own:
-        state = await _drive(request, workspace, provider, own, controls, on_state, started_at, journal, resume)
+        state = await Turn(request, workspace, provider, controls, on_state, own, started_at, journal).drive(resume)
         own.cancel_scope.cancel()  # the turn is settled: anything still running is not wanted
     return state
-
-
-async def _drive(
-    request: TurnRequest[D],
-    workspace: Workspace[D],
-    provider: ChatProvider,
-    tool_nursery: trio.Nursery,
-    controls: TurnControls | None,
-    on_state: StateObserver | None,
-    started_at: float,
-    journal: TurnJournal | None = None,
-    resume: ResumePoint | None = None,
-) -> TurnState:
-    turn = Turn(request, workspace, provider, controls or TurnControls(), on_state, tool_nursery, started_at, journal)
-    return await turn.drive(resume)

@@ -75,6 +75,7 @@ class Turn(Generic[D]):
         self.workspace = workspace
         self.controls = controls
         self.inbox = inbox = controls.inbox
+        self.receive = inbox.receiver  # the consumer's end of the inbox
         self.scopes = scopes = controls.scopes
         self.progress = controls.progress
         self.on_state = on_state
@@ -233,7 +234,7 @@ class Turn(Generic[D]):
     # -- the one consumer ------------------------------------------------------------------------
 
     async def consume(self) -> None:
-        receive = self.inbox.receiver
+        receive = self.receive
         while not self.state.is_settled:
             if self.journal is not None and (
                 self.unpublished or (self.state.phase is Phase.AWAITING_APPROVAL and self.journal.writer.has_ready)
@@ -272,7 +273,10 @@ class Turn(Generic[D]):
         item, self.lookahead = self.lookahead, None
         if item is not None:
             return item
-        return self.inbox.take_nowait()
+        try:
+            return self.receive.receive_nowait()  # per inbox item: no method of the inbox's in between
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
+            return None
 
     def take(self, item: InboxItem) -> None:
         """Handle ``item`` and, if it holds stream events, every stream event already waiting behind it.

@@ -9,11 +9,19 @@ because nothing past the 8192-byte cap is ever walked.
 
 ``--parts`` times each step of the trioloop half alone, right after an SDK call (so with the caches as a real
 call leaves them), and ``--profile`` runs cProfile around the trioloop half only.
+
+``--stdio`` compares the stdio transports, the SDK's ``stdio_client`` and trioloop's own (``trioloop.mcp._stdio``),
+each under the SDK's ``Client`` against the raw server of tests/test_mcp_stdio.py: (1) a call answered by one endless
+line, for ``--window`` seconds at most: the longest and p99 hold of the event loop (the gaps of a task that sleeps
+1 ms at a time) and when the connection dropped; (2) tool lists of 1 to 50 MB: the time to list them, per MB (flat
+when linear), and the longest hold of the loop meanwhile (the SDK only up to 16 MB: its time grows with the square
+of the size); (3) closing a frozen (SIGSTOPped) server.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
 import random
@@ -26,7 +34,7 @@ from typing import Any
 
 import trio
 
-from benchmarks._common import case_record, emit, print_profile, print_table, summarize
+from benchmarks._common import case_record, emit, percentile, print_profile, print_table, summarize
 from trioloop.machine.tools import PreparedCall
 from trioloop.runtime.tools import ToolExecutionContext
 
@@ -186,12 +194,145 @@ def _profile(rounds: int) -> int:
     return 0
 
 
+# -- --stdio: the transports -----------------------------------------------------------------------------------
+
+
+def _stdio_transport(kind: str, *mode: str, errlog: Any) -> Any:
+    """A transport to the raw server (in ``mode``): the SDK's ``stdio_client`` or trioloop's, default cap."""
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    from tests.test_mcp_stdio import RAW_SERVER
+    from trioloop.mcp import StdioServer
+    from trioloop.mcp._stdio import stdio_transport
+
+    args = ["-c", RAW_SERVER, *mode]
+    if kind == "sdk":
+        parameters = StdioServerParameters(command=sys.executable, args=args, encoding_error_handler="replace")
+        return stdio_client(parameters, errlog=errlog)
+    return stdio_transport(StdioServer(name="raw", command=sys.executable, args=args), errlog)
+
+
+class _Gaps:
+    """The gaps between the wake-ups of a task that sleeps 1 ms at a time: how long the loop was held."""
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        last = trio.current_time()
+        while True:
+            await trio.sleep(0.001)
+            now = trio.current_time()
+            self.seen.append(now - last)
+            last = now
+
+
+async def _timed(kind: str, mode: Sequence[str], work: Callable[[Any], Awaitable[Any]], limit: float) -> dict[str, Any]:
+    """``work(client)`` on a fresh connection of ``kind``, at most ``limit`` s: how long it took, how it ended, and
+    the loop's holds meanwhile (in ms)."""
+    import os
+
+    from mcp import Client
+
+    gaps = _Gaps()
+    with open(os.devnull, "w") as devnull:  # noqa: ASYNC230  # /dev/null does not block
+        transport = _stdio_transport(kind, *mode, errlog=devnull)
+        async with trio.open_nursery() as nursery, Client(transport, cache=None) as client:
+            await nursery.start(gaps.run)
+            start = trio.current_time()
+            ended = "timeout"
+            try:
+                with trio.move_on_after(limit):
+                    await work(client)
+                    ended = "ok"
+            except Exception as exc:
+                ended = type(exc).__name__
+            took = trio.current_time() - start
+            nursery.cancel_scope.cancel()
+    return {
+        "s": round(took, 3),
+        "ended": ended,
+        "max_hold_ms": round(max(gaps.seen, default=0) * 1e3, 1),
+        "p99_hold_ms": round(percentile(gaps.seen, 99) * 1e3, 1) if gaps.seen else 0.0,
+    }
+
+
+async def _frozen_close(kind: str) -> float:
+    """Seconds to close a connection whose server is frozen (SIGSTOP)."""
+    import os
+    import signal
+
+    from mcp import Client
+
+    with open(os.devnull, "w") as devnull:  # noqa: ASYNC230  # /dev/null does not block
+        client = Client(_stdio_transport(kind, errlog=devnull), cache=None)
+        await client.__aenter__()
+        result = await client.call_tool("pid", {})
+        pid = int(result.content[0].text)  # type: ignore[union-attr]
+        os.kill(pid, signal.SIGSTOP)
+        start = trio.current_time()
+        try:
+            await client.__aexit__(None, None, None)
+        finally:
+            took = trio.current_time() - start
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    return took
+
+
+def _stdio(window: float) -> int:
+    rows: list[tuple[Any, ...]] = []
+
+    async def flood(client: Any) -> None:
+        await client.call_tool("flood", {})
+
+    for kind in ("sdk", "trioloop"):
+        figures = trio.run(_timed, kind, (), flood, window)
+        emit(case_record("mcp", f"stdio endless line {kind}", ("mcp",), window_s=window, **figures))
+        rows.append(
+            (f"endless line, {kind}", figures["s"], figures["ended"], figures["max_hold_ms"], figures["p99_hold_ms"])
+        )
+    print()
+    print_table(("case", "s to the end", "how it ended", "longest hold ms", "p99 hold ms"), rows)
+
+    async def list_tools(client: Any) -> None:
+        await client.list_tools()
+
+    rows = []
+    for size_mb in (1, 4, 16, 50):
+        for kind in ("sdk", "trioloop"):
+            if kind == "sdk" and size_mb > 16:
+                continue  # quadratic: 50 MB took 33.7 s, then failed
+            figures = trio.run(_timed, kind, ("list", str(size_mb * 1_000_000)), list_tools, 120.0)
+            emit(case_record("mcp", f"stdio tool list {size_mb} MB {kind}", ("mcp",), **figures))
+            per_mb = round(figures["s"] * 1e3 / size_mb, 1)
+            rows.append(
+                (f"{size_mb} MB tool list, {kind}", figures["s"], per_mb, figures["ended"], figures["max_hold_ms"])
+            )
+    print()
+    print_table(("case", "s to list", "ms per MB", "how it ended", "longest hold ms"), rows)
+
+    rows = []
+    for kind in ("sdk", "trioloop"):
+        took = trio.run(_frozen_close, kind)
+        emit(case_record("mcp", f"stdio close frozen {kind}", ("mcp",), close_s=round(took, 3)))
+        rows.append((f"close a frozen server, {kind}", round(took, 3)))
+    print()
+    print_table(("case", "s"), rows)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("rounds", type=int, nargs="?", default=200, help="calls of each kind (default 200)")
     parser.add_argument("--parts", action="store_true", help="time each step of the trioloop half instead")
     parser.add_argument("--profile", action="store_true", help="cProfile the trioloop half instead of timing")
+    parser.add_argument("--stdio", action="store_true", help="compare the stdio transports (the SDK's, trioloop's)")
+    parser.add_argument("--window", type=float, default=10.0, help="--stdio: seconds an endless line may run")
     args = parser.parse_args(argv)
+    if args.stdio:
+        return _stdio(args.window)
     if args.parts:
         return _parts(args.rounds)
     if args.profile:

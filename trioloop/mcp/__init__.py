@@ -3,6 +3,7 @@
 Needs the ``mcp`` extra (``pip install trioloop[mcp]``). Nothing in the core imports this package.
 """
 
+from trioloop.mcp.errors import McpConnectionError, McpMessageTooLarge
 from trioloop.mcp.servers import (
     HttpServer,
     McpConfigError,
@@ -13,12 +14,13 @@ from trioloop.mcp.servers import (
     stdio_server_from_command,
 )
 from trioloop.mcp.tools import namespaced_name
-from trioloop.mcp.toolset import McpConnectionError, McpToolset, SkippedTool
+from trioloop.mcp.toolset import McpToolset, SkippedTool
 
 __all__ = [
     "HttpServer",
     "McpConfigError",
     "McpConnectionError",
+    "McpMessageTooLarge",
     "McpServer",
     "McpToolset",
     "SkippedTool",

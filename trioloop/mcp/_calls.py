@@ -89,7 +89,9 @@ async def call_on_connection(
         # The server did not answer in time: it may be hung as a whole, so the next call must not wait on
         # this connection for the whole timeout again. (Stop and the turn deadline are not this case.)
         connection.lose()
-    if failure is None and not timed_out:
+    if failure is None and connection.failure is not None:  # the transport gave the connection up
+        failure = f"{connection.failure}. Whether the call took effect is unknown; the next call reconnects"
+    elif failure is None and not timed_out:
         failure = (
             "the server closed the connection during the call (it may have crashed). Whether the call took "
             "effect is unknown; the next call starts a new connection"

@@ -1,8 +1,9 @@
 """One connection to an MCP server: its state, its transport, and the server's stderr in the log.
 
-The transport is a stdio process or streamable HTTP (its header values masked in every log line), with a watch on
-its read stream so a server that went away is noticed between calls; the server's stderr and any stdout line that
-is not JSON-RPC go to the ``trioloop.mcp`` logger.
+The transport is a stdio process (trioloop's own, `trioloop.mcp._stdio`: linear in a message's size, capped) or
+streamable HTTP (its header values masked in every log line), with a watch on its read stream so a server that went
+away, or that the transport gave up on, is noticed between calls; the server's stderr and any stdout line that is
+not JSON-RPC go to the ``trioloop.mcp`` logger.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ from typing import Any, Final, Self, TextIO, TypeVar, final
 import anyio
 import mcp_types
 import trio
-from mcp import Client, StdioServerParameters
+from mcp import Client
 from mcp.client import Transport
 from mcp.client._transport import ReadStream, TransportStreams, WriteStream
-from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.message import SessionMessage
 
 from trioloop.machine.untrusted_text import sanitize_scalar
+from trioloop.mcp._stdio import stdio_transport
+from trioloop.mcp.errors import McpConnectionError
 from trioloop.mcp.servers import HttpServer, McpServer
 from trioloop.providers._redact import mask_key_in_logs
 from trioloop.runtime.tools import ToolExecutionContext
@@ -48,29 +50,6 @@ __all__ = [
 
 _LOG_LINE_MAX: Final = 1000
 _LOG_BUFFER_MAX: Final = 65_536
-_SDK_STDIO_LOGGER: Final = "mcp.client.stdio"
-
-
-class _QuietSdkStdioLog(logging.Filter):
-    """Turns the SDK stdio transport's tracebacks (one per non-JSON stdout line) into one ``trioloop.mcp``
-    warning line without a traceback: with no logging configured, Python would print them on the terminal."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info is None:
-            return True
-        exc = record.exc_info[1]
-        detail = "" if exc is None else f" ({describe(exc)})"
-        _log.warning("%s%s", sanitize_scalar(record.getMessage(), 200)[0], detail)
-        return False
-
-
-_SDK_FILTER: Final = _QuietSdkStdioLog()
-
-
-def _quiet_sdk_stdio_log() -> None:
-    logger = logging.getLogger(_SDK_STDIO_LOGGER)
-    if _SDK_FILTER not in logger.filters:
-        logger.addFilter(_SDK_FILTER)
 
 
 async def _log_stderr(server: str, stream: trio.lowlevel.FdStream) -> None:
@@ -127,6 +106,9 @@ class Connection:
         #: the person for the oldest.
         self.running: dict[trio.CancelScope, ToolExecutionContext[Any]] = {}
         self.lost = False
+        #: Why the transport gave the connection up, if it did (a message over the cap): what a call or a listing
+        #: cut by the loss reports, rather than a bare "connection closed".
+        self.failure: McpConnectionError | None = None
         self.scope = trio.CancelScope()
         self.closed = trio.Event()  # set once the connection's task has closed it
         #: Where requests and cancellation notices run (the toolset's nursery), each in a task of its own.
@@ -135,9 +117,11 @@ class Connection:
         self._notices = 0  # cancellation notices handed to a task of their own and not yet written
         self._settled = trio.lowlevel.ParkingLot()  # woken when the last call and notice are done
 
-    def lose(self) -> None:
-        """Mark the connection unusable: end its in-flight calls and close it (its task unwinds)."""
+    def lose(self, failure: McpConnectionError | None = None) -> None:
+        """Mark the connection unusable: end its in-flight calls and close it (its task unwinds); ``failure`` says
+        why, when the transport gave it up."""
         self.lost = True
+        self.failure = self.failure or failure
         for call in self.running:
             call.cancel()
         for request in self._requests:
@@ -238,7 +222,12 @@ class _WatchedReadStream(_WrappedStream):
     """The transport's read stream, reporting its end: a server that died between calls is noticed (and
     replaced on the next call) without sending anything. Everything else is passed through."""
 
-    def __init__(self, inner: ReadStream[SessionMessage | Exception], on_end: Callable[[], None], server: str) -> None:
+    def __init__(
+        self,
+        inner: ReadStream[SessionMessage | Exception],
+        on_end: Callable[[McpConnectionError | None], None],
+        server: str,
+    ) -> None:
         self._inner: ReadStream[SessionMessage | Exception] = inner
         self._on_end = on_end
         self._server = server
@@ -251,11 +240,15 @@ class _WatchedReadStream(_WrappedStream):
         try:
             item = await self._inner.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._on_end()
+            self._on_end(None)
             raise
         except Exception:
-            self._on_end()  # a reader that failed is a connection that hears nothing more
+            self._on_end(None)  # a reader that failed is a connection that hears nothing more
             raise
+        if isinstance(item, McpConnectionError):  # the transport gave the connection up (a message over the cap)
+            _log.warning("%s", item)
+            self._on_end(item)
+            raise anyio.EndOfStream
         if isinstance(item, Exception):  # a line that is not JSON-RPC, or a transport fault: skipped by the SDK
             _log.warning("MCP server %s sent something unusable, skipped (%s)", self._server, describe(item))
         return item
@@ -368,17 +361,7 @@ def server_transport(server: McpServer, errlog: TextIO) -> Transport:
             else streamable_http_client(server.url, terminate_on_close=True)
         )
     else:
-        _quiet_sdk_stdio_log()
-        parameters = StdioServerParameters(
-            command=server.command,
-            args=list(server.args),
-            env=dict(server.env) if server.env is not None else None,
-            cwd=server.cwd,
-            # One invalid UTF-8 byte must not end the SDK's reader (it would then drain stdout for ever,
-            # and the connection hear nothing more): the line decodes with U+FFFD and is skipped as non-JSON.
-            encoding_error_handler="replace",
-        )
-        transport = stdio_client(parameters, errlog=errlog)
+        transport = stdio_transport(server, errlog)  # trioloop's own: linear in a message's size, capped
     return transport
 
 

@@ -34,6 +34,10 @@ ToolClass: TypeAlias = Literal["read", "mutate", "destructive"]
 
 TOOL_CLASSES: Final[frozenset[str]] = frozenset({"read", "mutate", "destructive"})
 SERVER_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,24}")
+#: The longest message a stdio server may send (one line of JSON-RPC, in bytes, without its newline): 64 MiB, room
+#: for a tool list of tens of MB. A longer one drops the connection (`McpMessageTooLarge`) as soon as the cap is
+#: passed, however long the line would have run.
+DEFAULT_MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 
 
 class McpConfigError(ValueError):
@@ -74,6 +78,11 @@ def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _message_bytes(_: Any, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise McpConfigError(f"max_message_bytes must be a positive whole number of bytes; got {value!r}.")
+
+
 @final
 @attrs.frozen(kw_only=True)
 class StdioServer:
@@ -82,6 +91,8 @@ class StdioServer:
     ``tools`` classifies tools by the exact name the server gives them; any other tool is destructive.
     ``sampling=True`` lets the server ask for the session's model (``sampling/createMessage``): each request
     is then a card the person approves or declines; by default every request is refused.
+    ``max_message_bytes`` caps one message from the server (a line of its stdout, `DEFAULT_MAX_MESSAGE_BYTES`):
+    a longer one drops the connection with `McpMessageTooLarge` once the cap is passed.
     """
 
     name: str = attrs.field(validator=_server_name)
@@ -91,6 +102,7 @@ class StdioServer:
     cwd: str | None = None
     tools: Mapping[str, ToolClass] = attrs.field(factory=dict, converter=_classes)
     sampling: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    max_message_bytes: int = attrs.field(default=DEFAULT_MAX_MESSAGE_BYTES, validator=_message_bytes)
 
 
 @final
@@ -250,7 +262,11 @@ def _one_server(name: str, table: Any, environ: Mapping[str, str]) -> McpServer:
     where = f"[servers.{name}]"
     if not isinstance(table, dict):
         raise McpConfigError(f"{where} must be a table.")
-    known = {"command", "args", "env", "cwd", "url", "headers", "tools", "sampling", "oauth", "client_metadata_url"}
+    known = {
+        *("command", "args", "env", "cwd", "max_message_bytes"),
+        *("url", "headers", "oauth", "client_metadata_url"),
+        *("tools", "sampling"),
+    }
     unknown = sorted(set(table) - known)
     if unknown:
         raise McpConfigError(f"{where}: unknown key(s) {', '.join(unknown)}.")
@@ -264,6 +280,8 @@ def _one_server(name: str, table: Any, environ: Mapping[str, str]) -> McpServer:
     if has_command == has_url:
         raise McpConfigError(f"{where} needs exactly one of command (stdio) or url (streamable HTTP).")
     if has_url:
+        if "max_message_bytes" in table:
+            raise McpConfigError(f"{where}: max_message_bytes applies to a command server (stdio).")
         if not isinstance(table["url"], str):
             raise McpConfigError(f"{where}.url must be a string.")
         headers = _config_headers(table.get("headers", {}), where, environ)
@@ -292,6 +310,9 @@ def _one_server(name: str, table: Any, environ: Mapping[str, str]) -> McpServer:
     cwd = table.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise McpConfigError(f"{where}.cwd must be a string.")
+    max_message_bytes = table.get("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES)
+    if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) or max_message_bytes < 1:
+        raise McpConfigError(f"{where}.max_message_bytes must be a positive whole number of bytes.")
     return StdioServer(
         name=name,
         command=table["command"],
@@ -300,6 +321,7 @@ def _one_server(name: str, table: Any, environ: Mapping[str, str]) -> McpServer:
         cwd=cwd,
         tools=tools,
         sampling=sampling,
+        max_message_bytes=max_message_bytes,
     )
 
 
@@ -307,6 +329,7 @@ def load_mcp_config(text: str, environ: Mapping[str, str] | None = None) -> tupl
     """Parse a TOML config: one ``[servers.NAME]`` table per server, each with ``command`` (+ ``args``,
     ``env``, ``cwd``) or ``url`` (+ ``headers``, whose ``${VAR}`` references are read from ``environ``, by
     default the process environment) and ``oauth = true`` (sign in with OAuth: the CLI runs the browser flow),
+    a command server's optional ``max_message_bytes`` (the cap on one message from it),
     an optional ``sampling = true`` (the server may ask for the model, each
     request a card), and an optional ``[servers.NAME.tools]`` table classifying tools."""
     environ = os.environ if environ is None else environ

@@ -29,6 +29,7 @@ from trioloop.machine.tools import RegisteredTool, ToolOutcome
 from trioloop.machine.untrusted_text import sanitize_scalar
 from trioloop.mcp._calls import answer_elicitation, answer_sampling, call_on_connection
 from trioloop.mcp._connection import CLIENT_INFO, Connection, describe, server_errlog, server_transport, watched
+from trioloop.mcp.errors import McpConnectionError
 from trioloop.mcp.servers import HttpServer, McpServer
 from trioloop.mcp.tools import UnusableTool, build_mcp_tool, namespaced_name
 from trioloop.runtime.tools import ToolExecutionContext
@@ -42,11 +43,8 @@ DEFAULT_CONNECT_TIMEOUT: Final = 30.0
 MAX_TOOLS: Final = 128
 _MAX_PAGES: Final = 20
 CLOSE_TIMEOUT: Final = 5.0
-"""How long closing one connection may take (the stdio server's exit, the HTTP session's DELETE)."""
-
-
-class McpConnectionError(RuntimeError):
-    """The toolset could not connect to its server or list its tools; the message names the server."""
+"""How long closing one connection may take (the HTTP session's DELETE; a stdio server is killed sooner, at
+``STDIO_CLOSE_TIMEOUT``)."""
 
 
 @final
@@ -107,6 +105,11 @@ class McpToolset:
         self._tools_changed = False  # the server sent notifications/tools/list_changed since the last listing
 
     @property
+    def name(self) -> str:
+        """The server's name: what a log line about this toolset names it by."""
+        return self.server.name
+
+    @property
     def connected(self) -> bool:
         """Whether a connection is open now (False after the server went away, until the next call reconnects)."""
         return self._connection is not None and not self._connection.lost
@@ -136,7 +139,7 @@ class McpToolset:
             try:
                 with trio.fail_after(self.connect_timeout):
                     connection = await self._connect()
-                    listed = await self._list_tools(connection.client)
+                    listed = await self._list_tools(connection)
             except trio.TooSlowError:
                 raise McpConnectionError(
                     f'MCP server "{self.server.name}" did not finish connecting within {self.connect_timeout:g} s.'
@@ -211,28 +214,40 @@ class McpToolset:
         """The server's tools listed again if it said they changed (``notifications/tools/list_changed``), else
         None. The session calls it as a turn begins, where Stop and the turn deadline apply; it takes at most
         ``call_timeout`` (a server that does not answer in time loses its connection, keeps its old tools and
-        is listed again next turn). New tools are classified as `StdioServer.tools` says."""
+        is listed again next turn). New tools are classified as `StdioServer.tools` says.
+
+        Raises ``McpConnectionError`` (naming the server and why) when the tools could not be listed."""
         if not self._tools_changed:
             await trio.lowlevel.checkpoint()
             return None
         self._tools_changed = False
-        listed: list[mcp_types.Tool] | None = None
         try:
-            with trio.move_on_after(self.call_timeout):
-                connection = await self._live_connection()
-                listed = await connection.request(lambda: self._list_tools(connection.client))
-        finally:
-            if listed is None:
-                self._tools_changed = True  # not listed (too slow, failed, or Stop): listed again next time
-        if listed is None:
-            if self._connection is not None:
-                self._connection.lose()  # a server this slow may be hung as a whole: the next call reconnects
-            raise McpConnectionError(
-                f'MCP server "{self.server.name}" did not list its tools again within {self.call_timeout:g} s; its '
-                "connection was closed and its old tools stay"
-            )
+            listed = await self._list_again()
+        except BaseException:
+            self._tools_changed = True  # not listed (too slow, failed, or Stop): listed again next time
+            raise
         self.tools = self._build(listed)
         return self.tools
+
+    async def _list_again(self) -> list[mcp_types.Tool]:
+        connection: Connection | None = None
+        try:
+            with trio.move_on_after(self.call_timeout):
+                connection = live = await self._live_connection()
+                return await live.request(lambda: self._list_tools(live))
+        except McpConnectionError:
+            raise
+        except Exception as exc:  # the connection closed under the listing, or a new one did not come up in time
+            failure = None if connection is None else connection.failure
+            raise failure or McpConnectionError(
+                f'MCP server "{self.server.name}" did not list its tools again ({describe(exc)}); its old tools stay'
+            ) from None
+        if self._connection is not None:
+            self._connection.lose()  # a server this slow may be hung as a whole: the next call reconnects
+        raise McpConnectionError(
+            f'MCP server "{self.server.name}" did not list its tools again within {self.call_timeout:g} s; its '
+            "connection was closed and its old tools stay"
+        )
 
     async def _hold_connection(self, *, task_status: trio.TaskStatus[Connection] = trio.TASK_STATUS_IGNORED) -> None:
         """One connection's lifetime. Failures after it is up end only this connection, never the nursery."""
@@ -264,7 +279,7 @@ class McpToolset:
                         await connection.settle()  # a call cut by the close still gets its notice out
         except Exception as exc:
             if not started:
-                raise McpConnectionError(
+                raise connection.failure or McpConnectionError(
                     f'Cannot connect to MCP server "{self.server.name}" ({describe(exc)}).'
                 ) from None
         except BaseExceptionGroup as group:
@@ -278,18 +293,18 @@ class McpToolset:
             connection.lose()
             connection.closed.set()
 
-    async def _list_tools(self, client: Client) -> list[mcp_types.Tool]:
+    async def _list_tools(self, connection: Connection) -> list[mcp_types.Tool]:
         listed: list[mcp_types.Tool] = []
         cursor: str | None = None
         try:
             for _ in range(_MAX_PAGES):
-                page = await client.list_tools(cursor=cursor)
+                page = await connection.client.list_tools(cursor=cursor)
                 listed.extend(page.tools)
                 cursor = page.next_cursor
                 if cursor is None or len(listed) >= MAX_TOOLS:
                     break
         except Exception as exc:
-            raise McpConnectionError(
+            raise connection.failure or McpConnectionError(
                 f'MCP server "{self.server.name}" did not list its tools ({describe(exc)}).'
             ) from None
         return listed

@@ -10,6 +10,7 @@ from typing import Generic, Protocol, TypeVar
 import trio
 
 from trioloop.machine.tools import RegisteredTool, ToolRegistry, create_tool_registry
+from trioloop.machine.untrusted_text import sanitize_scalar
 from trioloop.runtime.observer import log as observer_log
 
 __all__ = ["Toolset", "Toolsets"]
@@ -66,8 +67,11 @@ class Toolsets(Generic[D]):
                 continue
             try:
                 new = await refresh()
-            except Exception:  # the server could not be listed again: its old tools stay (a call will say why)
-                observer_log.warning("a toolset could not list its tools again; its old tools stay", exc_info=True)
+            except Exception as exc:  # the server could not be listed again: its old tools stay (a call will say why)
+                # One line, no traceback: the error names the server and says why (an app with no logging set up
+                # would otherwise print the whole traceback on the terminal).
+                name, why = _named(toolset), _one_line(exc)
+                observer_log.warning("toolset %s could not list its tools again; its old tools stay (%s)", name, why)
                 continue
             if new is None:
                 continue
@@ -78,3 +82,14 @@ class Toolsets(Generic[D]):
                 observer_log.warning("a toolset's new tools clash with others by name; its old tools stay")
                 continue
             self._started[index] = (toolset, tuple(new))
+
+
+def _named(toolset: object) -> str:
+    """A toolset as a log line names it: by its ``name`` if it has one (an MCP toolset's is its server's)."""
+    name = getattr(toolset, "name", None)
+    return f'"{sanitize_scalar(name, 40)[0]}"' if isinstance(name, str) else type(toolset).__name__
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error as one line: its type and its message, cleaned and capped (a server's words may be in it)."""
+    return f"{type(exc).__name__}: {sanitize_scalar(str(exc), 300)[0]}"

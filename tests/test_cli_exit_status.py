@@ -18,7 +18,13 @@ import pytest
 import trio
 
 from tests.http_support import ProviderHandler, serving
+from tests.test_cli_autosave import add_threat, answers
+from tests.test_cli_pty import proposal
 from trioloop import ScriptedProvider, Session, define_document_kind
+from trioloop.cli.chat import chat_session
+from trioloop.cli.demo import run_demo
+from trioloop.cli.exit_codes import EXIT_OK, EXIT_UNANSWERED
+from trioloop.providers.anthropic import ANTHROPIC_WIRE
 from trioloop.providers.scripted import ScriptStep
 from trioloop.stores import SQLiteJournalStore
 
@@ -134,8 +140,26 @@ def closed_output(*args: str, cwd: Path, env: dict[str, str] | None = None) -> t
 Case = Callable[[], int]
 
 
-def test_every_row_of_the_exit_status_table_holds(tmp_path: Path, journal: Path, closed_port: int) -> None:
+@pytest.fixture
+def proposing_server() -> Iterator[int]:
+    """A provider whose model proposes an add_threat call for review at every request."""
+
+    class Handler(ProviderHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            self.send_body("text/event-stream", ANTHROPIC_WIRE.render_stream(proposal(1)))
+
+    with serving(Handler) as port:
+        yield port
+
+
+def test_every_row_of_the_exit_status_table_holds(
+    tmp_path: Path, journal: Path, closed_port: int, proposing_server: int
+) -> None:
     chat = ("chat", "--provider", "anthropic", "--no-session")
+    proposing = ("--base-url", f"http://127.0.0.1:{proposing_server}")
+    document = tmp_path / "model.thf"
+    document.write_bytes(PAYMENT.read_bytes())
     cases: dict[int, list[Case]] = {
         0: [
             lambda: run("validate", str(PAYMENT), cwd=tmp_path).returncode,
@@ -167,6 +191,10 @@ def test_every_row_of_the_exit_status_table_holds(tmp_path: Path, journal: Path,
                     *chat, str(PAYMENT), "--base-url", f"http://127.0.0.1:{closed_port}", cwd=tmp_path, env=KEY
                 ).returncode
             ),
+        ],
+        4: [  # standard input is the null device: the input ends at the first card
+            lambda: run("demo", cwd=tmp_path).returncode,
+            lambda: run(*chat, str(document), *proposing, "--prompt", "add a threat", cwd=tmp_path, env=KEY).returncode,
         ],
         130: [lambda: interrupted_demo(tmp_path)],
         141: [lambda: closed_output("validate", str(PAYMENT), cwd=tmp_path)[0]],
@@ -229,3 +257,45 @@ def test_head_takes_its_lines_and_the_command_ends_quietly(
     assert producer.wait(timeout=120) in (0, 141)
     assert err == ""
     assert head.stdout.decode("utf-8").count("\n") == lines
+
+
+async def test_a_one_shot_chat_whose_input_ends_at_a_card_exits_unanswered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = tmp_path / "model.thf"
+    document.write_bytes(PAYMENT.read_bytes())
+    async with ScriptedProvider([add_threat("c1", "Never"), ScriptStep(text="unreached")]) as provider:
+        code = await chat_session(document, provider, "scripted-1", "ask", answers(), one_shot="add a threat")
+    assert code == EXIT_UNANSWERED
+    assert "The input ended at this card: the turn stops here" in capsys.readouterr().out
+    assert document.read_bytes() == PAYMENT.read_bytes()  # nothing of the card ran
+
+
+@pytest.mark.parametrize(
+    ("replies", "status"),
+    [
+        (("add one",), EXIT_UNANSWERED),  # a piped request, then the input ends at its card
+        (("add one", "d"), EXIT_UNANSWERED),  # ends at the deny's reason: denied, and the next card finds it ended
+        (("add one", EOFError(), "add another", "a"), EXIT_OK),  # Ctrl-D at a card, then a turn answered in full
+    ],
+)
+async def test_a_chat_exits_unanswered_when_its_last_turn_stopped_at_a_card(
+    tmp_path: Path, replies: tuple[str | BaseException, ...], status: int
+) -> None:
+    document = tmp_path / "model.thf"
+    document.write_bytes(PAYMENT.read_bytes())
+    steps = [add_threat("c1", "First"), add_threat("c2", "Second"), ScriptStep(text="ok")]
+    async with ScriptedProvider(steps) as provider:
+        assert await chat_session(document, provider, "scripted-1", "ask", answers(*replies), journal=None) == status
+
+
+@pytest.mark.parametrize(
+    ("replies", "status"),
+    [((), EXIT_UNANSWERED), (("a", "d"), EXIT_UNANSWERED), (("all", "d", "", "a"), EXIT_OK)],
+)
+def test_the_demo_exits_unanswered_when_its_input_ends_at_a_card(
+    replies: tuple[str, ...], status: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # All answered, the input may end at the undo question: its default keeps the turn.
+    assert run_demo(None, "ask", None, False, answers(*replies)) == status
+    assert "Traceback" not in capsys.readouterr().err

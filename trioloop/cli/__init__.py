@@ -12,6 +12,7 @@ from trioloop.cli.exit_codes import (
     EXIT_INVALID,
     EXIT_OK,
     EXIT_TURN_FAILED,
+    EXIT_UNANSWERED,
     EXIT_USAGE,
 )
 from trioloop.cli.parser import main
@@ -22,6 +23,7 @@ __all__ = [
     "EXIT_INVALID",
     "EXIT_OK",
     "EXIT_TURN_FAILED",
+    "EXIT_UNANSWERED",
     "EXIT_USAGE",
     "main",
 ]

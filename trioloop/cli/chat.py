@@ -7,18 +7,28 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import httpx
 import trio
 from rich.console import Console
 from rich.text import Text
 
-from trioloop.cli.common import Saver, error, interruptible, load_document, make_console, one_turn, report, warn
+from trioloop.cli.common import (
+    Saver,
+    error,
+    exit_status,
+    interruptible,
+    load_document,
+    make_console,
+    one_turn,
+    report,
+    warn,
+)
 from trioloop.cli.document_lock import DocumentLock
 from trioloop.cli.exit_codes import EXIT_TURN_FAILED, EXIT_USAGE
 from trioloop.cli.mcp_servers import McpOptions, add_mcp_servers
-from trioloop.cli.resume_check import check_resumed
+from trioloop.cli.resume_check import check_resumed, read_latest_chat, resume_refusal
 from trioloop.cli.review import LinePrompt
 from trioloop.cli.usage import show_usage, usage_text
 from trioloop.cli.view import ApproveMode, TurnView
@@ -37,9 +47,6 @@ from trioloop.runtime.session import DocumentMismatch, Session, SessionBusy
 from trioloop.threatmodel import THREAT_MODEL, ThreatModel, create_ai_tool_registry
 from trioloop.threatmodel.session import THREAT_MODEL_SYSTEM_PROMPT
 from trioloop.threatmodel.thf_file import ThfFile
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["DEFAULT_MODELS", "chat_session", "run_chat"]
 
@@ -77,13 +84,6 @@ def _real_provider(
     from trioloop.providers.openai import OpenAIProvider
 
     return OpenAIProvider(api_key=key, base_url=base_url, on_retry=_show_retry)
-
-
-#: The --mcp commands, the --mcp-config file, and the variables --mcp-env narrows the servers' environment to
-#: (None: the whole environment the user exported).
-
-
-"""``--mcp`` command lines and the ``--mcp-config`` file, if any."""
 
 
 def _host(base_url: str | None, provider_name: str) -> str:
@@ -217,12 +217,20 @@ async def chat_session(
     its conversation, document and any review left open. ``session_file`` continues a session `/save` wrote.
     ``one_shot`` runs that one request and ends; ``document`` is the file at ``path`` already read.
 
-    Exit status: 0, or `EXIT_TURN_FAILED` when a turn failed (or, in a one-shot run, ended at a limit), 1 when
-    the document is not valid or an MCP server could not be started, 2 when the document, the journal or the
-    session file cannot be read or used."""
+    One chat per file: the file written is locked (`DocumentLock`: by its path and by the real file, so a symlink
+    or a hard link is the same file) until the chat ends, however it ends, and its lock files are removed then.
+
+    Exit status: 0, or `EXIT_TURN_FAILED` when a turn failed (or, in a one-shot run, ended at a limit),
+    `EXIT_UNANSWERED` when the input ended at a card, 1 when the document is not valid or an MCP server could not
+    be started, 2 when the document, the journal or the session file cannot be read or used, another chat holds
+    the file, or ``resume`` is refused (nothing written, to the file or the journal)."""
     target = out or path
     lock = DocumentLock(target)
-    holder = lock.acquire()
+    try:
+        holder = lock.acquire()
+    except OSError as exc:
+        error(f"error: cannot lock {target} for this chat: {exc.strerror or exc}; nothing was read or written")
+        return EXIT_USAGE
     if holder is not None:
         error(f"error: {target} is being edited by another trioloop chat ({holder}); nothing was read or written")
         return EXIT_USAGE
@@ -260,13 +268,20 @@ async def chat_session(
         if resume and not await trio.Path(journal).is_file():  # nothing to resume, and no file made by looking
             error(f"error: no journal at {journal} to resume")
             return EXIT_USAGE
+        resumed_id = None
+        if resume:  # decided on the journal read read-only: a refusal writes nothing, to the file or the journal
+            latest = await read_latest_chat(journal)
+            if isinstance(latest, str):
+                error(latest)
+                return EXIT_USAGE
+            refusal = resume_refusal(latest.source, latest.match, path, loaded, out, journal)
+            if refusal is not None:
+                error(refusal)
+                return EXIT_USAGE
+            resumed_id = latest.session_id
         try:
             async with SQLiteJournalStore(journal) as store:
-                opened = await _open_chat(store, loaded.model, options, resume, restored, here)
-                if opened is None:
-                    error(f"error: {journal} holds no chat to resume")
-                    return EXIT_USAGE
-                journaled = opened
+                journaled = await _open_chat(store, loaded.model, options, resumed_id, restored, here)
                 if resume and not check_resumed(journaled, path, loaded, out, journal, saver, console):
                     await journaled.aclose()
                     return EXIT_USAGE
@@ -289,17 +304,14 @@ async def _open_chat(
     store: Any,
     document: ThreatModel,
     options: dict[str, Any],
-    resume: bool,
+    resumed_id: str | None,
     restored: Session[ThreatModel] | None,
     source: str,
-) -> Session[ThreatModel] | None:
-    """The file's latest chat (``resume``), or a new one numbered by the time it started (``restored``'s
-    conversation and document when a session file was resumed)."""
-    if resume:
-        chats = [i for i in await store.session_ids() if i.startswith("chat-")]
-        if not chats:
-            return None
-        return await Session.open(store, chats[-1], **options)
+) -> Session[ThreatModel]:
+    """The chat ``resumed_id`` (the journal's latest, already checked), or a new one numbered by the time it
+    started (``restored``'s conversation and document when a session file was resumed)."""
+    if resumed_id is not None:
+        return await Session.open(store, resumed_id, **options)
     started = datetime.datetime.now(datetime.UTC).strftime("chat-%Y%m%dT%H%M%S.%fZ")
     if restored is not None:
         await restored.journal_into(store, started)
@@ -341,6 +353,7 @@ class _Chat:
         self.model = model
         self.one_shot = one_shot
         self.failed = False
+        self.unanswered = False  # the last turn stopped at a card because the input ended
 
     async def run(self, session: Session[ThreatModel]) -> int:
         if not await add_mcp_servers(session, self.mcp_servers):
@@ -353,7 +366,7 @@ class _Chat:
             # ever holds whole, committed tool results, so what it holds now is worth keeping.
             self.saver.save(session.document)
             raise
-        return EXIT_TURN_FAILED if self.failed else 0
+        return exit_status(failed=self.failed, unanswered=self.unanswered)
 
     async def loop(self, session: Session[ThreatModel]) -> None:
         """Turns and commands until an empty line or Ctrl-D (or the one request of a one-shot run)."""
@@ -380,7 +393,9 @@ class _Chat:
 
     async def turn(self, session: Session[ThreatModel], text: str | None) -> TurnState:
         before = session.document
-        state = await one_turn(session, TurnView(self.console, session, self.mode, self.lines), text)
+        view = TurnView(self.console, session, self.mode, self.lines)
+        state = await one_turn(session, view, text)
+        self.unanswered = view.input_ended
         report(self.console, session, state, before)
         self.saver.save(session.document)
         failure = _turn_failure(state, self.host)

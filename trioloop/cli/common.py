@@ -15,7 +15,7 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
-from trioloop.cli.exit_codes import EXIT_INVALID, EXIT_USAGE
+from trioloop.cli.exit_codes import EXIT_INVALID, EXIT_OK, EXIT_TURN_FAILED, EXIT_UNANSWERED, EXIT_USAGE
 from trioloop.cli.view import TurnView, outcome_line
 from trioloop.machine.reducer import TurnState
 from trioloop.runtime.session import Session
@@ -80,6 +80,12 @@ async def ctrl_c_stops(
             console.print(Text("\nStopping the turn (Ctrl-C again quits)…", style="bold"))
             async for _ in interrupts:
                 raise KeyboardInterrupt
+
+
+def exit_status(*, failed: bool = False, unanswered: bool = False) -> int:
+    """What a chat or the demo exits with once it ends: `EXIT_TURN_FAILED` when a turn failed, `EXIT_UNANSWERED`
+    when the input ended at a card (its turn stopped there, with cards nobody answered), else `EXIT_OK`."""
+    return EXIT_TURN_FAILED if failed else EXIT_UNANSWERED if unanswered else EXIT_OK
 
 
 def interruptible(run: Callable[..., Any], *args: Any) -> int:

@@ -9,7 +9,7 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
-from trioloop.cli.common import interruptible, load_document, make_console, one_turn, report
+from trioloop.cli.common import exit_status, interruptible, load_document, make_console, one_turn, report
 from trioloop.cli.review import LinePrompt
 from trioloop.cli.view import ApproveMode, TurnView
 from trioloop.providers.scripted import ScriptedProvider
@@ -56,7 +56,7 @@ async def _demo(
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(save_thf, out, session.document, loaded)
                 console.print(Text(f"Wrote {out}"))
-    return 0
+    return exit_status(unanswered=view.input_ended)
 
 
 async def _offer_undo(
@@ -64,7 +64,10 @@ async def _offer_undo(
 ) -> None:
     wants_undo = undo
     if mode == "ask" and not undo:
-        answer = await view.lines.ask("Undo this turn? [y/N] ")
+        try:
+            answer = await view.lines.ask("Undo this turn? [y/N] ")
+        except EOFError:  # the input ended: the turn is kept, as the default answer keeps it
+            answer = ""
         wants_undo = answer.strip().lower().startswith("y")
     if wants_undo:
         session.undo_last_turn()

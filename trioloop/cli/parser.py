@@ -167,7 +167,7 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="trioloop",
         description="A bounded, cancellable, reviewable AI tool loop over a threat model.",
         epilog="exit codes: 0 ok, 1 invalid document, 2 usage or configuration error, 3 a chat turn failed, "
-        "130 interrupted, 141 output closed",
+        "4 the input ended at a review card, 130 interrupted, 141 output closed",
     )
     parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -271,7 +271,8 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument(
         "--prompt",
         metavar="TEXT",
-        help="one-shot: run this one request and exit (status 3 if the turn failed or ended at a limit)",
+        help="one-shot: run this one request and exit (status 3 if the turn failed or ended at a limit, 4 if the "
+        "input ended at a review card)",
     )
     chat.set_defaults(run=_cmd_chat)
 

@@ -80,6 +80,8 @@ class QuestionCards:
         self.lines = lines
         self.mode = mode
         self._shown: set[str] = set()
+        #: The input ended at a question, so it was cancelled unanswered (`TurnView.input_ended`).
+        self.input_ended = False
 
     def new(self) -> list[Question]:
         """The open questions not shown yet (each is then marked shown)."""
@@ -155,6 +157,7 @@ class QuestionCards:
                 typed = (await self.lines.ask(f"{question.id}: a accept, d decline, c cancel, q stop ")).strip().lower()
             except EOFError:
                 typed = "c"  # the input ended: nobody is there to answer
+                self.input_ended = True
             action = _ACTIONS.get(typed) or _ACTIONS_MORE.get(typed)
             if action is None:
                 self.console.print(Text("  Please answer a, d, c or q."))

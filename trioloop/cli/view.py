@@ -91,6 +91,13 @@ class TurnView:
         self._reported: tuple[str, int, int] = ("", 0, 0)  # turn id, notices and violations already printed
         self._waiting_shown = False  # the live "waiting for the model" line is on screen (a terminal only)
         self._waiting_since: float | None = None
+        self._input_ended = False  # the input ended at a card: the turn stopped with cards nobody answered
+
+    @property
+    def input_ended(self) -> bool:
+        """Whether the input ended (Ctrl-D, a closed pipe) at a card or a question of this view's turns, which
+        stopped the turn there: a command then exits `EXIT_UNANSWERED`, so a script can tell it from success."""
+        return self._input_ended or self.questions.input_ended
 
     async def watch(self) -> None:
         """Follow the session's states until cancelled (or interrupted: the generator is closed either way)."""
@@ -292,7 +299,10 @@ class TurnView:
             try:
                 answer = await self.lines.ask(f"{call.id}{'' if edit is None else ' (edited)'}: {choices} ")
             except EOFError:
-                answer = "stop"  # the input ended: nothing more may run on an answer nobody gave
+                # The input ended: nothing more may run on an answer nobody gave.
+                self._input_ended = True
+                self._say(Text("  The input ended at this card: the turn stops here, and nothing of this step runs."))
+                answer = "stop"
             action = parse_answer(answer)
             if action is None or (action == "safe" and (batch_done or edit is not None)):
                 hint = " (s is no answer: q or stop stops the turn, all approves every safe card)"
@@ -334,7 +344,10 @@ class TurnView:
             elif action == "approve":
                 self.session.approve(call.id)
             else:
-                reason = await self.lines.ask("  Reason for the model (optional, Enter for none): ")
+                try:
+                    reason = await self.lines.ask("  Reason for the model (optional, Enter for none): ")
+                except EOFError:  # denied all the same, without a reason; the next card finds the input ended
+                    reason = ""
                 self.session.deny(call.id, reason)
             queue.pop(0)
 
@@ -394,7 +407,10 @@ class TurnView:
             self._say(Text("  The input now (edit the line below; Enter on an empty line goes back):"))
             flat = json.dumps(json.loads(current), ensure_ascii=True)
             self._say(Text(f"  {flat}", style="dim"))
-            text = await self.lines.ask("  Edited input: ", prefill=flat)
+            try:
+                text = await self.lines.ask("  Edited input: ", prefill=flat)
+            except EOFError:  # nothing typed: the card stays as it was (and finds the input ended)
+                return None
         if not text.strip():
             return None
         try:

@@ -241,6 +241,11 @@ class KillingStore:
         self.inner = inner
         self._kill = kill
 
+    @property
+    def identity(self) -> str:
+        """The SQLite store's: a witness keeps this store's heads apart from every other's."""
+        return self.inner.identity
+
     async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> KillingLease:
         return KillingLease(await self.inner.acquire(session_id, wait_s=wait_s), self._kill)
 

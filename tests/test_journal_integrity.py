@@ -265,7 +265,7 @@ async def test_an_edited_entry_the_last_one_included_is_refused(journal: Journal
     middle = decode_entry(edited[3])
     edited[3] = encode_entry(middle.seq, middle.kind, middle.prev, middle.at_ms, {**middle.data, "edited": True})
     path.rewrite(rechained(edited))
-    await refused(path, signer, "seals an entry that is not|does not verify")
+    await refused(path, signer, "seals an entry that is not|does not verify|a seal of an unknown form")
 
 
 async def test_reordered_inserted_and_deleted_entries_are_refused(journal: Journal, signer: JournalSigner) -> None:
@@ -404,7 +404,8 @@ async def test_a_seal_signs_its_own_place_and_seals_of_earlier_versions_still_ve
     await suspended_in_review(path, signer)
     rows = path.rows()
     seals = [decode_entry(data) for _, data in rows if decode_entry(data).kind == "seal"]
-    assert all(set(seal.data) == {"session", "key", "sig"} for seal in seals)  # the head is the seal's own prev
+    # The head is the seal's own prev, and a seal of version 2 signs its own time too.
+    assert all(set(seal.data) == {"session", "v", "key", "sig"} and seal.data["v"] == 2 for seal in seals)
     # A journal whose seals repeat the head (as earlier versions wrote it) opens verified, the card still open.
     path.rewrite(with_repeated_heads(rows, signer, path.sid("s1")))
     session = await open_note(path, signer=signer, witness=None)

@@ -14,7 +14,7 @@ from trioloop.cli.common import error
 from trioloop.cli.exit_codes import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
-    from trioloop.durable.signing import JournalKeys
+    from trioloop.durable.signing import JournalKeys, JournalSigner
 
 __all__ = ["run_audit"]
 
@@ -56,15 +56,16 @@ def _keys(public_keys: Sequence[str]) -> JournalKeys | None:
 async def _audit(target: str, session: str | None, as_json: bool, keys: JournalKeys | None) -> int:
     from trioloop.durable.audit import audit_lines, audit_records
     from trioloop.durable.journal import JournalError, decode_entries, journal_id_of, verify_journal
-    from trioloop.durable.store import JournalStoreError
+    from trioloop.durable.store import JournalStoreError, store_identity
     from trioloop.durable.targets import open_store
-    from trioloop.durable.witness import FileWitness, check_witnessed
+    from trioloop.durable.witness import FileWitness, check_witnessed, witness_name
 
     try:
         store = open_store(target, read_only=True)
     except (ValueError, ImportError) as exc:
         error(str(exc))
         return EXIT_USAGE
+    witness = FileWitness(signer=_own_signer())
     failed = False
     async with store:
         try:
@@ -93,8 +94,12 @@ async def _audit(target: str, session: str | None, as_json: bool, keys: JournalK
                             print(line)
                     entries = decode_entries(stored)
                     integrity = verify_journal(entries, session_id=session_id, keys=keys)
-                    head = await FileWitness().last_head(journal_id_of(entries, session_id))
-                    check_witnessed(entries, head)
+                    journal_id = journal_id_of(entries, session_id)
+                    head = await witness.last_head(witness_name(store_identity(store), session_id))
+                    if head is None:  # a head an earlier version kept under the journal's own id
+                        legacy = await witness.last_head(journal_id)
+                        head = legacy if legacy is not None and not legacy.store else None
+                    check_witnessed(entries, head, journal_id)
                     if not as_json:
                         witnessed = "" if head is None else f"; witnessed up to entry {head.seq}"
                         verdict = f"hash chain verified ({len(stored)} entries); {integrity.describe()}{witnessed}"
@@ -106,6 +111,17 @@ async def _audit(target: str, session: str | None, as_json: bool, keys: JournalK
             error(f"the journal store could not be read: {exc}")
             return EXIT_USAGE
     return EXIT_INVALID if failed else EXIT_OK
+
+
+def _own_signer() -> JournalSigner | None:
+    """This user's signing key when it exists (never made here): what checks the witness's MACs."""
+    from trioloop.durable.signing import KEY_ENV, JournalKeyError, JournalSigner, default_key_path
+
+    own = os.environ.get(KEY_ENV) or default_key_path()
+    try:
+        return JournalSigner.load(own) if Path(own).is_file() else None
+    except JournalKeyError:
+        return None
 
 
 def _refusal(session_id: str, exc: Exception) -> str:

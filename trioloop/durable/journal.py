@@ -52,7 +52,7 @@ from typing import Any, Final, final
 import attrs
 
 from trioloop.durable.bounded_json import parse_bounded_json
-from trioloop.durable.signing import JournalKeys, head_message
+from trioloop.durable.signing import SEAL_VERSION, JournalKeys, head_message
 from trioloop.durable.store import StoredEntry
 
 __all__ = [
@@ -249,20 +249,32 @@ class JournalIntegrity:
         return "unsigned: nothing proves who wrote it"
 
 
-def _seal_fields(entry: JournalEntry) -> tuple[str, int, str, str, str]:
+def _seal_fields(entry: JournalEntry) -> tuple[str, int, str, str, str, bytes]:
     """A seal's session, the number and hash of the entry it signs (its own place in the chain; seals written
-    before that was so repeat them, and must agree), key id and signature."""
+    before that was so repeat them, and must agree), key id, signature, and the message the signature is over
+    (version 2, ``"v": 2``, signs the seal's own time as well; a seal without ``v`` is version 1)."""
     data = entry.data
     session, key, sig = data.get("session"), data.get("key"), data.get("sig")
     seq, head = data.get("seq", entry.seq - 1), data.get("head", entry.prev)
     if not (type(session) is str and type(seq) is int and type(head) is str and type(key) is str and type(sig) is str):
         raise JournalError(f"journal entry {entry.seq} is a seal without its fields", seq=entry.seq)
-    return session, seq, head, key, sig
+    version = data.get("v", 1)
+    if type(version) is not int or version not in (1, SEAL_VERSION) or set(data) - _SEAL_KEYS[version]:
+        raise JournalError(f"journal entry {entry.seq} is a seal of an unknown form", seq=entry.seq)
+    at_ms = entry.at_ms if version == SEAL_VERSION else None
+    return session, seq, head, key, sig, head_message(session, seq, head, at_ms)
+
+
+#: The fields a seal of each version may have: any other field would be outside the signature.
+_SEAL_KEYS: Final = {
+    1: frozenset({"session", "seq", "head", "key", "sig"}),
+    SEAL_VERSION: frozenset({"session", "v", "key", "sig"}),
+}
 
 
 def _check_seal(entry: JournalEntry, before: JournalEntry | None, session_id: str, keys: JournalKeys | None) -> str:
     """Check one seal against the entry it follows; its key id."""
-    session, seq, head, key, sig = _seal_fields(entry)
+    session, seq, head, key, sig, message = _seal_fields(entry)
     if session != session_id:
         raise JournalError(
             f"journal entry {entry.seq} seals session {session!r}, not {session_id!r}: these entries belong to "
@@ -271,7 +283,7 @@ def _check_seal(entry: JournalEntry, before: JournalEntry | None, session_id: st
         )
     if before is None or seq != before.seq or head != before.hash or entry.prev != head:
         raise JournalError(f"journal entry {entry.seq} seals an entry that is not the one before it", seq=entry.seq)
-    if keys is not None and not keys.verify(key, head_message(session, seq, head), sig):
+    if keys is not None and not keys.verify(key, message, sig):
         known = "an unknown key" if key not in keys.ids else f"key {key}"
         raise JournalError(
             f"journal entry {entry.seq}'s signature does not verify ({known}): entries up to it were changed or forged",
@@ -302,8 +314,8 @@ def _check_start(first: JournalEntry, session_id: str, keys: JournalKeys | None)
     seal = decode_entry(after.encode("ascii"))
     if seal.kind != "seal" or seal.seq != first.seq - 1:
         raise JournalError(f"journal entry {first.seq} follows no seal", seq=first.seq)
-    session, seq, head, key, sig = _seal_fields(seal)
-    if session != session_id or not keys.verify(key, head_message(session, seq, head), sig):
+    session, _, _, key, sig, message = _seal_fields(seal)
+    if session != session_id or not keys.verify(key, message, sig):
         raise JournalError(f"journal entry {first.seq} names a head the compacted entries did not have", seq=first.seq)
 
 

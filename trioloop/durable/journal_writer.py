@@ -13,7 +13,7 @@ import attrs
 
 from trioloop.durable.journal import document_digest, encode_entry, entry_hash
 from trioloop.durable.session_file import SessionSnapshot, session_to_json
-from trioloop.durable.signing import JournalSigner, head_message
+from trioloop.durable.signing import SEAL_VERSION, JournalSigner, head_message
 from trioloop.durable.store import StoredEntry
 from trioloop.machine.inputs import (
     Advance,
@@ -151,9 +151,9 @@ class JournalWriter:
         elif kind == "submit":
             self._submit_pending = True
 
-    def _append_entry(self, kind: str, data: Mapping[str, Any]) -> bytes:
+    def _append_entry(self, kind: str, data: Mapping[str, Any], at_ms: int | None = None) -> bytes:
         self._seq += 1
-        raw = encode_entry(self._seq, kind, self._prev, self._clock(), data)
+        raw = encode_entry(self._seq, kind, self._prev, self._clock() if at_ms is None else at_ms, data)
         self._prev = entry_hash(raw)
         self._ready.append(StoredEntry(self._seq, raw))
         if kind == "snapshot":
@@ -163,10 +163,12 @@ class JournalWriter:
         return raw
 
     def _seal(self, signer: JournalSigner) -> None:
-        """Sign the head: the session, the last entry's number and its hash (a stream still held stays held)."""
-        message = head_message(self._session_id, self._seq, self._prev)
-        seal = {"session": self._session_id, "key": signer.key_id, "sig": signer.sign(message)}
-        self._last_seal = self._append_entry("seal", seal)  # the head it signs is its own ``prev``
+        """Sign the head: the session, the last entry's number and its hash, and the seal's own time (version 2:
+        every byte of the seal but the signature is signed). A stream still held stays held."""
+        at_ms = self._clock()
+        message = head_message(self._session_id, self._seq, self._prev, at_ms)
+        seal = {"session": self._session_id, "v": SEAL_VERSION, "key": signer.key_id, "sig": signer.sign(message)}
+        self._last_seal = self._append_entry("seal", seal, at_ms)  # the head it signs is its own ``prev``
 
     @property
     def snapshot_due(self) -> bool:

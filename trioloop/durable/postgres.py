@@ -139,6 +139,19 @@ class PostgresJournalStore(SqlJournals):
         self._closed = False
         self._leases: dict[int, _PostgresLease] = {}
 
+    @property
+    def identity(self) -> str:
+        """Which store this is, for a witness (`witness_name`): the server and database the connection names
+        (never its password)."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            info = conninfo_to_dict(self._conninfo)
+        except Exception:  # a conninfo psycopg cannot parse fails at connect; name the store by its kind then
+            return "postgresql:"
+        host = info.get("host") or info.get("hostaddr") or "localhost"
+        return f"postgresql://{host}:{info.get('port') or 5432}/{info.get('dbname') or info.get('user') or ''}"
+
     async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> JournalLease:
         """A lease on ``session_id``; `SessionLocked` if another lease holds it past ``wait_s`` seconds."""
         check_session_id(session_id)
@@ -401,6 +414,11 @@ class _PostgresLease(ExpiringLease):
                 (self._session_id, seq, self._session_id),
             ),
         )
+
+    async def erase(self) -> None:
+        """Delete every entry of the session (`Session.retire`, once its head is witnessed as retired)."""
+        sql = "DELETE FROM trioloop_journal WHERE session_id = %s"
+        await self._run("erasing", lambda connection: connection.execute(sql, (self._session_id,)))
 
     async def release(self) -> None:
         if not self._released:

@@ -17,6 +17,7 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import hmac
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KEY_ENV",
+    "SEAL_VERSION",
     "JournalKeyError",
     "JournalKeys",
     "JournalSigner",
@@ -41,16 +43,23 @@ __all__ = [
 KEY_ENV: Final = "TRIOLOOP_JOURNAL_KEY"
 _KEY_FILE_PREFIX: Final = b"trioloop-journal-key-v1 "
 _HEAD_DOMAIN: Final = b"trioloop journal head v1\x00"
+_HEAD_DOMAIN_V2: Final = b"trioloop journal head v2\x00"
+#: The version of the seals written now: 2 signs the seal's own time too (a seal without ``v`` is version 1).
+SEAL_VERSION: Final = 2
 _SIGNATURE_BYTES: Final = 64
+_WITNESS_MAC_DOMAIN: Final = b"trioloop witness mac v1\x00"
 
 
 class JournalKeyError(ValueError):
     """A signing key that cannot be read or made (the message says which file and why)."""
 
 
-def head_message(session_id: str, seq: int, head: str) -> bytes:
-    """What a seal signs: the session, the number of the entry it seals and that entry's hash, unambiguously."""
-    return b"%s%s\x00%d\x00%s" % (_HEAD_DOMAIN, session_id.encode("utf-8"), seq, head.encode("ascii"))
+def head_message(session_id: str, seq: int, head: str, at_ms: int | None = None) -> bytes:
+    """What a seal signs: the session, the number of the entry it seals and that entry's hash, and (a seal of
+    version 2, ``at_ms`` given) the seal's own time, unambiguously: every byte of a seal but its signature."""
+    if at_ms is None:  # a seal of version 1: its own time was outside the signature
+        return b"%s%s\x00%d\x00%s" % (_HEAD_DOMAIN, session_id.encode("utf-8"), seq, head.encode("ascii"))
+    return b"%s%s\x00%d\x00%s\x00%d" % (_HEAD_DOMAIN_V2, session_id.encode("utf-8"), seq, head.encode("ascii"), at_ms)
 
 
 def key_id_of(public_key: bytes) -> str:
@@ -68,10 +77,11 @@ def _raw_public(key: Ed25519PublicKey) -> bytes:
 class JournalSigner:
     """A private Ed25519 key that signs journal heads (see the module docstring). Its repr shows the id only."""
 
-    __slots__ = ("_key", "key_id", "public_key")
+    __slots__ = ("_key", "_mac_key", "key_id", "public_key")
 
     def __init__(self, private_key: Ed25519PrivateKey) -> None:
         self._key = private_key
+        self._mac_key: bytes | None = None  # derived on first use (`witness_mac`)
         #: The 32 raw bytes of the public key: what a verifier needs (`JournalKeys`).
         self.public_key: bytes = _raw_public(private_key.public_key())
         self.key_id: str = key_id_of(self.public_key)
@@ -141,6 +151,19 @@ class JournalSigner:
     def sign(self, message: bytes) -> str:
         """The signature of ``message``, base64."""
         return base64.b64encode(self._key.sign(message)).decode("ascii")
+
+    def witness_mac(self, message: bytes) -> str:
+        """A MAC of ``message`` (HMAC-SHA256, hex) with a key derived from this private key: what a `FileWitness`
+        puts on each head it keeps, so an edited head is told from a written one. Only this key's holder can make
+        or check it, which suits a witness kept beside the journal's writer (about a microsecond, where a
+        signature costs tens)."""
+        key = self._mac_key
+        if key is None:
+            from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+            raw = self._key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+            key = self._mac_key = hashlib.sha256(_WITNESS_MAC_DOMAIN + raw).digest()
+        return hmac.new(key, message, hashlib.sha256).hexdigest()
 
     @property
     def public_key_text(self) -> str:

@@ -183,6 +183,11 @@ class SQLiteJournalStore(SqlJournals):
         """The database file this store uses."""
         return self._path
 
+    @property
+    def identity(self) -> str:
+        """Which store this is, for a witness (`witness_name`): the database file's real path."""
+        return "sqlite:" + os.path.realpath(self._file)
+
     async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> JournalLease:
         """A lease on ``session_id``; `SessionLocked` if another lease holds it past ``wait_s`` seconds."""
         check_session_id(session_id)
@@ -445,6 +450,12 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
             )
 
         await self._run(f"compacting session {self._session_id!r}", delete, abandon=True)
+
+    async def erase(self) -> None:
+        """Delete every entry of the session (`Session.retire`, once its head is witnessed as retired)."""
+        self._held()
+        sql = "DELETE FROM trioloop_journal WHERE session_id = ?"
+        await self._run(f"erasing session {self._session_id!r}", lambda c: c.execute(sql, (self._session_id,)))
 
     async def release(self) -> None:
         if not self._released:

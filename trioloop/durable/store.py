@@ -47,6 +47,7 @@ __all__ = [
     "SessionLocked",
     "StoredEntry",
     "check_batch",
+    "store_identity",
 ]
 
 
@@ -69,6 +70,15 @@ class StoredEntry:
 
     seq: int
     data: bytes
+
+
+def store_identity(store: object) -> str:
+    """Which store ``store`` is, as a witness names it (`witness_name`): its ``identity`` when it has one (the
+    stores here do: a SQLite file's real path, a PostgreSQL server and database), else its class."""
+    identity = getattr(store, "identity", None)
+    if isinstance(identity, str) and identity:
+        return identity
+    return f"{type(store).__module__}.{type(store).__qualname__}"
 
 
 def check_batch(last_seq: int, entries: Sequence[StoredEntry]) -> None:
@@ -216,6 +226,11 @@ class _MemoryLease:
             keep_from = min(seq, journal[-1].seq)
             journal[:] = [e for e in journal if e.seq >= keep_from]
 
+    async def erase(self) -> None:
+        """Delete every entry of the session (`Session.retire`)."""
+        await trio.lowlevel.checkpoint()
+        self._journal().clear()
+
     async def release(self) -> None:
         if not self._released:
             self._released = True
@@ -240,6 +255,11 @@ class MemoryJournalStore:
 
     #: Its journals end with the process, so nothing outside it need witness their heads.
     outlives_process = False
+
+    @property
+    def identity(self) -> str:
+        """Which store this is, for a witness: this object (a memory store is witnessed only if asked)."""
+        return f"memory:{id(self):x}"
 
     def __init__(self) -> None:
         self._journals: dict[str, list[StoredEntry]] = {}

@@ -28,7 +28,7 @@ import trio
 from trioloop.durable.session_file import MAX_SESSION_BYTES, SessionFileError
 from trioloop.durable.signing import JournalKeys, JournalSigner
 from trioloop.durable.store import JournalStore
-from trioloop.durable.witness import HeadWitness
+from trioloop.durable.witness import HeadWitness, WitnessedHead
 from trioloop.machine.document import TextDocumentKind
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.machine.questions import AnswerAction
@@ -373,6 +373,30 @@ class Session(SessionView[D]):
                 journal=await opening.take_over(replayed, kind, compact),
             )
             return session
+
+    @classmethod
+    async def retire(
+        cls,
+        store: JournalStore,
+        session_id: str,
+        *,
+        signer: JournalSigner | Literal["default"] | None = DEFAULT_SIGNER,
+        witness: HeadWitness | Literal["default"] | None = DEFAULT_WITNESS,
+        wait_s: float = 0.0,
+    ) -> WitnessedHead | None:
+        """Retire ``session_id``'s journal in ``store``, so a new session may start under that id: its last head
+        (or, for a journal already emptied, the head last witnessed) is witnessed as retired, then its entries
+        are erased. `Session.open` refuses an emptied session, and another journal of the same session, until
+        then, and the retired journal for ever after. Takes the session's lease (`SessionLocked` after
+        ``wait_s``); ``signer`` and ``witness`` as in `open`. The head retired, or None when there was none."""
+        opening = await JournalOpening.acquire(
+            store, session_id, signer=signer, keys=None, witness=witness, wait_s=wait_s
+        )
+        try:
+            return await opening.retire()
+        finally:
+            with trio.CancelScope(shield=True):
+                await opening.lease.release()
 
     async def journal_into(
         self,

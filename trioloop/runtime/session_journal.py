@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
+import attrs
 import trio
 
 from trioloop.durable._store_thread import AppendsThen
@@ -18,6 +19,7 @@ from trioloop.durable.journal import (
     JournalEntry,
     JournalIntegrity,
     decode_entries,
+    decode_numbered,
     entry_hash,
     journal_id_of,
     verify_journal,
@@ -27,8 +29,8 @@ from trioloop.durable.leases import LeaseLost
 from trioloop.durable.replay import Replayed, replay_journal, replay_start, tools_used
 from trioloop.durable.session_file import SessionSnapshot
 from trioloop.durable.signing import JournalKeys, JournalSigner
-from trioloop.durable.store import JournalLease, JournalStore, JournalStoreError, StoredEntry
-from trioloop.durable.witness import FileWitness, HeadWitness, WitnessedHead, check_witnessed
+from trioloop.durable.store import JournalLease, JournalStore, JournalStoreError, StoredEntry, store_identity
+from trioloop.durable.witness import FileWitness, HeadWitness, WitnessedHead, check_witnessed, witness_name
 from trioloop.machine.document import TextDocumentKind
 from trioloop.machine.tools import ToolRegistry
 from trioloop.runtime.journaling import ResumePoint, TurnJournal
@@ -95,10 +97,12 @@ class SessionJournal:
         replay_from: int = 1,
         witness: HeadWitness | None = None,
         journal_id: str = "",
+        store: str = "",
     ) -> None:
         self.lease = lease
         self.witness = witness
         self.journal_id = journal_id
+        self.store = store  # the store's identity: the witness keeps heads under it and the session id
         self.compact = compact
         self.closed = False
         self.turns = TurnJournal(
@@ -117,7 +121,11 @@ class SessionJournal:
         else:
             last = entries[-1]
             witnessed = WitnessedHead(
-                journal=self.journal_id, session=self.lease.session_id, seq=last.seq, hash=entry_hash(last.data)
+                journal=self.journal_id,
+                session=self.lease.session_id,
+                seq=last.seq,
+                hash=entry_hash(last.data),
+                store=self.store,
             )
             if isinstance(self.lease, AppendsThen) and isinstance(witness, FileWitness):
                 # One hand-over to the store's thread for both: the witness is written there once the append is durable.
@@ -211,12 +219,16 @@ class JournalOpening:
         key: JournalSigner | None,
         heads: HeadWitness | None,
         keys: JournalKeys | None,
+        store: str,
     ) -> None:
         self.lease = lease
         self.session_id = session_id
         self.key = key
         self.heads = heads
         self.keys = keys
+        self.store = store  # the store's identity (`store_identity`)
+        #: What the witness keeps this session's heads under: the store and the session, never the journal's say.
+        self.name = witness_name(store, session_id)
         self.entries: list[JournalEntry] = []
         self.integrity: JournalIntegrity | None = None
         self.journal_id = ""
@@ -235,7 +247,8 @@ class JournalOpening:
         """Choose the key and the witness, then take the session's lease (`SessionLocked` after ``wait_s``)."""
         key = await _resolve(signer, keys)
         heads = _witness(witness, key, store)
-        return cls(await store.acquire(session_id, wait_s=wait_s), session_id, key, heads, keys)
+        lease = await store.acquire(session_id, wait_s=wait_s)
+        return cls(lease, session_id, key, heads, keys, store_identity(store))
 
     async def __aenter__(self) -> JournalOpening:
         await trio.lowlevel.checkpoint()
@@ -264,7 +277,9 @@ class JournalOpening:
             verified=key is not None,
             key_ids=frozenset() if key is None else frozenset({key.key_id}),
         )
-        journal = SessionJournal(self.lease, writer, compact, integrity, witness=self.heads, journal_id=journal_id)
+        journal = SessionJournal(
+            self.lease, writer, compact, integrity, witness=self.heads, journal_id=journal_id, store=self.store
+        )
         journal.turns.writer.snapshot(snapshot)
         await journal.flush()
         return journal
@@ -275,15 +290,22 @@ class JournalOpening:
         """The journal in the store, verified (numbering, chain, signatures, the witnessed head) and replayed; None
         for a new session. `ToolsMissing` if a journaled call's tool is not in ``registry``; `DocumentMismatch`
         for a journal of another kind or (``source`` given) another source."""
+        heads = self.heads
+        witnessed = None if heads is None else await heads.last_head(self.name)
         stored = await self.lease.entries()
         if not stored:
+            check_witnessed((), witnessed)  # an emptied session is refused: it never starts afresh unasked
             return None
         key, keys = self.key, self.keys
         verifying = None if key is None else key.keys if keys is None else key.keys | keys
         entries, self.integrity, self.journal_id = await _verified(stored, self.session_id, verifying)
         self.entries = entries
-        if self.heads is not None:
-            check_witnessed(entries, await self.heads.last_head(self.journal_id))
+        if heads is not None:
+            if witnessed is None:  # a head an earlier version kept under the journal's own id
+                legacy = await heads.last_head(self.journal_id)
+                if legacy is not None and not legacy.store and legacy.session == self.session_id:
+                    witnessed = legacy
+            check_witnessed(entries, witnessed, self.journal_id)
         missing = tools_used(entries) - set(registry.names)
         if missing:
             raise ToolsMissing(missing)
@@ -308,13 +330,48 @@ class JournalOpening:
             journal_id=self.journal_id,
         )
         replay_from = entries[replay_start(entries)].seq
-        journal = SessionJournal(self.lease, writer, compact, self.integrity, replay_from, self.heads, self.journal_id)
+        journal = SessionJournal(
+            self.lease, writer, compact, self.integrity, replay_from, self.heads, self.journal_id, self.store
+        )
         if self.heads is not None:  # a journal written before it had a witness is witnessed from now on
             last = entries[-1]
             await self.heads.witness(
-                WitnessedHead(journal=self.journal_id, session=self.session_id, seq=last.seq, hash=last.hash)
+                WitnessedHead(
+                    journal=self.journal_id, session=self.session_id, seq=last.seq, hash=last.hash, store=self.store
+                )
             )
         return journal
+
+    async def retire(self) -> WitnessedHead | None:
+        """Retire the session's journal: its head (or the head witnessed, for an emptied journal) is witnessed as
+        retired, then its entries are erased, so a new journal may start under the session's id and the retired
+        one never opens again. The head retired, or None when there was nothing (no journal, no witnessed head)."""
+        witnessed = None if self.heads is None else await self.heads.last_head(self.name)
+        stored = await self.lease.entries()
+        retired: WitnessedHead | None = None
+        if stored:
+            first, last = decode_numbered(stored[0]), decode_numbered(stored[-1])
+            retired = WitnessedHead(
+                journal=journal_id_of([first], self.session_id),
+                session=self.session_id,
+                seq=last.seq,
+                hash=last.hash,
+                store=self.store,
+                retired=True,
+            )
+        elif witnessed is not None:
+            retired = attrs.evolve(witnessed, store=self.store, retired=True)
+        if retired is not None and self.heads is not None:
+            await self.heads.witness(retired)
+        if stored:
+            erase = getattr(self.lease, "erase", None)
+            if erase is None:
+                raise ValueError(
+                    f"this store cannot erase session {self.session_id!r}'s entries: delete them there, then retire "
+                    "it again"
+                )
+            await erase()
+        return retired
 
 
 def resume_point(replayed: Replayed[Any]) -> ResumePoint | None:
@@ -371,7 +428,7 @@ def _witness(witness: Witness, key: JournalSigner | None, store: JournalStore) -
     """The witness asked for; by default a `FileWitness` for a signed journal in a store that outlives the
     process (a journal in memory ends with it: there is nothing to witness it against)."""
     if witness == DEFAULT_WITNESS:
-        return FileWitness() if key is not None and getattr(store, "outlives_process", True) else None
+        return FileWitness(signer=key) if key is not None and getattr(store, "outlives_process", True) else None
     if witness is not None and not isinstance(witness, HeadWitness):
         raise TypeError(f"witness= is a HeadWitness, None or {DEFAULT_WITNESS!r}, not {witness!r}")
     return witness

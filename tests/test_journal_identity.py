@@ -1,0 +1,202 @@
+"""No way around the proof: a session has one journal, witnessed under a name the journal cannot choose, and every
+stored byte of it is under a signature.
+
+The scene is `test_journal_integrity`'s (a destructive ``wipe`` waits for the person, the session suspended in
+review, on a real SQLite file and a real PostgreSQL database). The attacker here does not forge entries: they put
+another journal of the same session in its place (signed by the same key), empty the session, or edit one stored
+field at a time; each is refused by `Session.open`, and ``wipe`` never runs.
+"""
+
+# ruff: noqa: F811 -- the fixtures imported from test_journal_integrity are the parameters of the tests below
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from pg_support import postgres_url  # noqa: F401 -- the session fixture, reached by name (getfixturevalue)
+from test_journal_integrity import (  # noqa: F401 -- fixtures, reached by name
+    NOTE,
+    RUNS,
+    SCRIPT,
+    TOOLS,
+    Journal,
+    _fresh_runs,
+    journal,
+    open_note,
+    refused,
+    signer,
+    suspended_in_review,
+)
+
+from trioloop import JournalError, ScriptedProvider, Session
+from trioloop.durable.journal import decode_entry, encode_entry
+from trioloop.durable.signing import JournalSigner
+from trioloop.durable.store import MemoryJournalStore
+from trioloop.durable.witness import FileWitness
+from trioloop.providers.scripted import ScriptStep
+
+
+def witness_in(path: Journal, signer: JournalSigner) -> FileWitness:
+    return FileWitness(path.file.parent / "witness", signer=signer)
+
+
+async def test_another_journal_of_the_same_session_is_refused_naming_both_heads(
+    journal: Journal, signer: JournalSigner
+) -> None:
+    path = journal
+    witness = witness_in(path, signer)
+    await suspended_in_review(path, signer)
+    session = await open_note(path, signer=signer, witness=witness)  # witnessed from now on
+    await session.aclose()
+    mine = path.rows()
+    # The same session id, the same key, another journal (another run of the app, on another store); then that
+    # journal, and its first entries alone, put in place of this session's.
+    elsewhere = MemoryJournalStore()
+    chat = [ScriptStep(text="Nothing to change."), ScriptStep(text="Still nothing.")]
+    async with ScriptedProvider(chat) as provider:
+        other = await Session.open(
+            elsewhere, path.sid("s1"), kind=NOTE, provider=provider, document="keep me\n", model="m", tools=TOOLS,
+            signer=signer, witness=None,
+        )  # fmt: skip
+        async with other:
+            await other.send("anything to do?")
+            await other.send("and now?")
+    theirs = [(entry.seq, entry.data) for entry in await elsewhere.read(path.sid("s1"))]
+    for replacement in (theirs, theirs[:8]):
+        path.rewrite(replacement)
+        error = await refused(path, signer, "another journal of the same session", witness=witness)
+        assert str(mine[-1][0]) in str(error) and "journal" in str(error)
+    # Put back, the session's own journal still opens, suspended in review as it was.
+    path.rewrite(mine)
+    session = await open_note(path, signer=signer, witness=witness)
+    assert session.suspended
+    await session.aclose()
+    assert RUNS == []
+
+
+async def test_an_emptied_session_is_refused_until_it_is_retired(journal: Journal, signer: JournalSigner) -> None:
+    path = journal
+    witness = witness_in(path, signer)
+    await suspended_in_review(path, signer)
+    session = await open_note(path, signer=signer, witness=witness)
+    await session.aclose()
+    mine = path.rows()
+    path.rewrite([])
+    error = await refused(path, signer, "has no journal, but entry", witness=witness)
+    assert str(mine[-1][0]) in str(error) and "Session.retire" in str(error)
+    # Starting over under a witnessed id is an explicit act: retire it; the journal retired never opens again.
+    retired = await Session.retire(path.store(), path.sid("s1"), signer=signer, witness=witness)
+    assert retired is not None and retired.retired and retired.seq == mine[-1][0]
+    fresh = await open_note(path, signer=signer, witness=witness)
+    assert not fresh.suspended and fresh.state is None
+    await fresh.aclose()
+    started = path.rows()
+    path.rewrite(mine)
+    await refused(path, signer, "another journal of the same session", witness=witness)
+    path.rewrite(started)
+    again = await open_note(path, signer=signer, witness=witness)
+    await again.aclose()
+    # Retiring a journal that is there erases it, and the witness then refuses it if it is put back.
+    await Session.retire(path.store(), path.sid("s1"), signer=signer, witness=witness)
+    assert path.rows() == []
+    path.rewrite(started)
+    await refused(path, signer, "was retired", witness=witness)
+    assert RUNS == []
+
+
+def _edits(entry_bytes: bytes) -> list[tuple[str, bytes]]:
+    """Every stored field of one entry changed in turn (and each field of a seal's data): what an attacker with
+    write access to the store can do to one row."""
+    entry = decode_entry(entry_bytes)
+    value = json.loads(entry_bytes)
+    edits: list[tuple[str, dict[str, Any]]] = [
+        ("seq", {**value, "seq": entry.seq + 1}),
+        ("kind", {**value, "kind": "advance" if entry.kind != "advance" else "retry"}),
+        ("prev", {**value, "prev": ("1" if entry.prev[0] != "1" else "2") + entry.prev[1:]}),
+        ("at", {**value, "at": entry.at_ms + 1}),
+        ("data", {**value, "data": {**entry.data, "edited": True}}),
+    ]
+    if entry.kind == "seal":
+        sig = base64.b64decode(entry.data["sig"])
+        changed = {
+            "session": "someone-else",
+            "v": 1,
+            "key": "ed25519:0000000000000000",
+            "sig": base64.b64encode(bytes([sig[0] ^ 1]) + sig[1:]).decode(),
+        }
+        edits += [(f"data.{k}", {**value, "data": {**entry.data, k: v}}) for k, v in changed.items()]
+        edits.append(("data.v dropped", {**value, "data": {k: v for k, v in entry.data.items() if k != "v"}}))
+    return [(name, encode_entry(v["seq"], v["kind"], v["prev"], v["at"], v["data"])) for name, v in edits]
+
+
+async def test_every_stored_field_of_every_entry_is_under_the_signature(
+    journal: Journal, signer: JournalSigner
+) -> None:
+    path = journal
+    await suspended_in_review(path, signer)
+    rows = path.rows()
+    refusals = 0
+    for index, (seq, data) in enumerate(rows):
+        for _field, edited in _edits(data):
+            changed = list(rows)
+            changed[index] = (seq, edited)
+            path.rewrite(changed)
+            with pytest.raises(JournalError):
+                await open_note(path, signer=signer, witness=None)
+            refusals += 1
+        # The row's own columns: stored under another number, or under another session.
+        changed = [row for row in rows if row[0] != seq] + [(len(rows) + 5, data)]
+        path.rewrite(sorted(changed))
+        with pytest.raises(JournalError):
+            await open_note(path, signer=signer, witness=None)
+    path.rewrite(rows[1:])  # the first row moved away (another session would have it)
+    with pytest.raises(JournalError):
+        await open_note(path, signer=signer, witness=None)
+    assert refusals >= 5 * len(rows) and RUNS == []
+    path.rewrite(rows)
+    session = await open_note(path, signer=signer, witness=None)
+    assert session.suspended
+    await session.aclose()
+
+
+async def test_the_newest_seals_time_is_signed(journal: Journal, signer: JournalSigner) -> None:
+    # The last entry of a journal is a seal, and nothing after it hashes it: its time must be inside its own
+    # signature, or it could say 2058 and still verify, with a key alone on another machine.
+    path = journal
+    await suspended_in_review(path, signer)
+    rows = path.rows()
+    seq, data = rows[-1]
+    seal = decode_entry(data)
+    assert seal.kind == "seal" and seal.data["v"] == 2
+    path.rewrite([*rows[:-1], (seq, encode_entry(seq, "seal", seal.prev, 2_840_000_000_000, dict(seal.data)))])
+    await refused(path, signer, "signature does not verify", witness=None)
+    from trioloop.durable.journal import verify_journal
+
+    entries = [decode_entry(raw) for _, raw in path.rows()]
+    with pytest.raises(JournalError, match="signature does not verify"):
+        verify_journal(entries, session_id=path.sid("s1"), keys=JournalSigner.generate().keys | signer.keys)
+
+
+async def test_an_edited_witness_file_is_refused_like_a_damaged_one(journal: Journal, signer: JournalSigner) -> None:
+    path = journal
+    witness = witness_in(path, signer)
+    await suspended_in_review(path, signer)
+    session = await open_note(path, signer=signer, witness=witness)
+    await session.aclose()
+    (file,) = [p for p in witness.folder.iterdir() if p.suffix == ".head"]
+    data = file.read_bytes()
+    assert b'"mac":' in data
+    # Any byte of a head changed (here: its number, the slot's own checksum recomputed) is seen.
+    from test_witness_file import _reslot
+
+    _reslot(file, lambda value: {**value, "seq": value["seq"] - 3})
+    await refused(path, signer, "was edited", witness=witness)
+    file.write_bytes(data)
+    async with ScriptedProvider(SCRIPT) as provider:
+        reopened = await Session.open(
+            path.store(), path.sid("s1"), kind=NOTE, provider=provider, tools=TOOLS, signer=signer, witness=witness
+        )
+        assert reopened.suspended
+        await reopened.aclose()

@@ -9,10 +9,19 @@ and says so by creating ``DIR/holding``. Then, by MODE:
   the call's ``start`` it creates ``DIR/started`` and waits 2 s without a checkpoint (a blocking sleep: the
   test freezes it meanwhile, SIGSTOP). Then the turn goes on as the runtime decides. The tool creates
   ``DIR/effect`` if it ever runs; the worker ends by writing how the turn ended to ``DIR/ended``.
+- ``spawn`` (``... spawn DIR ROUNDS``): ROUNDS times, on sessions ``SESSION-0``, ``SESSION-1``, ..., with
+  ``DIR/N`` for round N, it runs a turn whose response asks for four calls of ``touch`` (an ``async def`` read
+  tool: they start together, each in a task of its own). When the first tool task is spawned (before its first
+  step) the worker creates ``DIR/N/spawned`` and stops itself (SIGSTOP); the test takes the session over meanwhile
+  and wakes it (SIGCONT). Each ``touch`` that ever runs creates ``DIR/N/effect-K``; the worker writes how the
+  turn ended to ``DIR/N/ended``.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -48,6 +57,36 @@ def effect_tool(folder: Path) -> Any:
     return effect
 
 
+BATCH = [
+    ScriptStep(tool_calls=tuple(ScriptedCall(id=f"t{n}", name="touch", input={}) for n in range(1, 5))),
+    ScriptStep(text="Done."),
+]
+
+
+def touch_tool(folder: Path) -> Any:
+    @function_tool(effect="read")
+    async def touch(ctx: ToolExecutionContext[str]) -> ToolOutcome[str]:
+        """Touch something outside the document: an effect that must never happen under a lost lease."""
+        (folder / f"effect-{secrets.token_hex(4)}").write_text(str(ctx.fencing_epoch))
+        return ToolOutcome.success("touched")
+
+    return touch
+
+
+class _FreezeAtSpawn(trio.abc.Instrument):
+    """Stops the process (SIGSTOP) the moment the first tool task is spawned, before that task's first step."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.done = False
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        if not self.done and task.name.startswith("trioloop tool"):
+            self.done = True
+            (self.folder / "spawned").touch()
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
 class _PausingLease:
     """The real lease, pausing (blocking, no checkpoint) right after the append that holds a ``start``."""
 
@@ -75,6 +114,31 @@ class _PausingStore:
 
     async def acquire(self, session_id: str, *, wait_s: float = 0.0) -> Any:
         return _PausingLease(await self._inner.acquire(session_id, wait_s=wait_s), self._folder)
+
+
+async def spawn_rounds(target: str, session_id: str, ttl_s: float, folder: Path, rounds: int) -> None:
+    """``spawn`` mode: ``rounds`` turns, each frozen at its first tool task's spawn (see the module docstring)."""
+    async with make_store(target, ttl_s) as store:
+        for n in range(rounds):
+            here = folder / str(n)
+            here.mkdir(parents=True, exist_ok=True)
+            async with ScriptedProvider(BATCH) as provider:
+                session = await Session.open(
+                    store, f"{session_id}-{n}", kind=NOTE, provider=provider, document="", model="m",
+                    tools=[touch_tool(here)],
+                )  # fmt: skip
+                async with session:
+                    freeze = _FreezeAtSpawn(here)
+                    trio.lowlevel.add_instrument(freeze)
+                    try:
+                        state = await session.send("touch it")
+                        ended = f"{state.outcome.value if state.outcome else state.phase.value}"
+                    except Exception as exc:  # the session refused (its journal failed): say how
+                        ended = f"{type(exc).__name__}: {exc}"
+                    finally:
+                        trio.lowlevel.remove_instrument(freeze)
+            (here / "ended.part").write_text(ended)
+            os.replace(here / "ended.part", here / "ended")  # whole when the test sees it
 
 
 async def main(target: str, session_id: str, ttl_s: float, mode: str, folder: Path) -> None:
@@ -108,4 +172,7 @@ async def main(target: str, session_id: str, ttl_s: float, mode: str, folder: Pa
 
 if __name__ == "__main__":
     store_target, sid, ttl, run_mode, out = sys.argv[1:6]
-    trio.run(main, store_target, sid, float(ttl), run_mode, Path(out))
+    if run_mode == "spawn":
+        trio.run(spawn_rounds, store_target, sid, float(ttl), Path(out), int(sys.argv[6]))
+    else:
+        trio.run(main, store_target, sid, float(ttl), run_mode, Path(out))

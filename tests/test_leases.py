@@ -19,7 +19,7 @@ import pytest
 import trio
 from pg_support import postgres_url  # noqa: F401 -- the session fixture, reached by name (getfixturevalue)
 
-from tests.lease_worker import NOTE, SCRIPT, effect_tool, make_store
+from tests.lease_worker import NOTE, SCRIPT, effect_tool, make_store, touch_tool
 from trioloop import CallStatus, ScriptedProvider, Session, SessionLocked
 from trioloop.durable.leases import LeaseLost
 from trioloop.durable.store import JournalStoreError, StoredEntry
@@ -78,12 +78,15 @@ async def test_a_holder_that_stops_renewing_loses_its_lease_and_writes_nothing_m
     taker = await place.store().acquire(sid, wait_s=10)
     waited = trio.current_time() - started
     assert taker.epoch == frozen.epoch + 1 and waited >= TTL_S * 0.5
-    with pytest.raises(LeaseLost, match="taken over"):
-        await frozen.append([StoredEntry(2, b"stale")])  # checked in the append's own transaction
+    with pytest.raises(LeaseLost, match="may have run out"):
+        await frozen.append([StoredEntry(2, b"stale")])  # its own clock says so: at once, no I/O
     with pytest.raises(LeaseLost):
         await frozen.renew()
     with pytest.raises(LeaseLost):
         frozen.check_held()
+    frozen.clock.granted(trio.current_time())  # a holder whose clock is wrong: the append's transaction still sees
+    with pytest.raises(LeaseLost, match="taken over"):
+        await frozen.append([StoredEntry(2, b"stale")])
     await taker.append([StoredEntry(2, b"two")])
     assert [e.data for e in await taker.entries()] == [b"one", b"two"]
 
@@ -130,10 +133,10 @@ async def _approve_when_pending(session: Session[str], call_id: str) -> None:
                 return
 
 
-def _spawn(place: Place, sid: str, mode: str, folder: Path) -> subprocess.Popen[bytes]:
+def _spawn(place: Place, sid: str, mode: str, folder: Path, *more: str) -> subprocess.Popen[bytes]:
     folder.mkdir(exist_ok=True)
     return subprocess.Popen(
-        [sys.executable, str(WORKER), place.target, sid, str(TTL_S), mode, str(folder)],
+        [sys.executable, str(WORKER), place.target, sid, str(TTL_S), mode, str(folder), *more],
         env={**os.environ, "PYTHONPATH": str(WORKER.parent.parent)},
     )
 
@@ -190,6 +193,63 @@ async def test_a_frozen_holder_is_fenced_and_never_runs_the_call_it_had_started(
             os.kill(worker.pid, signal.SIGCONT)
             worker.kill()
             worker.wait()
+
+
+#: Rounds of the spawn race per store: ``_WORKERS`` processes at once, each running ``_ROUNDS_EACH`` rounds.
+_WORKERS = 10
+_ROUNDS_EACH = 5
+
+
+async def _spawn_rounds(place: Place, folder: Path, woken_s: list[float]) -> None:
+    """A worker that, round after round, freezes itself between a tool task's spawn and its first step; each time
+    the session is taken over meanwhile (its calls reported interrupted), then the worker is woken: no ``touch``
+    may ever run, and the woken holder fails at once (`LeaseLost`)."""
+    sid = place.sid()
+    worker = _spawn(place, sid, "spawn", folder, str(_ROUNDS_EACH))
+    try:
+        for n in range(_ROUNDS_EACH):
+            here = folder / str(n)
+            await _until(lambda: (here / "spawned").exists(), "the first tool task's spawn", timeout_s=60)  # noqa: B023
+            await _until(lambda: _stopped(worker.pid), "the worker to stop itself")
+            async with ScriptedProvider([ScriptStep(text="Noted.")]) as provider:
+                store = place.store(ttl_s=60)
+                tools = [touch_tool(here)]
+                taken = await Session.open(store, f"{sid}-{n}", kind=NOTE, provider=provider, tools=tools, wait_s=30)
+                async with taken:
+                    state = await taken.continue_turn()
+                assert all(call.status is CallStatus.FAILED for call in state.calls)  # interrupted, never run again
+            os.kill(worker.pid, signal.SIGCONT)
+            woken = time.monotonic()
+            await _until(lambda: (here / "ended").exists(), "the woken worker's end of the turn")  # noqa: B023
+            woken_s.append(time.monotonic() - woken)
+            ended = (here / "ended").read_text()
+            assert not any(path.name.startswith("effect-") for path in here.iterdir())  # no tool ran after it
+            assert ended.startswith("SessionJournalError") and "LeaseLost" in ended, ended
+        assert await trio.to_thread.run_sync(worker.wait, 30) == 0
+    finally:
+        if worker.poll() is None:
+            os.kill(worker.pid, signal.SIGCONT)
+            worker.kill()
+            worker.wait()
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+async def test_a_tool_never_starts_after_its_holder_lost_the_lease_between_spawn_and_first_step(
+    place: Place, tmp_path: Path
+) -> None:
+    # A holder frozen (SIGSTOP) while the four tasks of a batch of tools were being spawned woke after a takeover
+    # and ran one or two of them: the fence was checked in the loop that spawns them, not where each task takes its
+    # first step. Each round freezes the holder right after the first task's spawn: 50 rounds per store.
+    woken_s: list[float] = []
+    async with trio.open_nursery() as nursery:
+        for n in range(_WORKERS):
+            nursery.start_soon(_spawn_rounds, place, tmp_path / f"w{n}", woken_s)
+    assert len(woken_s) == _WORKERS * _ROUNDS_EACH
+    assert max(woken_s) < 5  # a woken holder fails at once (LeaseLost), never waiting out a store's timeout
 
 
 async def test_a_holder_frozen_inside_an_append_is_cut_off_by_the_server(request: pytest.FixtureRequest) -> None:

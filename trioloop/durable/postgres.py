@@ -329,7 +329,10 @@ class _PostgresLease(ExpiringLease):
         return self._session_id
 
     async def renew(self) -> None:
-        """Push the lease's end on by its time to live; `LeaseLost` if it is no longer this holder's."""
+        """Push the lease's end on by its time to live; `LeaseLost` if it is no longer this holder's (at once, with no
+        I/O, once the holder's own clock says it may have run out: a holder woken from a freeze never waits on the
+        server to learn it)."""
+        self.check_held()
         asked_at = trio.current_time()
         renewed = await self._run(
             "renewing the lease on", lambda c: _LEASES.renew(c, self._session_id, self._epoch, self.clock.ttl_s)
@@ -390,6 +393,7 @@ class _PostgresLease(ExpiringLease):
         return await self._run("reading", lambda connection: _last_seq(connection, self._session_id))
 
     async def append(self, entries: Sequence[StoredEntry]) -> None:
+        self.check_held()  # lost by the holder's own clock: `LeaseLost` at once, before any I/O
         batch = tuple(entries)
 
         def write(connection: psycopg.Connection[tuple[Any, ...]]) -> None:

@@ -388,6 +388,7 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
     async def renew(self) -> None:
         """Push the lease's end on by its time to live; `LeaseLost` if it is no longer this holder's."""
         self._held()
+        self.check_held()  # lost by the holder's own clock (woken from a freeze, say): at once, no I/O
         asked_at = trio.current_time()
         renewed = await self._run(
             f"renewing the lease on session {self._session_id!r}",
@@ -425,6 +426,7 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
         """`append`, then ``after()`` in the store's thread once the append is durable (a session's witness write:
         one hand-over for both). Cut by a cancellation, the append goes on alone and its outcome is unknown."""
         self._held()
+        self.check_held()
         batch = tuple(entries)
 
         def write(connection: sqlite3.Connection) -> None:

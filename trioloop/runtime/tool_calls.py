@@ -39,6 +39,13 @@ TOOL_CANCELLED_ITSELF = "The tool cancelled its own run; nothing it returned was
 D = TypeVar("D")
 
 
+def _discard(pending: Awaitable[object]) -> None:
+    """Drop a tool's run that never started: a coroutine is closed (none of its code ran, and none will)."""
+    close = getattr(pending, "close", None)
+    if close is not None:
+        close()
+
+
 def _failed_while_running(exc: Exception) -> ToolOutcome[Any]:
     return ToolOutcome.failure(f"The tool failed while running ({type(exc).__name__}).")
 
@@ -213,6 +220,16 @@ class ToolCalls(Generic[D]):
         scope: trio.CancelScope,
     ) -> None:
         try:
+            # The tool's first step runs in this step of its task, with no checkpoint before it: what decides whether
+            # it may start is checked here, not only where the task was spawned (a scheduler pass, or a process
+            # frozen for a while, may come in between). Stop or the deadline since: none of the tool's code runs.
+            # The lease lost meanwhile (by the holder's own clock): nothing more runs under it, and the turn stops.
+            journal = self.journal
+            if scope.cancel_called or self.scopes.turn_cancelled or (journal is not None and not journal.fenced()):
+                _discard(pending)
+                if journal is not None and journal.error is not None:
+                    self.stop()
+                return
             outcome: ToolOutcome[D] | None = None
             with scope:
                 try:

@@ -97,6 +97,33 @@ async def test_another_source_or_kind_is_refused_before_replay(place: Journal) -
     assert (await _open(path, source="/notes/a.txt")).source == "/notes/a.txt"
 
 
+async def test_opening_an_existing_session_with_another_document_is_refused(place: Journal) -> None:
+    # Session.open used to replay the journal's document and silently ignore the one given: the library form of
+    # --resume onto another document. The journal's own document goes on, and so does the one before its latest
+    # change (the app stopped between the commit and saving it; the session's is the newer, to be saved now).
+    path = place
+    await _wiped(path)
+    assert (await _open(path, document="")).document == ""
+    assert (await _open(path, document="keep me\n")).document == ""  # one change behind: the crash case
+    rows = path.rows()
+    with pytest.raises(DocumentMismatch, match=r"content \(SHA-256\) is 'e3b0c44298fc'") as caught:
+        await _open(path, document="another note\n")
+    assert caught.value.given == hashlib.sha256(b"another note\n").hexdigest()[:12]
+    assert path.rows() == rows  # nothing was written
+
+
+def test_a_document_of_the_wrong_type_for_its_kind_is_refused_where_the_session_is_made() -> None:
+    from trioloop.threatmodel import THREAT_MODEL, load_thf_file
+
+    payment = Path(__file__).resolve().parent.parent / "examples" / "payment.thf"
+    with pytest.raises(TypeError, match=r"takes a ThreatModel as its document, not a ThfFile \(its \.model is one\)"):
+        Session(document=load_thf_file(payment), kind=THREAT_MODEL, provider=ScriptedProvider([]), model="m")
+    typed = define_document_kind("note", dump=str, load=str, document_type=str)
+    with pytest.raises(TypeError, match="takes a str as its document, not a bytes"):
+        Session(document=b"bytes", kind=typed, provider=ScriptedProvider([]), model="m")
+    assert Session(document="text", kind=typed, provider=ScriptedProvider([]), model="m").document == "text"
+
+
 async def test_a_commit_whose_digest_is_not_its_document_is_refused(place: Journal) -> None:
     # Unsigned, so that only the digest can tell (a signed journal refuses any edit at its seal).
     path = place

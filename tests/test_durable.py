@@ -82,7 +82,9 @@ async def wait_for_review(session: Session[str]) -> None:
 
 async def open_note(store: MemoryJournalStore, provider: ScriptedProvider, **kw: Any) -> Session[str]:
     kw.setdefault("tools", TOOLS)
-    return await Session.open(store, "s1", kind=NOTE, provider=provider, document="", model="m", **kw)
+    new = not await store.read("s1")  # an existing session is taken up from its journal, its document the journal's
+    document = "" if new else None
+    return await Session.open(store, "s1", kind=NOTE, provider=provider, document=document, model="m", **kw)
 
 
 def comparable(state: Any) -> Any:

@@ -18,7 +18,14 @@ from typing import Any, Generic, Protocol, TypeVar, final, runtime_checkable
 
 import attrs
 
-__all__ = ["DocumentKind", "SimpleDocumentKind", "TextDocumentKind", "define_document_kind", "text_diff"]
+__all__ = [
+    "DocumentKind",
+    "SimpleDocumentKind",
+    "TextDocumentKind",
+    "define_document_kind",
+    "document_type_problem",
+    "text_diff",
+]
 
 D = TypeVar("D")
 
@@ -90,6 +97,8 @@ class SimpleDocumentKind(Generic[D]):
     """A `DocumentKind` made of plain functions (see `define_document_kind`)."""
 
     name: str
+    #: The type its documents are (None: any), checked where a session is made.
+    document_type: type[D] | None = None
     validator: Callable[[D], str | None] = attrs.field(default=_no_problem, repr=False)
     copier: Callable[[D], D] | None = attrs.field(default=None, repr=False)
     render: Callable[[D], str] = attrs.field(default=str, repr=False)
@@ -141,6 +150,7 @@ def define_document_kind(
     same: Callable[[D, D], bool] | None = None,
     dump: Callable[[D], str] | None = None,
     load: Callable[[str], D] | None = None,
+    document_type: type[D] | None = None,
 ) -> SimpleDocumentKind[D]:
     """A document kind from functions.
 
@@ -149,12 +159,15 @@ def define_document_kind(
     mutable type pass ``mutable=True`` (each tool gets ``copy.deepcopy``) or your own ``copy_with``. ``render``
     gives the text ``diff`` compares (default ``str``); ``same`` defaults to ``==``. ``dump`` and ``load``
     (document to text and back; ``load`` must refuse invalid text by raising) let sessions be saved and resumed.
+    ``document_type``, when given, is the type every document of the kind is: a session made with a value of
+    another type is refused at once (`document_type_problem`), not deep in a tool or a save.
     """
     copier: Callable[[D], D] | None = copy_with
     if copier is None and mutable:
         copier = copy.deepcopy
     return SimpleDocumentKind(
         name=name,
+        document_type=document_type,
         validator=validate if validate is not None else _no_problem,
         copier=copier,
         render=render,
@@ -162,3 +175,13 @@ def define_document_kind(
         dumper=dump,
         loader=load,
     )
+
+
+def document_type_problem(kind: DocumentKind[Any], document: object) -> str | None:
+    """Why ``document`` cannot be a document of ``kind`` (a value of another type than the kind's
+    ``document_type``, when it names one), or None."""
+    expected = getattr(kind, "document_type", None)
+    if not isinstance(expected, type) or isinstance(document, expected):
+        return None
+    hint = " (its .model is one)" if isinstance(getattr(document, "model", None), expected) else ""
+    return f"the {kind.name} kind takes a {expected.__name__} as its document, not a {type(document).__name__}{hint}"

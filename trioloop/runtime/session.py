@@ -311,14 +311,16 @@ class Session(SessionView[D]):
     ) -> Session[D]:
         """A session whose every turn is journaled in ``store`` under ``session_id``, taking its lease.
 
-        A new id starts from ``document`` and ``model``. An existing journal is verified before anything of it
+        A new id starts from ``document`` and ``model``; for an existing one, ``document`` (if given) must be the
+        replayed document or the one before its latest change (the app stopped between a commit and saving it: save
+        the session's, which is newer), else `DocumentMismatch`. An existing journal is verified before anything of it
         is replayed (numbering, hash chain, and every batch's signature: a forged, edited, reordered, inserted or
         transplanted entry, or entries nobody signed, raise `JournalError` naming the first bad entry) and then
-        replayed: the conversation, document, undo history and, if a turn was suspended in review or cut short
-        by a crash, that turn (`suspended`, `state`; take it up with `continue_turn`). The ``tools`` must be the
-        ones the journaled calls used (`ToolsMissing` names any not given): each call is prepared again from
-        its tool, and one whose digest changed is refused, never run. ``compact`` drops the entries before the
-        snapshot the last turn started from (the audit trail then starts there).
+        replayed: the conversation, document, undo history and, if a turn was suspended in review or cut short by a
+        crash, that turn (`suspended`, `state`; take it up with `continue_turn`). The ``tools`` must be the ones the
+        journaled calls used (`ToolsMissing` names any not given): each call is prepared again from its tool, and one
+        whose digest changed is refused, never run. ``compact`` drops the entries before the snapshot the last turn
+        started from (the audit trail then starts there).
 
         ``signer`` signs every append: by default the key ``TRIOLOOP_JOURNAL_KEY`` names, else a per-user key
         made on first use (`JournalSigner.default`); ``None`` opts out (the journal is unsigned, and
@@ -346,7 +348,7 @@ class Session(SessionView[D]):
             store, session_id, signer=signer, keys=keys, witness=witness, wait_s=wait_s
         )
         async with opening:
-            replayed = await opening.read(kind=kind, registry=registry, source=source)
+            replayed = await opening.read(kind=kind, registry=registry, source=source, document=document)
             if replayed is None:
                 if document is None or model is None:
                     raise ValueError(f"session {session_id!r} is new: pass document= and model= to start it")

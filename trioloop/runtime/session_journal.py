@@ -20,6 +20,7 @@ from trioloop.durable.journal import (
     JournalIntegrity,
     decode_entries,
     decode_numbered,
+    document_digest,
     entry_hash,
     journal_id_of,
     verify_journal,
@@ -33,6 +34,7 @@ from trioloop.durable.store import JournalLease, JournalStore, JournalStoreError
 from trioloop.durable.witness import FileWitness, HeadWitness, WitnessedHead, check_witnessed, witness_name
 from trioloop.machine.document import TextDocumentKind
 from trioloop.machine.tools import ToolRegistry
+from trioloop.machine.transaction import DocumentMatch, match_document
 from trioloop.runtime.journaling import ResumePoint, TurnJournal
 
 __all__ = [
@@ -56,6 +58,7 @@ DEFAULT_WITNESS: Final = "default"
 Witness: TypeAlias = "HeadWitness | Literal['default'] | None"
 
 D = TypeVar("D")
+OTHER: Final = DocumentMatch.OTHER
 
 
 class SessionJournalError(RuntimeError):
@@ -75,7 +78,8 @@ class ToolsMissing(ValueError):
 
 class DocumentMismatch(ValueError):
     """`Session.open` found a journal recorded for another document: of another kind, or (when ``source=`` was
-    given) from another source. Nothing was replayed; ``recorded`` and ``given`` say what differs."""
+    given) from another source, or (when ``document=`` was given for an existing session) with other content.
+    Nothing of the session was taken up; ``recorded`` and ``given`` say what differs."""
 
     def __init__(self, what: str, recorded: str, given: str) -> None:
         super().__init__(f"the journal's document {what} is {recorded!r}, not {given!r}")
@@ -285,11 +289,18 @@ class JournalOpening:
         return journal
 
     async def read(
-        self, *, kind: TextDocumentKind[D], registry: ToolRegistry[D], source: str | None
+        self,
+        *,
+        kind: TextDocumentKind[D],
+        registry: ToolRegistry[D],
+        source: str | None,
+        document: D | None = None,
     ) -> Replayed[D] | None:
         """The journal in the store, verified (numbering, chain, signatures, the witnessed head) and replayed; None
         for a new session. `ToolsMissing` if a journaled call's tool is not in ``registry``; `DocumentMismatch`
-        for a journal of another kind or (``source`` given) another source."""
+        for a journal of another kind, or (``source`` given) another source, or (``document`` given) of another
+        document: one that is neither the replayed document nor the one before its latest change (the app
+        stopped between a commit and its save: the session's is the newer)."""
         heads = self.heads
         witnessed = None if heads is None else await heads.last_head(self.name)
         stored = await self.lease.entries()
@@ -314,6 +325,9 @@ class JournalOpening:
             raise DocumentMismatch("kind", replayed.kind, kind.name)
         if source is not None and replayed.source not in (None, source):
             raise DocumentMismatch("source", replayed.source, source)
+        if document is not None and match_document(kind, document, replayed.document, replayed.undo) is OTHER:
+            recorded, given = (document_digest(kind.dump(d))[:12] for d in (replayed.document, document))
+            raise DocumentMismatch("content (SHA-256)", recorded, given)
         return replayed
 
     async def take_over(self, replayed: Replayed[Any], kind: TextDocumentKind[Any], compact: bool) -> SessionJournal:

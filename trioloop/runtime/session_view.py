@@ -19,7 +19,7 @@ import trio
 
 from trioloop.durable.journal import JournalIntegrity
 from trioloop.durable.session_file import SessionSnapshot
-from trioloop.machine.document import DocumentKind
+from trioloop.machine.document import DocumentKind, document_type_problem
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.machine.questions import Question
 from trioloop.machine.state import TurnState
@@ -83,6 +83,9 @@ class SessionView(Generic[D]):
         observers: Iterable[TurnObserver] = (),
         source: str | None = None,
     ) -> None:
+        problem = document_type_problem(kind, document)
+        if problem is not None:
+            raise TypeError(problem)
         self._workspace: Workspace[D] = Workspace(document=document, kind=kind, undo=UndoHistory())
         self.kind = kind
         self.provider = provider

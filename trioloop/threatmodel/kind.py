@@ -21,6 +21,8 @@ class ThreatModelKind:
     """
 
     name = "threat model"
+    #: What its documents are: a session given anything else (a `ThfFile`: pass its ``.model``) is refused at once.
+    document_type = ThreatModel
 
     @property
     def immutable(self) -> bool:

@@ -200,3 +200,27 @@ async def test_an_edited_witness_file_is_refused_like_a_damaged_one(journal: Jou
         )
         assert reopened.suspended
         await reopened.aclose()
+
+
+async def test_a_compacted_journal_cut_back_to_its_snapshot_is_refused(journal: Journal, signer: JournalSigner) -> None:
+    # Reopening a compacted journal replays from the snapshot its last turn started from, so that turn's state comes
+    # back; cut back to that snapshot alone, it used to reopen with `state` None, as if no turn had run.
+    path = journal
+    script = [ScriptStep(text="First."), ScriptStep(text="Second."), ScriptStep(text="Third.")]
+    async with ScriptedProvider(script) as provider:
+        session = await Session.open(
+            path.store(), path.sid("s1"), kind=NOTE, provider=provider, document="keep me\n", model="m", tools=TOOLS,
+            signer=signer, compact=True, witness=witness_in(path, signer),
+        )  # fmt: skip
+        async with session:
+            for text in ("one", "two", "three"):
+                await session.send(text)
+    rows = path.rows()
+    assert rows[0][0] > 1
+    reopened = await open_note(path, signer=signer, witness=None)
+    assert reopened.state is not None and reopened.state.turn_id == "turn-3"
+    await reopened.aclose()
+    first_seal = next(i for i, (_, raw) in enumerate(rows) if decode_entry(raw).kind == "seal")
+    path.rewrite(rows[: first_seal + 1])  # the snapshot and its seal: a journal that verifies on its own
+    await refused(path, signer, "holds no turn after it", witness=None)
+    await refused(path, signer, "holds no turn after it|witnessed", witness=witness_in(path, signer))

@@ -350,6 +350,14 @@ def verify_journal(entries: Sequence[JournalEntry], *, session_id: str, keys: Jo
             key_ids.add(_check_seal(entry, before, session_id, keys))
             sealed_to = entry.seq
         before = entry
+    if first.seq != 1 and not any(entry.kind == "submit" for entry in entries):
+        # Compaction keeps the snapshot the last turn started from, and that turn: a compacted journal with no turn
+        # after its first snapshot was cut back to it (it would reopen as if no turn had ever run).
+        raise JournalError(
+            f"the journal starts at the compacted snapshot {first.seq} and holds no turn after it: the entries of its "
+            "last turn were removed",
+            seq=first.seq,
+        )
     last = entries[-1].seq
     signed = sealed_to == last
     if keys is not None and not signed:

@@ -91,7 +91,11 @@ def test_the_trail_shows_who_approved_what_with_edits_reasons_and_commits(
 
 def test_json_lines_carry_the_chain(journal: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", str(journal), "--session", "review-1", "--json"]) == 0
-    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    verdict, records = lines[0], lines[1:]  # the session's verdict first, then its entries
+    assert verdict["verdict"] == "verified" and verdict["error"] is None and verdict["entry"] is None
+    assert (verdict["entries"], verdict["first"], verdict["last"]) == (len(records), 1, len(records))
+    assert verdict["signed"] is True and verdict["key_ids"] and verdict["witnessed"] == len(records)
     assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
     assert records[0]["prev"] == "0" * 64
     for before, after in itertools.pairwise(records):

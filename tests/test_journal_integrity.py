@@ -239,7 +239,7 @@ async def test_an_approval_sealed_with_another_key_is_refused(journal: Journal, 
     forged = forged_approval(entries[-1][1])
     mallory = JournalSigner.generate()
     path.rewrite([*entries, (len(entries) + 1, forged), (len(entries) + 2, seal_by(mallory, path.sid("s1"), forged))])
-    error = await refused(path, signer, "an unknown key")
+    error = await refused(path, signer, "which is not among the keys given")
     assert error.seq == len(entries) + 2
 
 
@@ -308,7 +308,7 @@ async def test_a_journal_signed_by_an_older_key_verifies_with_its_public_key(jou
     path = journal
     old, new = JournalSigner.generate(), JournalSigner.generate()
     await suspended_in_review(path, old)
-    await refused(path, new, "an unknown key")
+    await refused(path, new, "which is not among the keys given")
     session = await open_note(path, signer=new, keys=JournalKeys([old.public_key]))
     async with session:
         session.deny("w1", "not today")

@@ -13,6 +13,7 @@ from trioloop.cli.exit_codes import (
     EXIT_OK,
     EXIT_TURN_FAILED,
     EXIT_UNANSWERED,
+    EXIT_UNVERIFIED,
     EXIT_USAGE,
 )
 from trioloop.cli.parser import main
@@ -24,6 +25,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_TURN_FAILED",
     "EXIT_UNANSWERED",
+    "EXIT_UNVERIFIED",
     "EXIT_USAGE",
     "main",
 ]

@@ -34,6 +34,7 @@ from trioloop.cli.usage import show_usage, usage_text
 from trioloop.cli.view import ApproveMode, TurnView
 from trioloop.durable.journal import JournalError
 from trioloop.durable.session_file import SessionFileError
+from trioloop.durable.signing import JournalKeys
 from trioloop.durable.sqlite import SQLiteJournalStore
 from trioloop.durable.store import JournalStoreError, SessionLocked
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
@@ -135,6 +136,7 @@ async def _chat(
     session_file: Path | None = None,
     limits: TurnLimits = DEFAULT_TURN_LIMITS,
     one_shot: str | None = None,
+    keys: JournalKeys | None = None,
 ) -> int:
     # Everything that can be checked is checked before the first prompt: URL, key, model, options.
     base_url, problem = _checked_base_url(base_url or os.environ.get(_BASE_URL_ENV[provider_name]) or None)
@@ -179,6 +181,7 @@ async def _chat(
         limits=limits,
         one_shot=one_shot,
         document=document,
+        keys=keys,
     )
 
 
@@ -208,6 +211,7 @@ async def chat_session(
     limits: TurnLimits = DEFAULT_TURN_LIMITS,
     one_shot: str | None = None,
     document: ThfFile | None = None,
+    keys: JournalKeys | None = None,
 ) -> int:
     """The chat loop over any provider, with the tools of any MCP servers named.
 
@@ -215,7 +219,8 @@ async def chat_session(
     any point whatever the settled tools committed is saved. With ``journal`` (a SQLite file) every turn is
     journaled as it runs, so a killed terminal loses nothing: ``resume`` continues the file's latest chat,
     its conversation, document and any review left open. ``session_file`` continues a session `/save` wrote.
-    ``one_shot`` runs that one request and ends; ``document`` is the file at ``path`` already read.
+    ``one_shot`` runs that one request and ends; ``document`` is the file at ``path`` already read; ``keys`` are
+    public keys that also verify a resumed journal (keys since rotated).
 
     One chat per file: the file written is locked (`DocumentLock`: by its path and by the real file, so a symlink
     or a hard link is the same file) until the chat ends, however it ends, and its lock files are removed then.
@@ -270,7 +275,7 @@ async def chat_session(
             return EXIT_USAGE
         resumed_id = None
         if resume:  # decided on the journal read read-only: a refusal writes nothing, to the file or the journal
-            latest = await read_latest_chat(journal)
+            latest = await read_latest_chat(journal, keys)
             if isinstance(latest, str):
                 error(latest)
                 return EXIT_USAGE
@@ -281,7 +286,7 @@ async def chat_session(
             resumed_id = latest.session_id
         try:
             async with SQLiteJournalStore(journal) as store:
-                journaled = await _open_chat(store, loaded.model, options, resumed_id, restored, here)
+                journaled = await _open_chat(store, loaded.model, options, resumed_id, restored, here, keys)
                 if resume and not check_resumed(journaled, path, loaded, out, journal, saver, console):
                     await journaled.aclose()
                     return EXIT_USAGE
@@ -307,11 +312,12 @@ async def _open_chat(
     resumed_id: str | None,
     restored: Session[ThreatModel] | None,
     source: str,
+    keys: JournalKeys | None = None,
 ) -> Session[ThreatModel]:
     """The chat ``resumed_id`` (the journal's latest, already checked), or a new one numbered by the time it
     started (``restored``'s conversation and document when a session file was resumed)."""
     if resumed_id is not None:
-        return await Session.open(store, resumed_id, **options)
+        return await Session.open(store, resumed_id, keys=keys, **options)
     started = datetime.datetime.now(datetime.UTC).strftime("chat-%Y%m%dT%H%M%S.%fZ")
     if restored is not None:
         await restored.journal_into(store, started)
@@ -462,6 +468,7 @@ def run_chat(
     timeout: float | None = None,
     one_shot: str | None = None,
     mcp_env: Sequence[str] | None = None,
+    keys: JournalKeys | None = None,
 ) -> int:
     limits = DEFAULT_TURN_LIMITS if timeout is None else TurnLimits(turn_deadline_ms=max(1, round(timeout * 1000)))
     return interruptible(
@@ -480,4 +487,5 @@ def run_chat(
         Path(session_file) if session_file else None,
         limits,
         one_shot,
+        keys,
     )

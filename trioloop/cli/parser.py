@@ -57,7 +57,13 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         print(f"error: nothing to resume at {args.resume}", file=sys.stderr)
         return EXIT_USAGE
     from trioloop.cli.chat import run_chat
+    from trioloop.durable.signing import JournalKeyError, given_public_keys
 
+    try:
+        keys = given_public_keys(args.public_key, args.public_keys)
+    except JournalKeyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     journal, session_file = _journal_path(args)
     return run_chat(
         args.file,
@@ -75,6 +81,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         one_shot=args.prompt,
         mcp_env=args.mcp_env,
+        keys=keys,
     )
 
 
@@ -102,7 +109,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     """Print a journaled session's audit trail and verify its hash chain."""
     from trioloop.cli.audit import run_audit
 
-    return run_audit(args.target, args.session, as_json=args.json, public_keys=args.public_key)
+    return run_audit(
+        args.target, args.session, as_json=args.json, public_keys=args.public_key, key_files=args.public_keys
+    )
 
 
 def _cmd_key(args: argparse.Namespace) -> int:
@@ -263,6 +272,21 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     chat.add_argument("--no-session", action="store_true", help="keep no journal (nothing to resume after a crash)")
     chat.add_argument(
+        "--public-key",
+        metavar="KEY",
+        action="append",
+        default=[],
+        help="with --resume: a public key that also verifies the journal (a key since rotated; as `trioloop key` "
+        "prints it; repeatable)",
+    )
+    chat.add_argument(
+        "--public-keys",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="with --resume: a file of such public keys, one per line (repeatable)",
+    )
+    chat.add_argument(
         "--timeout",
         metavar="SECONDS",
         type=_positive_float,
@@ -277,13 +301,17 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.set_defaults(run=_cmd_chat)
 
     audit = commands.add_parser(
-        "audit", help="print a journaled session's audit trail and verify its hash chain (exit 1 if it does not)"
+        "audit",
+        help="print a journaled session's audit trail and verify it (exit 1 if it does not, 5 if no public key was "
+        "there to verify it with)",
     )
     audit.add_argument(
         "target", metavar="FILE|URL", help="the journal store: a SQLite file (sqlite:///PATH) or a postgresql:// URL"
     )
     audit.add_argument("--session", metavar="ID", help="the session to audit (default: every session in the store)")
-    audit.add_argument("--json", action="store_true", help="print JSON lines, one verified entry per line")
+    audit.add_argument(
+        "--json", action="store_true", help="print JSON lines: each session's verdict, then its verified entries"
+    )
     audit.add_argument(
         "--public-key",
         metavar="KEY",
@@ -291,6 +319,14 @@ def _build_parser() -> argparse.ArgumentParser:
         default=[],
         help="a public key that checks the journal's signatures (as `trioloop key` prints it; repeatable); "
         "your own signing key's is used too when it exists",
+    )
+    audit.add_argument(
+        "--public-keys",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="a file of public keys, one per line as `trioloop key` prints them (old keys after a rotation, say; "
+        "repeatable)",
     )
     audit.set_defaults(run=_cmd_audit)
 

@@ -34,7 +34,7 @@ from rich.text import Text
 from trioloop.cli.common import Saver, error
 from trioloop.durable.journal import JournalError, decode_entries, verify_journal
 from trioloop.durable.replay import replay_journal
-from trioloop.durable.signing import KEY_ENV, JournalKeyError, JournalSigner, default_key_path
+from trioloop.durable.signing import JournalKeyError, JournalKeys, JournalSigner
 from trioloop.durable.sqlite import SQLiteJournalStore
 from trioloop.durable.store import JournalStoreError, StoredEntry
 from trioloop.machine.transaction import DocumentMatch, UndoHistory, match_document
@@ -63,7 +63,7 @@ class JournaledChat:
         return match_document(THREAT_MODEL, document, self.document, self.undo)
 
 
-async def read_latest_chat(journal: Path) -> JournaledChat | str:
+async def read_latest_chat(journal: Path, keys: JournalKeys | None = None) -> JournaledChat | str:
     """The latest chat in ``journal``, verified (hash chain, and signatures with this user's key when there is one)
     and replayed, or the error line saying why it cannot be resumed. Read-only: no lease is taken and nothing is
     written beside the journal (a copy of it is read). `Session.open` verifies it again, the witnessed head too,
@@ -78,7 +78,7 @@ async def read_latest_chat(journal: Path) -> JournaledChat | str:
                     return f"error: {journal} holds no chat to resume"
                 session_id = chats[-1]
                 stored = await store.read(session_id)
-        chat = await trio.to_thread.run_sync(_replayed, stored, session_id)  # CPU work: off the event loop
+        chat = await trio.to_thread.run_sync(_replayed, stored, session_id, keys)  # CPU work: off the event loop
     except (JournalError, JournalStoreError, JournalKeyError) as exc:
         return f"error: the journal {journal} cannot be used: {str(exc).replace(str(copy), str(journal))}"
     except OSError as exc:
@@ -86,10 +86,11 @@ async def read_latest_chat(journal: Path) -> JournaledChat | str:
     return chat
 
 
-def _replayed(stored: Sequence[StoredEntry], session_id: str) -> JournaledChat:
-    """The chat ``stored`` records, verified (with this user's key, when it exists: never made here) and replayed."""
-    own = os.environ.get(KEY_ENV) or default_key_path()
-    keys = JournalSigner.load(own).keys if Path(own).is_file() else None
+def _replayed(stored: Sequence[StoredEntry], session_id: str, given: JournalKeys | None) -> JournaledChat:
+    """The chat ``stored`` records, verified (with this user's key, when it exists: never made here, and the public
+    keys ``given``) and replayed."""
+    own = JournalSigner.existing()
+    keys = given if own is None else own.keys if given is None else own.keys | given
     entries = decode_entries(stored)
     verify_journal(entries, session_id=session_id, keys=keys)
     replayed = replay_journal(entries, load_document=THREAT_MODEL.load, registry=create_ai_tool_registry())

@@ -1,23 +1,40 @@
 """The audit trail of a journaled session: who approved which exact input, when, what the card showed, what
-changed; and whether the journal is the one that was written (its hash chain).
+changed; and whether the journal is the one that was written (its hash chain, its signatures, its witnessed head).
 
 `audit_session` reads a session's entries from a store (no lease: a running session can be audited) and
 yields printable lines; `audit_records` gives the same as JSON-ready dicts (``trioloop audit --json`` prints
 one per line). Both verify numbering and the hash chain as they go and stop at the first entry that does not
-match, raising `JournalError` naming it, after yielding every entry before it.
+match, raising `JournalError` naming it, after yielding every entry before it. `verify_session` reads a
+session as one consistent view (the witnessed head first, then the journal, which a running session only ever
+lengthens) and gives its `AuditVerdict`: verified (with a public key), unverified (no key: nothing proves who
+wrote it), or refused (naming the first entry that does not hold).
 """
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, final
 
-from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, decode_numbered, document_digest
-from trioloop.durable.store import JournalStore, StoredEntry
+import attrs
+
+from trioloop.durable.journal import (
+    GENESIS,
+    JournalEntry,
+    JournalError,
+    JournalIntegrity,
+    decode_entries,
+    decode_numbered,
+    document_digest,
+    journal_id_of,
+    verify_journal,
+)
+from trioloop.durable.signing import JournalKeys
+from trioloop.durable.store import JournalStore, StoredEntry, store_identity
+from trioloop.durable.witness import HeadWitness, check_witnessed, witness_name
 from trioloop.machine.untrusted_text import sanitize_scalar
 
-__all__ = ["audit_lines", "audit_records", "audit_session", "verified_entries"]
+__all__ = ["AuditVerdict", "audit_lines", "audit_records", "audit_session", "verified_entries", "verify_session"]
 
 _VALUE_MAX = 200
 
@@ -191,3 +208,96 @@ def audit_records(stored: Sequence[StoredEntry]) -> Iterator[dict[str, Any]]:
 async def audit_session(store: JournalStore, session_id: str) -> Sequence[StoredEntry]:
     """A session's stored entries, read without a lease."""
     return await store.read(session_id)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class AuditVerdict:
+    """What auditing one session proved: ``verdict`` is ``verified`` (every signature checked against a public key
+    given, the witnessed head extended), ``unverified`` (the chain holds, but no key was given: nothing proves who
+    wrote it, and a journal `Session.open` would refuse can look the same), ``refused`` (``error`` names why,
+    ``entry`` the first entry that does not hold, when there is one), or ``missing`` (no journal, and no head
+    witnessed for one)."""
+
+    session: str
+    verdict: Literal["verified", "unverified", "refused", "missing"]
+    entries: int
+    first: int | None = None
+    last: int | None = None
+    integrity: JournalIntegrity | None = None
+    witnessed: int | None = None
+    error: str | None = None
+    entry: int | None = None
+
+    def describe(self) -> str:
+        """One line for a person."""
+        if self.verdict == "missing":
+            return f"session {self.session}: no journal"
+        if self.verdict == "refused":
+            where = f"entry {self.entry}" if self.entry is not None else "the journal"
+            return f"session {self.session}: {where} does not verify: {self.error}"
+        witnessed = "" if self.witnessed is None else f"; witnessed up to entry {self.witnessed}"
+        chain = f"hash chain verified ({self.entries} entries)"
+        if self.verdict == "unverified":
+            what = "nothing proves who wrote it" if self.integrity is None else self.integrity.describe()
+            return (
+                f"session {self.session}: {chain}{witnessed}; NOT VERIFIED: no public key was given "
+                f"(--public-key, --public-keys, or your own signing key), {what}"
+            )
+        assert self.integrity is not None
+        return f"session {self.session}: {chain}; {self.integrity.describe()}{witnessed}"
+
+    def record(self) -> dict[str, Any]:
+        """The verdict as a JSON-ready dict (``trioloop audit --json`` prints it after the session's entries)."""
+        return {
+            "session": self.session,
+            "verdict": self.verdict,
+            "entries": self.entries,
+            "first": self.first,
+            "last": self.last,
+            "signed": None if self.integrity is None else self.integrity.signed,
+            "key_ids": [] if self.integrity is None else sorted(self.integrity.key_ids),
+            "witnessed": self.witnessed,
+            "error": self.error,
+            "entry": self.entry,
+        }
+
+
+async def verify_session(
+    store: JournalStore, session_id: str, *, keys: JournalKeys | None, witness: HeadWitness | None
+) -> tuple[Sequence[StoredEntry], AuditVerdict]:
+    """Read ``session_id`` as one consistent view and judge it: the head ``witness`` keeps for it is read first, then
+    the journal (appends only lengthen it, so a running session's journal always holds that head); then numbering,
+    chain, every seal (with ``keys``; without, the verdict is ``unverified``) and the witnessed head are checked.
+    The entries read, and the verdict. `JournalStoreError` when the store cannot be read."""
+    name = witness_name(store_identity(store), session_id)
+    head = None if witness is None else await witness.last_head(name)
+    try:
+        stored = await store.read(session_id)
+    except JournalError as exc:  # an entry too large to read, or not stored as bytes
+        return (), AuditVerdict(session=session_id, verdict="refused", entries=0, error=str(exc), entry=exc.seq)
+    verdict = AuditVerdict(session=session_id, verdict="refused", entries=len(stored))
+    if not stored:
+        try:
+            check_witnessed((), head)  # an emptied session is refused; one never witnessed (or retired) is missing
+        except JournalError as exc:
+            return stored, attrs.evolve(verdict, error=str(exc))
+        return stored, attrs.evolve(verdict, verdict="missing")
+    try:
+        entries = decode_entries(stored)
+        integrity = verify_journal(entries, session_id=session_id, keys=keys)
+        journal_id = journal_id_of(entries, session_id)
+        if head is None and witness is not None:  # a head an earlier version kept under the journal's own id
+            legacy = await witness.last_head(journal_id)
+            head = legacy if legacy is not None and not legacy.store and legacy.session == session_id else None
+        check_witnessed(entries, head, journal_id)
+    except JournalError as exc:
+        return stored, attrs.evolve(verdict, error=str(exc), entry=exc.seq)
+    return stored, attrs.evolve(
+        verdict,
+        verdict="verified" if keys is not None and integrity.verified else "unverified",
+        first=entries[0].seq,
+        last=entries[-1].seq,
+        integrity=integrity,
+        witnessed=None if head is None else head.seq,
+    )

@@ -283,10 +283,16 @@ def _check_seal(entry: JournalEntry, before: JournalEntry | None, session_id: st
         )
     if before is None or seq != before.seq or head != before.hash or entry.prev != head:
         raise JournalError(f"journal entry {entry.seq} seals an entry that is not the one before it", seq=entry.seq)
-    if keys is not None and not keys.verify(key, message, sig):
-        known = "an unknown key" if key not in keys.ids else f"key {key}"
+    if keys is not None and key not in keys.ids:
         raise JournalError(
-            f"journal entry {entry.seq}'s signature does not verify ({known}): entries up to it were changed or forged",
+            f"journal entry {entry.seq} is signed by key {key}, which is not among the keys given (a key since "
+            "rotated or lost: pass its public key; or not the journal's writer)",
+            seq=entry.seq,
+        )
+    if keys is not None and not keys.verify(key, message, sig):
+        raise JournalError(
+            f"journal entry {entry.seq}'s signature does not verify (key {key}): entries up to it were changed or "
+            "forged",
             seq=entry.seq,
         )
     return key

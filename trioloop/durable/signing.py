@@ -35,8 +35,11 @@ __all__ = [
     "JournalKeys",
     "JournalSigner",
     "default_key_path",
+    "given_public_keys",
     "head_message",
     "key_id_of",
+    "public_key_from_text",
+    "read_public_keys",
 ]
 
 #: The environment variable naming the signing key's file (else the per-user default).
@@ -148,6 +151,18 @@ class JournalSigner:
                 cls.generate().save(path)
         return cls.load(path)
 
+    @classmethod
+    def existing(cls, environ: Mapping[str, str] | None = None) -> JournalSigner | None:
+        """`default`'s key when there is one, never made here (what an auditor or a read-only look checks with):
+        the key `KEY_ENV` names (`JournalKeyError` when it names no key file: a missing file, a folder), else the
+        per-user key if its file exists, else None."""
+        environ = os.environ if environ is None else environ
+        named = environ.get(KEY_ENV)
+        if named:
+            return cls.load(named)
+        path = default_key_path(environ)
+        return cls.load(path) if path.exists() else None
+
     def sign(self, message: bytes) -> str:
         """The signature of ``message``, base64."""
         return base64.b64encode(self._key.sign(message)).decode("ascii")
@@ -177,6 +192,56 @@ class JournalSigner:
 
     def __repr__(self) -> str:
         return f"JournalSigner(key_id={self.key_id!r})"
+
+
+def public_key_from_text(text: str) -> bytes:
+    """A public key as ``trioloop key`` prints it (``ed25519:ID BASE64``, or the base64 alone): its 32 raw bytes.
+    `JournalKeyError` for anything else."""
+    words = text.split()
+    try:
+        raw = base64.b64decode(words[-1], validate=True)
+    except (binascii.Error, ValueError, IndexError):
+        raw = b""
+    if len(raw) != 32:
+        raise JournalKeyError(f"not a public key (base64 of 32 bytes, as `trioloop key` prints it): {text!r}")
+    if len(words) == 2 and words[0] != key_id_of(raw):
+        raise JournalKeyError(f"the key id {words[0]} is not the id of the key after it: {text!r}")
+    return raw
+
+
+#: The largest keys file read (a key is a line of about 70 bytes).
+MAX_KEYS_FILE_BYTES: Final = 256 * 1024
+
+
+def read_public_keys(path: str | os.PathLike[str]) -> list[bytes]:
+    """The public keys in a keys file: one per line as ``trioloop key`` prints it, ``#`` comments and blank lines
+    aside (old keys kept after a rotation, say). `JournalKeyError` naming the file and line of anything else."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as file:
+            if os.fstat(file.fileno()).st_size > MAX_KEYS_FILE_BYTES:
+                raise JournalKeyError(f"the keys file {path} is over {MAX_KEYS_FILE_BYTES} bytes (not read)")
+            text = file.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise JournalKeyError(f"the keys file {path} could not be read ({why})") from None
+    keys = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            try:
+                keys.append(public_key_from_text(line))
+            except JournalKeyError as exc:
+                raise JournalKeyError(f"{path}, line {number}: {exc}") from None
+    return keys
+
+
+def given_public_keys(texts: Iterable[str], files: Iterable[str | os.PathLike[str]] = ()) -> JournalKeys | None:
+    """The public keys a person gave (``--public-key KEY``, ``--public-keys FILE``), or None when none was given."""
+    given = [public_key_from_text(text) for text in texts]
+    for path in files:
+        given += read_public_keys(path)
+    return JournalKeys(given) if given else None
 
 
 def default_key_path(environ: Mapping[str, str] | None = None) -> Path:

@@ -79,6 +79,9 @@ def read_session_file(path: str | os.PathLike[str], kind: TextDocumentKind[D], m
     """`Session.resume`: the session file at ``path`` (read up to ``max_bytes``), checked against ``kind``."""
     try:
         with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size > max_bytes:  # judged by its size before a byte of it is read
+                raise SessionFileError(f"the session file is larger than {max_bytes} bytes ({size}): it was not read")
             data = file.read(max_bytes + 1)
     except OSError as exc:
         raise SessionFileError(f"the session file could not be read ({exc.strerror or type(exc).__name__})") from None

@@ -385,3 +385,45 @@ async def test_a_running_calls_progress_is_visible_until_it_settles() -> None:
             await settled.wait()
             assert session.call_progress("c") is None
             nursery.cancel_scope.cancel()
+
+
+async def test_approve_batch_covers_calls_already_approved_and_refuses_unknown_or_denied_ones(
+    document: ThreatModel,
+) -> None:
+    # A face's "approve all" over the current calls lists a read the read-only policy already approved (and ran):
+    # that call is covered, the batch goes on. An unknown id, or a call decided against, refuses the whole batch.
+    threat = {"title": "Replayed webhook", "category": "Spoofing", "severity": "high", "element": "psp"}
+    calls = (
+        ScriptedCall(id="r1", name="get_document_summary", input={}),
+        ScriptedCall(id="m1", name="add_threat", input={"threat": threat}),
+        ScriptedCall(id="m2", name="add_threat", input={"threat": {**threat, "title": "Stale nonce"}}),
+    )
+    steps = [ScriptStep(tool_calls=calls), ScriptStep(text="Done.")]
+    async with (
+        ScriptedProvider(steps) as provider,
+        threat_model_session(document=document, provider=provider, model="scripted-1") as session,
+        trio.open_nursery() as nursery,
+    ):
+        results: dict[str, bool] = {}
+
+        async def approve_all() -> None:
+            async for state in session.states():
+                if state.phase is Phase.AWAITING_APPROVAL and "batch" not in results:
+                    assert {c.id: c.status for c in state.current_calls}["r1"] in (
+                        CallStatus.APPROVED,
+                        CallStatus.RUNNING,
+                        CallStatus.SUCCEEDED,
+                    )
+                    results["unknown"] = session.approve_batch(["r1", "m1", "nope"])
+                    assert session.deny("m2", "not this one")
+                    await trio.testing.wait_all_tasks_blocked()
+                    results["denied"] = session.approve_batch(["r1", "m1", "m2"])
+                    results["batch"] = session.approve_batch([c.id for c in state.current_calls if c.id != "m2"])
+
+        nursery.start_soon(approve_all)
+        with trio.fail_after(10):  # the regression left the turn waiting for its review timeout
+            final = await session.send("add them")
+        nursery.cancel_scope.cancel()
+    assert results == {"unknown": False, "denied": False, "batch": True}
+    statuses = {c.id: c.status for c in final.calls}
+    assert statuses == {"r1": CallStatus.SUCCEEDED, "m1": CallStatus.SUCCEEDED, "m2": CallStatus.DENIED}

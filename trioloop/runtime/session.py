@@ -51,7 +51,7 @@ from trioloop.runtime.session_journal import (
     ToolsMissing,
     resume_point,
 )
-from trioloop.runtime.session_turns import SessionBusy
+from trioloop.runtime.session_turns import APPROVED_ALREADY, SessionBusy
 from trioloop.runtime.session_view import SessionClosed, SessionView, default_system_prompt
 from trioloop.runtime.toolsets import Toolset
 
@@ -153,9 +153,11 @@ class Session(SessionView[D]):
         return controls is not None and controls.approve(call_id, edited_input)
 
     def approve_batch(self, call_ids: Iterable[str]) -> bool:
-        """Approve the listed calls together (destructive ones are never included)."""
+        """Approve the listed calls together (destructive ones are never included). A call already approved (by the
+        person, or the read-only policy), running or run is covered; an unknown id, another turn's call or one
+        decided against (denied, failed) refuses the whole batch (False)."""
         ids = tuple(call_ids)
-        controls = self._turns.deciding_on(ids)
+        controls = self._turns.deciding_on(ids, covered=APPROVED_ALREADY)
         return controls is not None and controls.approve_batch(ids)
 
     def deny(self, call_id: str, reason: str = "") -> bool:

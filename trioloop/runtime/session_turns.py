@@ -27,7 +27,12 @@ from trioloop.runtime.session_journal import JournalHandle, SessionJournal
 from trioloop.runtime.toolsets import Toolsets
 from trioloop.runtime.workspace import TurnRequest, Workspace
 
-__all__ = ["SessionBusy", "TurnSetup", "TurnSlot"]
+__all__ = ["APPROVED_ALREADY", "SessionBusy", "TurnSetup", "TurnSlot"]
+
+#: The statuses of calls already approved (by the person, or the read-only policy), running or run: a batch that
+#: lists one (a face's "approve all" over the current calls) simply covers it. A call decided against (denied,
+#: failed) or unknown still refuses the whole batch.
+APPROVED_ALREADY: frozenset[CallStatus] = frozenset({CallStatus.APPROVED, CallStatus.RUNNING, CallStatus.SUCCEEDED})
 
 D = TypeVar("D")
 
@@ -103,16 +108,19 @@ class TurnSlot(Generic[D]):
         """Where a decision goes: the running turn, or the suspended one (taken when it continues)."""
         return self.controls if self.controls is not None else self.pending
 
-    def deciding_on(self, call_ids: tuple[str, ...]) -> TurnControls | None:
+    def deciding_on(
+        self, call_ids: tuple[str, ...], *, covered: frozenset[CallStatus] = frozenset()
+    ) -> TurnControls | None:
         """Where a decision on ``call_ids`` goes, or None when one of them has no card open (a late click on a
-        card that is gone, another turn's call): such a decision is refused (False), not queued to be dropped."""
+        card that is gone, another turn's call): such a decision is refused (False), not queued to be dropped. A
+        call in a ``covered`` status (a batch's: one already approved) is no reason to refuse."""
         controls = self.deciding()
         state = self.resume.state if self.controls is None and self.resume is not None else self.publisher.state
         if controls is None or state is None or not call_ids:
             return None
         for call_id in call_ids:
             call = state.call(call_id)
-            if call is None or call.status is not CallStatus.PENDING:
+            if call is None or (call.status is not CallStatus.PENDING and call.status not in covered):
                 return None
         return controls
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from pg_support import postgres_url  # noqa: F401 -- the session fixture, reached by name (getfixturevalue)
 from test_journal_integrity import (  # noqa: F401 -- fixtures, reached by name
     NOTE,
@@ -224,3 +226,62 @@ async def test_a_compacted_journal_cut_back_to_its_snapshot_is_refused(journal: 
     path.rewrite(rows[: first_seal + 1])  # the snapshot and its seal: a journal that verifies on its own
     await refused(path, signer, "holds no turn after it", witness=None)
     await refused(path, signer, "holds no turn after it|witnessed", witness=witness_in(path, signer))
+
+
+TESTS = Path(__file__).resolve().parent
+_HOSTILE_OPEN = """
+import resource, sys, time
+import trio
+from trioloop import JournalError, ScriptedProvider, Session
+from trioloop.durable.signing import JournalSigner
+from trioloop.stores import SQLiteJournalStore
+from test_journal_integrity import NOTE, TOOLS
+
+signer = JournalSigner.load(sys.argv[2])
+
+async def main():
+    async with SQLiteJournalStore(sys.argv[1]) as store:
+        try:
+            await Session.open(store, "s1", kind=NOTE, provider=ScriptedProvider([]), tools=TOOLS, signer=signer,
+                               witness=None)
+        except JournalError as exc:
+            print(exc)
+
+before, cpu = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.process_time()
+trio.run(main)
+print(time.process_time() - cpu, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+
+
+async def test_an_unsigned_entry_of_hundreds_of_mb_after_the_last_seal_is_refused_unread(tmp_path: Path) -> None:
+    # It used to be decoded whole before its place settled the verdict (1.2 GB and minutes of CPU for 200 MB).
+    import sqlite3
+    import subprocess
+    import sys
+    from contextlib import closing
+
+    signer = JournalSigner.generate()
+    path = Journal("sqlite", tmp_path, None)
+    await suspended_in_review(path, signer)
+    last = path.rows()[-1][0]
+    size = 200_000_000
+    with closing(sqlite3.connect(path.file)) as db, db:
+        db.execute("INSERT INTO trioloop_journal VALUES ('s1', ?, zeroblob(?))", (last + 1, size))
+    key_file = tmp_path / "journal-key"
+    signer.save(key_file)
+    tests = TESTS
+    done = await trio.to_thread.run_sync(
+        lambda: subprocess.run(  # a process of its own: its peak memory and CPU are this open's alone
+            [sys.executable, "-c", _HOSTILE_OPEN, str(path.file), str(key_file)],
+            capture_output=True, text=True, check=True, cwd=tests,
+            env={"PYTHONPATH": f"{tests}:{tests.parent}", "PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path)},
+        )
+    )  # fmt: skip
+    message, figures = done.stdout.strip().splitlines()
+    cpu_s, extra_mb = (float(x) for x in figures.split())
+    assert "follow the last seal the keys given verify" in message and "refused unread" in message
+    assert cpu_s < 2  # nothing of it decoded
+    # The store hands over the row it read (SQLite reads a row whole): the bytes themselves, nothing more.
+    assert extra_mb < size / 2**20 + 64, (extra_mb, cpu_s)
+    print(f"hostile tail: {size // 10**6} MB after the last seal refused in {cpu_s:.2f} s CPU, +{extra_mb:.0f} MB")
+    assert RUNS == []

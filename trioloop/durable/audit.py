@@ -27,6 +27,7 @@ from trioloop.durable.journal import (
     decode_numbered,
     document_digest,
     journal_id_of,
+    refuse_unsigned_tail,
     verify_journal,
 )
 from trioloop.durable.signing import JournalKeys
@@ -284,6 +285,8 @@ async def verify_session(
             return stored, attrs.evolve(verdict, error=str(exc))
         return stored, attrs.evolve(verdict, verdict="missing")
     try:
+        if keys is not None:
+            refuse_unsigned_tail(stored, session_id=session_id, keys=keys)  # judged by position, before decoding
         entries = decode_entries(stored)
         integrity = verify_journal(entries, session_id=session_id, keys=keys)
         journal_id = journal_id_of(entries, session_id)

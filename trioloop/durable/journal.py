@@ -69,6 +69,7 @@ __all__ = [
     "encode_entry",
     "entry_hash",
     "journal_id_of",
+    "refuse_unsigned_tail",
     "verify_chain",
     "verify_journal",
 ]
@@ -332,6 +333,43 @@ def journal_id_of(entries: Sequence[JournalEntry], session_id: str) -> str:
     if type(named) is str and named:
         return named
     return f"{session_id}@{entries[0].hash}" if entries else session_id
+
+
+#: The largest stored entry taken for a seal when looking for the last one before decoding (a seal is ~300 bytes).
+_MAX_SEAL_BYTES: Final = 4096
+#: How much may follow the last seal ``keys`` verify before it is refused unread (a journal's own tail: its last
+#: batch, when a later seal is forged; beyond this, decoding it first would cost more than judging it by position).
+UNSIGNED_TAIL_BYTES: Final = 16 * 1024 * 1024
+
+
+def refuse_unsigned_tail(stored: Sequence[StoredEntry], *, session_id: str, keys: JournalKeys) -> None:
+    """Refuse (`JournalError`), by position and length before anything but seals is decoded, more than
+    `UNSIGNED_TAIL_BYTES` of stored entries after the last seal whose signature ``keys`` verify: entries nobody
+    signed can make nothing run, and an unsigned entry of hundreds of MB after the last seal (or before a forged
+    one) would otherwise be decoded whole first. A smaller tail is left to `verify_journal`, which names exactly
+    what is wrong with it."""
+    unknown: str | None = None
+    tail = 0
+    for item in reversed(stored):
+        data = item.data
+        if len(data) <= _MAX_SEAL_BYTES and data.startswith(b'{"seq":%d,"kind":"seal"' % item.seq):
+            try:
+                session, _, _, key, sig, message = _seal_fields(decode_entry(data))
+            except JournalError:
+                session, key, sig, message = "", "", "", b""
+            if session == session_id and keys.verify(key, message, sig):
+                break
+            if session == session_id and key not in keys.ids:
+                unknown = unknown or key
+        tail += len(data)
+    else:
+        if stored and unknown is not None and tail > UNSIGNED_TAIL_BYTES:
+            raise JournalError(f"the journal is signed by key {unknown}, which is not among the keys given")
+    if tail > UNSIGNED_TAIL_BYTES:
+        raise JournalError(
+            f"{tail} bytes of journal entries follow the last seal the keys given verify: nobody signed them "
+            "(refused unread)"
+        )
 
 
 def verify_journal(entries: Sequence[JournalEntry], *, session_id: str, keys: JournalKeys | None) -> JournalIntegrity:

@@ -23,6 +23,7 @@ from trioloop.durable.journal import (
     document_digest,
     entry_hash,
     journal_id_of,
+    refuse_unsigned_tail,
     verify_journal,
 )
 from trioloop.durable.journal_writer import JournalWriter
@@ -428,6 +429,8 @@ async def _verified(
     """The stored entries decoded and verified, what verifying proved, and the journal's id."""
 
     def verify() -> tuple[list[JournalEntry], JournalIntegrity, str]:
+        if keys is not None:
+            refuse_unsigned_tail(stored, session_id=session_id, keys=keys)  # judged by position, before decoding
         entries = decode_entries(stored)
         integrity = verify_journal(entries, session_id=session_id, keys=keys)
         return entries, integrity, journal_id_of(entries, session_id)

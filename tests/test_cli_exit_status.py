@@ -73,6 +73,11 @@ def journal(tmp_path: Path) -> Path:
     return path
 
 
+def no_key(folder: Path) -> dict[str, str]:
+    """The environment of an auditor who has no signing key of their own."""
+    return {"XDG_CONFIG_HOME": str(folder / "auditor"), "TRIOLOOP_JOURNAL_KEY": ""}
+
+
 def forged(journal: Path) -> Path:
     """``journal`` with one byte of an entry changed: it no longer verifies."""
     with closing(sqlite3.connect(journal)) as db, db:
@@ -160,6 +165,8 @@ def test_every_row_of_the_exit_status_table_holds(
     proposing = ("--base-url", f"http://127.0.0.1:{proposing_server}")
     document = tmp_path / "model.thf"
     document.write_bytes(PAYMENT.read_bytes())
+    pristine = tmp_path / "pristine.journal"  # the case of status 1 forges the journal in place
+    pristine.write_bytes(journal.read_bytes())
     cases: dict[int, list[Case]] = {
         0: [
             lambda: run("validate", str(PAYMENT), cwd=tmp_path).returncode,
@@ -195,6 +202,9 @@ def test_every_row_of_the_exit_status_table_holds(
         4: [  # standard input is the null device: the input ends at the first card
             lambda: run("demo", cwd=tmp_path).returncode,
             lambda: run(*chat, str(document), *proposing, "--prompt", "add a threat", cwd=tmp_path, env=KEY).returncode,
+        ],
+        5: [  # an auditor with no public key and no signing key of their own: nothing verified, never 0
+            lambda: run("audit", str(pristine), cwd=tmp_path, env=no_key(tmp_path)).returncode,
         ],
         130: [lambda: interrupted_demo(tmp_path)],
         141: [lambda: closed_output("validate", str(PAYMENT), cwd=tmp_path)[0]],

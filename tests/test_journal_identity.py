@@ -44,14 +44,20 @@ def witness_in(path: Journal, signer: JournalSigner) -> FileWitness:
     return FileWitness(path.file.parent / "witness", signer=signer)
 
 
+async def witnessed_in_review(path: Journal, signer: JournalSigner) -> FileWitness:
+    """The scene, suspended in review, then opened once with a witness of the test's own: witnessed from then on."""
+    witness = witness_in(path, signer)
+    await suspended_in_review(path, signer)
+    session = await open_note(path, signer=signer, witness=witness)
+    await session.aclose()
+    return witness
+
+
 async def test_another_journal_of_the_same_session_is_refused_naming_both_heads(
     journal: Journal, signer: JournalSigner
 ) -> None:
     path = journal
-    witness = witness_in(path, signer)
-    await suspended_in_review(path, signer)
-    session = await open_note(path, signer=signer, witness=witness)  # witnessed from now on
-    await session.aclose()
+    witness = await witnessed_in_review(path, signer)
     mine = path.rows()
     # The same session id, the same key, another journal (another run of the app, on another store); then that
     # journal, and its first entries alone, put in place of this session's.
@@ -80,10 +86,7 @@ async def test_another_journal_of_the_same_session_is_refused_naming_both_heads(
 
 async def test_an_emptied_session_is_refused_until_it_is_retired(journal: Journal, signer: JournalSigner) -> None:
     path = journal
-    witness = witness_in(path, signer)
-    await suspended_in_review(path, signer)
-    session = await open_note(path, signer=signer, witness=witness)
-    await session.aclose()
+    witness = await witnessed_in_review(path, signer)
     mine = path.rows()
     path.rewrite([])
     error = await refused(path, signer, "has no journal, but entry", witness=witness)
@@ -183,10 +186,7 @@ async def test_the_newest_seals_time_is_signed(journal: Journal, signer: Journal
 
 async def test_an_edited_witness_file_is_refused_like_a_damaged_one(journal: Journal, signer: JournalSigner) -> None:
     path = journal
-    witness = witness_in(path, signer)
-    await suspended_in_review(path, signer)
-    session = await open_note(path, signer=signer, witness=witness)
-    await session.aclose()
+    witness = await witnessed_in_review(path, signer)
     (file,) = [p for p in witness.folder.iterdir() if p.suffix == ".head"]
     data = file.read_bytes()
     assert b'"mac":' in data

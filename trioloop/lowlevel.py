@@ -38,6 +38,8 @@ from trioloop.machine.reducer import (
     ViolationRecord,
     reduce_turn,
 )
+from trioloop.machine.reservations import IdClaim, IdRefused, IdScheme, Reservation
+from trioloop.machine.tools import ClaimingCall
 from trioloop.machine.transaction import (
     Committed,
     Refusal,
@@ -58,14 +60,19 @@ __all__ = [
     "Bound",
     "CallSettled",
     "Cancel",
+    "ClaimingCall",
     "Committed",
     "Denial",
     "DenialReason",
     "DenyCall",
     "Grant",
+    "IdClaim",
+    "IdRefused",
+    "IdScheme",
     "InputKind",
     "Refusal",
     "Refused",
+    "Reservation",
     "Retry",
     "Revoke",
     "StartCall",

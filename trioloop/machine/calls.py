@@ -144,6 +144,15 @@ class CallRecord:
         _set_field(moved, "__dict__", values)
         return moved
 
+    def with_prepared(self, prepared: PreparedCall[Any]) -> CallRecord:
+        """This record with ``prepared`` in its place (the same call and input: its ids sealed, its run wrapped),
+        in one dict copy as `moved_to` makes it."""
+        values = self.__dict__.copy()
+        values["prepared"] = prepared
+        changed: CallRecord = _new_object(CallRecord)
+        _set_field(changed, "__dict__", values)
+        return changed
+
 
 @final
 class Violation(enum.StrEnum):

@@ -35,6 +35,7 @@ from trioloop.machine.state import (
     Phase,
     TurnState,
 )
+from trioloop.machine.step_ids import keeping_bases, reserve_ids, seal_reservations, step_calls
 from trioloop.machine.steps import (
     answer_message,
     closing_draft,
@@ -138,6 +139,11 @@ def _edit_call(state: TurnState, call_id: str, edited_input: dict[str, Any]) -> 
         return with_notice(state, invalid_edit_text(call.tool_name, prepared)), False
     if prepared.input_digest == call.input_digest:
         return state, True  # the "edit" changes nothing: an ordinary approval
+    if prepared.claims:
+        # Prepared again, the call keeps the ids its card reserved (a new claim comes after the step's others).
+        prepared = reserve_ids(step_calls(state), prepared, call.prepared.reservations)
+        if isinstance(prepared, PrepareFailure):
+            return with_notice(state, invalid_edit_text(call.tool_name, prepared)), False
     edited = attrs.evolve(
         call,
         input_digest=prepared.input_digest,
@@ -192,6 +198,10 @@ def on_start_call(state: TurnState, cmd: StartCall) -> TurnState:
     if position is None:  # authorize_start took it from these grants; kept total all the same
         return state
     grants[position] = verdict.spent()
+    if call.effect == "mutate":  # a change: it keeps the step's bases first, if the step reserved ids
+        return replace_call(
+            state, keeping_bases(step_calls(state), moved_along(call, CallStatus.RUNNING)), grants=tuple(grants)
+        )
     return replace_call(state, moved_along(call, CallStatus.RUNNING), grants=tuple(grants))
 
 
@@ -205,6 +215,8 @@ def on_call_settled(state: TurnState, cmd: CallSettled) -> TurnState:
             return replace_call(state, moved_along(call, CallStatus.FAILED, result=NOT_TEXT_RESULT, is_error=True))
         status = CallStatus.SUCCEEDED if ok else CallStatus.FAILED
         moved = call.moved_to(status, result=result, is_error=not ok, changed_document=ok and cmd.changed_document)
+        if moved.changed_document:  # part of the step changed the document: its reservations are sealed
+            return seal_reservations(replace_call(state, moved))
         return replace_call(state, moved)
     # Not running: either no grant was ever spent on it, or the run that spent it already settled.
     spent = any(g.call_id == cmd.call_id and g.consumed for g in state.grants)

@@ -1,5 +1,6 @@
 """The reducer's handlers for stream events: a response's text, its tool calls (each given its own id, checked
-against its tool and the caps, prepared, and put up for review or auto-granted), its usage and its end.
+against its tool and the caps, prepared with the new ids it adds reserved, and put up for review or
+auto-granted), its usage and its end.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from trioloop.machine.state import (
     Phase,
     TurnState,
 )
+from trioloop.machine.step_ids import reserve_ids, step_calls
 from trioloop.machine.steps import add_call, closing_draft, has_pending, settle, violate, with_notice
 from trioloop.machine.texts import (
     DUPLICATE_NOTICE,
@@ -34,7 +36,7 @@ from trioloop.machine.texts import (
     unreadable_input_notice,
     unreadable_input_text,
 )
-from trioloop.machine.tools import PrepareFailure
+from trioloop.machine.tools import ClaimingCall, PreparedCall, PrepareFailure
 from trioloop.protocol.events import (
     MessageStart,
     MessageStop,
@@ -172,8 +174,12 @@ def on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnStat
         record = _failed_unprepared(common, unreadable_input_text(name, event.input_error))
         return with_notice(add_call(state, record, draft=draft), unreadable_input_notice(name))
     prepared = tool.prepare(event.input)
-    if isinstance(prepared, PrepareFailure):
-        return add_call(state, _failed_unprepared(common, invalid_input_text(name, prepared)), draft=draft)
+    if type(prepared) is not PreparedCall:  # one test on the common path: refused, or adding under new ids
+        if type(prepared) is ClaimingCall:
+            # The new ids it adds are reserved now, after those of the step's earlier calls: its card names them.
+            prepared = reserve_ids(step_calls(state), prepared)
+        if isinstance(prepared, PrepareFailure):
+            return add_call(state, _failed_unprepared(common, invalid_input_text(name, prepared)), draft=draft)
 
     budget = state.budget.spent(tool_calls=1)
     common.update(input_digest=prepared.input_digest, summary=prepared.summary, prepared=prepared)

@@ -4,7 +4,9 @@ A tool may declare a pure ``preview(document, input) -> Preview``. It never runs
 never touches the live document; the reducer never sees a preview (it stays document-free). A face
 computes the preview with `preview_call` from the document as it stands, and again after every commit,
 so a card still waiting to run shows what will really happen. Every entry is named, and a cascade's
-removals are listed one by one, so a destructive card hides nothing it takes with it.
+removals are listed one by one, so a destructive card hides nothing it takes with it; an entity a call
+adds is named by the id its run will give it, reserved for it among the step's other adds
+(`trioloop.machine.reservations`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ call status, move a status only along `CALL_STATUS_EDGES`, and never read a cloc
 Authorization is not decided here: grants come from `authorization`, and a call reaches `running`
 only through `authorize_start`. An iteration executes only once it is decided (no call pending), so
 the order of the reviewer's clicks never changes what runs; an edited approval is prepared here by the
-call's own tool, so the grant binds exactly the input that will run.
+call's own tool, so the grant binds exactly the input that will run. The new ids a step's calls add are
+reserved here too, where the calls are prepared (`step_ids`), so a card names the id its run will use.
 
 The handlers are in `on_stream` (stream events) and `on_commands` (the runner's and the person's commands),
 built from the shared state changes in `steps`; this module is the table and the one entry point.

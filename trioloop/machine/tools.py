@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import types
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from typing import Any, Generic, Literal, TypeAlias, TypeVar
+from typing import Any, Generic, Literal, TypeAlias, TypeVar, final
 
 import attrs
 
 from trioloop.machine.card import CardDetails
 from trioloop.machine.preview import Preview
+from trioloop.machine.reservations import IdClaim, Reservation
 from trioloop.protocol.tools import ToolDefinition
 
 __all__ = [
+    "ClaimingCall",
     "Effect",
     "InvokeFn",
     "PrepareFailure",
@@ -83,6 +85,8 @@ class PreparedCall(Generic[D]):
     itself when the tool finished without awaiting, and the runner then settles the call in place,
     with no task and no scheduler pass (a plain ``def`` tool cannot see a checkpoint anyway); what it
     returns otherwise is awaited in the call's task, as ``run`` would be.
+
+    A call whose run adds something under new ids is a `ClaimingCall`; any other claims none.
     """
 
     summary: str
@@ -91,6 +95,22 @@ class PreparedCall(Generic[D]):
     _details: CardDetails | Callable[[], CardDetails] = attrs.field(default=(), alias="details")
     preview: Callable[[Any], Preview] | None = attrs.field(default=None, eq=False, repr=False)
     invoke: InvokeFn[D] | None = attrs.field(default=None, eq=False, repr=False)
+
+    # Read-only here, fields of a `ClaimingCall`: a call that claims no id pays nothing for them.
+    @property
+    def claims(self) -> tuple[IdClaim, ...]:
+        """The new ids the run takes: none (see `ClaimingCall`)."""
+        return ()
+
+    @property
+    def reservations(self) -> tuple[Reservation, ...]:
+        """The reservation of each claim: none."""
+        return ()
+
+    @property
+    def with_ids(self) -> Callable[[tuple[Reservation, ...]], PreparedCall[D]] | None:
+        """How this call is bound to its reservations: it has none to bind."""
+        return None
 
     @property
     def details(self) -> CardDetails:
@@ -101,21 +121,38 @@ class PreparedCall(Generic[D]):
             object.__setattr__(self, "_details", details)  # made once; every later read sees the same lines
         return details
 
-    # Equal when summary, digest and details are (the functions are not compared), as attrs would make it.
-    def _key(self) -> tuple[str, str, CardDetails]:
-        return (self.summary, self.input_digest, self.details)
+    # Equal when summary, digest, details and reservations are (the functions are not compared), as attrs would
+    # make it.
+    def _key(self) -> tuple[str, str, CardDetails, tuple[Reservation, ...]]:
+        return (self.summary, self.input_digest, self.details, self.reservations)
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
         assert isinstance(other, PreparedCall)
-        return self._key() == (other.summary, other.input_digest, other.details)
+        return self._key() == (other.summary, other.input_digest, other.details, other.reservations)
 
     def __hash__(self) -> int:
         return hash(self._key())
 
     def __repr__(self) -> str:
         return f"PreparedCall(summary={self.summary!r}, input_digest={self.input_digest!r}, details={self.details!r})"
+
+
+@final
+@attrs.frozen(kw_only=True, repr=False, eq=False)
+class ClaimingCall(PreparedCall[D]):
+    """A prepared call whose run adds something under new ids (`trioloop.machine.reservations`).
+
+    ``claims`` holds one `IdClaim` per id (the id the input names, or one to reserve); ``with_ids`` makes this
+    same call bound to one `Reservation` per claim, its ``reservations``. The reducer binds it where it prepares
+    the step's calls; ``preview`` and ``run`` then use exactly the ids the reservations resolve to. Prepared
+    outside a turn it has none, and counts from the document it is given.
+    """
+
+    claims: tuple[IdClaim, ...]
+    with_ids: Callable[[tuple[Reservation, ...]], PreparedCall[D]] = attrs.field(eq=False, repr=False)
+    reservations: tuple[Reservation, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

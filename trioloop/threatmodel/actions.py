@@ -4,12 +4,12 @@ An edit never mutates its input and, applied to a valid model, either fails with
 what was missing (so a model can correct its next call) or returns a model that validates: deletes
 cascade to everything that would otherwise dangle. New ids are deterministic: the next `comp-N`,
 `flow-N`, `boundary-N` or `threat-N` after the highest trailing number already used in that section,
-skipping any id that would collide.
+skipping any id that would collide. (Several adds of one response each get the id their card reserved:
+`trioloop.threatmodel.new_ids`.)
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from typing import Any, Final, TypeVar
 
@@ -44,12 +44,11 @@ from trioloop.threatmodel.model import (
     ThreatModel,
     TrustBoundary,
 )
+from trioloop.threatmodel.new_ids import highest_number
 
 __all__ = ["ActionFailure", "AppliedAction", "apply_action", "apply_action_with_report", "next_id"]
 
 E = TypeVar("E", Element, DataFlow, TrustBoundary, Threat)
-
-_TRAILING_NUMBER: Final = re.compile(r"-(\d{1,18})$")
 
 
 @attrs.frozen(kw_only=True)
@@ -85,12 +84,7 @@ def next_id(prefix: str, section_ids: Iterable[str], taken: Iterable[str] = ()) 
     """`<prefix>-N` for N one past the largest trailing `-<digits>` in `section_ids`, avoiding `taken`."""
     ids = set(section_ids)
     avoid = ids | set(taken)
-    highest = 0
-    for entity_id in ids:
-        match = _TRAILING_NUMBER.search(entity_id)
-        if match:
-            highest = max(highest, int(match.group(1)))
-    number = highest + 1
+    number = highest_number(ids) + 1
     while f"{prefix}-{number}" in avoid:
         number += 1
     return f"{prefix}-{number}"

@@ -5,17 +5,26 @@ A run applies its action to the document snapshot in `ctx.document` and returns 
 document, or a failure that says what was missing. Summaries are built from the validated input
 alone (never from the document), so what the reviewer approves is exactly what was asked; each tool
 also declares a dry-run preview (`trioloop.threatmodel.preview`) naming every entity it would add,
-change or remove on the document as it stands, cascades included.
+change or remove on the document as it stands, cascades included. The four adds claim the id of what
+they add (`trioloop.threatmodel.new_ids`): bound to the reservation the step made, the preview names
+that id and the run adds exactly it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Final, TypeVar
 
 import attrs
+import trio
 
-from trioloop.machine.tools import RegisteredTool, ToolOutcome
+from trioloop.machine.canonical import input_digest
+from trioloop.machine.card import CardDetails, input_details
+from trioloop.machine.preview import Preview
+from trioloop.machine.reservations import IdClaim, Reservation
+from trioloop.machine.tool_input import json_schema_for, structure_input, unstructure_input
+from trioloop.machine.tools import ClaimingCall, PreparedCall, PrepareFailure, RegisteredTool, ToolOutcome
 from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel.action_inputs import (
     AddDataFlow,
@@ -34,6 +43,7 @@ from trioloop.threatmodel.action_inputs import (
 from trioloop.threatmodel.actions import ActionFailure, apply_action_with_report
 from trioloop.threatmodel.errors import quote
 from trioloop.threatmodel.model import ThreatModel
+from trioloop.threatmodel.new_ids import claim_of, reserved_action
 from trioloop.threatmodel.preview import graph_preview
 
 __all__ = ["GRAPH_ACTION_TOOLS"]
@@ -89,6 +99,78 @@ def _tool(
     )
 
 
+def _add_tool(
+    name: str, description: str, input_type: type[A], key: str, summarize: Callable[[A], str]
+) -> RegisteredTool[ThreatModel]:
+    """An add: as `_tool` makes it, and its call claims the id of the entity under ``key`` in its input."""
+    schema = json_schema_for(input_type)
+
+    def prepare(raw: Any) -> PreparedCall[ThreatModel] | PrepareFailure:
+        action = structure_input(raw, input_type)
+        if isinstance(action, PrepareFailure):
+            return action
+        canonical = unstructure_input(action)
+        # Lines for a card, made only if one is shown (``canonical`` is this call's own).
+        details = partial(input_details, canonical)
+        made = _AddCall(action=action, summary=summarize(action), digest=input_digest(canonical), details=details)
+        return made.bound(claim_of(key, action), ())
+
+    return RegisteredTool(
+        name=name,
+        description=f"{description} {_IDS}",
+        effect="mutate",
+        destructive=False,
+        json_schema=schema,
+        prepare_fn=prepare,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class _AddCall:
+    """One validated add, and how to make its prepared call bound to the reservation of the id it claims."""
+
+    action: Any
+    summary: str
+    digest: str
+    details: Callable[[], CardDetails]
+
+    def bound(self, claim: IdClaim, reservations: tuple[Reservation, ...]) -> ClaimingCall[ThreatModel]:
+        """The prepared call whose preview and run use the id ``reservations`` give (none: the next free one)."""
+        invoke = partial(_run_reserved, self.action, reservations)
+        return ClaimingCall(
+            summary=self.summary,
+            input_digest=self.digest,
+            run=partial(_run_async, invoke),
+            details=self.details,
+            preview=partial(_preview_reserved, self.action, reservations),
+            invoke=invoke,
+            claims=(claim,),
+            reservations=reservations,
+            with_ids=partial(self.bound, claim),
+        )
+
+
+def _run_reserved(
+    action: Any, reservations: tuple[Reservation, ...], ctx: ToolExecutionContext[ThreatModel]
+) -> ToolOutcome[ThreatModel]:
+    resolved = reserved_action(action, reservations, ctx.document)
+    return ToolOutcome.failure(resolved) if isinstance(resolved, str) else _run(resolved, ctx)
+
+
+async def _run_async(
+    invoke: Callable[[ToolExecutionContext[ThreatModel]], ToolOutcome[ThreatModel]],
+    ctx: ToolExecutionContext[ThreatModel],
+) -> ToolOutcome[ThreatModel]:
+    outcome = invoke(ctx)
+    await trio.lowlevel.checkpoint()
+    return outcome
+
+
+def _preview_reserved(action: Any, reservations: tuple[Reservation, ...], document: ThreatModel) -> Preview:
+    resolved = reserved_action(action, reservations, document)
+    return Preview(failure=resolved) if isinstance(resolved, str) else graph_preview(document, resolved)
+
+
 def _flow_summary(action: AddDataFlow) -> str:
     flow = action.data_flow
     label = f" ({quote(flow.name)})" if flow.name else ""
@@ -107,11 +189,12 @@ def _threat_summary(action: AddThreat) -> str:
 
 
 GRAPH_ACTION_TOOLS: Final[tuple[RegisteredTool[ThreatModel], ...]] = (
-    _tool(
+    _add_tool(
         "add_element",
         "Add a component (process, data store, external entity, ...) to the threat model. Omit element.id "
         "to get the next free comp-N id; layer and group must name existing ones. The result gives the new id.",
         AddElement,
+        "element",
         lambda a: f"Add element {quote(a.element.name)} ({quote(a.element.type, limit=40)[1:-1]})",
     ),
     _tool(
@@ -129,11 +212,12 @@ GRAPH_ACTION_TOOLS: Final[tuple[RegisteredTool[ThreatModel], ...]] = (
         lambda a: f"Delete element {quote(a.id)} with its data flows, relationships, threats and memberships",
         destructive=True,
     ),
-    _tool(
+    _add_tool(
         "add_data_flow",
         "Add a directed data flow from one existing element (source) to another (target). Omit data_flow.id "
         "to get the next free flow-N id; flow_number defaults to the next number.",
         AddDataFlow,
+        "data_flow",
         _flow_summary,
     ),
     _tool(
@@ -150,11 +234,12 @@ GRAPH_ACTION_TOOLS: Final[tuple[RegisteredTool[ThreatModel], ...]] = (
         lambda a: f"Delete data flow {quote(a.id)} with the threats that target it",
         destructive=True,
     ),
-    _tool(
+    _add_tool(
         "add_trust_boundary",
         "Add a trust boundary around existing elements (contains lists element ids). Omit trust_boundary.id "
         "to get the next free boundary-N id.",
         AddTrustBoundary,
+        "trust_boundary",
         lambda a: (
             f"Add trust boundary {quote(a.trust_boundary.name)} around {len(a.trust_boundary.contains)} element(s)"
         ),
@@ -173,12 +258,13 @@ GRAPH_ACTION_TOOLS: Final[tuple[RegisteredTool[ThreatModel], ...]] = (
         lambda a: f"Delete trust boundary {quote(a.id)}",
         destructive=True,
     ),
-    _tool(
+    _add_tool(
         "add_threat",
         "Add a threat against an existing element, an existing data flow, or both (at least one is required). "
         "category is a STRIDE category; severity is critical, high, medium, low or info. Omit threat.id to "
         "get the next free threat-N id.",
         AddThreat,
+        "threat",
         _threat_summary,
     ),
     _tool(

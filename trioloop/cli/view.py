@@ -21,6 +21,7 @@ from trioloop.cli.cards import Edit, card, change_lines, help_text, make_edit
 from trioloop.cli.questions import QuestionCards
 from trioloop.cli.review import LinePrompt, edit_in_editor, editable_json, parse_answer
 from trioloop.machine.reducer import CallRecord, CallStatus, Outcome, Phase, TurnState
+from trioloop.machine.step_ids import reserve_ids, step_calls
 from trioloop.machine.tools import PrepareFailure
 from trioloop.machine.untrusted_text import START_MARKER, sanitize_scalar
 from trioloop.protocol.messages import ToolCallBlock
@@ -378,12 +379,16 @@ class TurnView:
 
     def _checked(self, call: CallRecord, edited: Any) -> Edit | str:
         """``edited`` as the call's own tool prepares it, or why it cannot be approved."""
-        tool = self.session.state.tool_set.get(call.tool_name) if self.session.state is not None else None
-        if tool is None or call.prepared is None:
+        state = self.session.state
+        tool = state.tool_set.get(call.tool_name) if state is not None else None
+        if state is None or tool is None or call.prepared is None:
             return "This call cannot be edited."
         if not isinstance(edited, dict):
             return "The input must be a JSON object."
         checked = tool.prepare(edited)
+        if not isinstance(checked, PrepareFailure):
+            # Bound as the reducer binds the approved edit: the card previews the id this call keeps.
+            checked = reserve_ids(step_calls(state), checked, call.prepared.reservations)
         if isinstance(checked, PrepareFailure):
             return f"The tool refused this input: {checked.message}."
         return make_edit(call, edited, checked)

@@ -173,7 +173,19 @@ def test_only_the_durable_layer_imports_a_storage_library(package: str) -> None:
     assert found == []
 
 
-def test_the_checker_sees_a_forbidden_arrow() -> None:
+@pytest.fixture
+def package_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the package the checks below read instead of the real one: a probe module written into it is never
+    seen by a test running at the same time in another process (pytest-xdist)."""
+    import shutil
+
+    copy = tmp_path / "trioloop"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", copy)
+    return copy
+
+
+def test_the_checker_sees_a_forbidden_arrow(package_copy: Path) -> None:
     # The walk must catch every spelling of an import, or the rules above prove nothing.
     cases = {
         "machine": (
@@ -193,7 +205,7 @@ def test_the_checker_sees_a_forbidden_arrow() -> None:
     }
     for package, sources in cases.items():
         for source in sources:
-            fake = PACKAGE / package / "_layer_probe.py"
+            fake = package_copy / package / "_layer_probe.py"
             fake.write_text(source, encoding="utf-8")
             try:
                 found = arrows(package)
@@ -202,9 +214,9 @@ def test_the_checker_sees_a_forbidden_arrow() -> None:
             assert any("_layer_probe.py" in arrow for arrow in found), (package, source)
 
 
-def test_the_checker_sees_an_impure_library() -> None:
+def test_the_checker_sees_an_impure_library(package_copy: Path) -> None:
     for source in ("import trio\n", "from time import monotonic\n", "import os.path\n", "from httpx import Client\n"):
-        fake = PACKAGE / "machine" / "_layer_probe.py"
+        fake = package_copy / "machine" / "_layer_probe.py"
         fake.write_text(source, encoding="utf-8")
         try:
             found = [
@@ -353,12 +365,12 @@ def test_the_modules_of_a_package_import_each_other_without_circles(package: str
     assert import_circles(module_graph(package)) == []
 
 
-def test_the_circle_check_sees_a_circle() -> None:
+def test_the_circle_check_sees_a_circle(package_copy: Path) -> None:
     # Two modules of one package importing each other: one only for the type checker, the other inside a function
     # and relatively.
     assert import_circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     assert import_circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
-    first, second = PACKAGE / "runtime" / "_circle_probe_a.py", PACKAGE / "runtime" / "_circle_probe_b.py"
+    first, second = package_copy / "runtime" / "_circle_probe_a.py", package_copy / "runtime" / "_circle_probe_b.py"
     first.write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trioloop.runtime._circle_probe_b import f\n",
         encoding="utf-8",

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Final, Self, TypeVar
 
 import trio
 
 from trioloop.durable.journal import MAX_ENTRY_BYTES, JournalError
 from trioloop.durable.store import StoredEntry
 
-__all__ = ["SqlJournals", "entries_query", "stored_entries"]
+__all__ = ["OUTLINE_BYTES", "SqlJournals", "entries_query", "outline_query", "outline_rows", "stored_entries"]
 
 _T = TypeVar("_T")
 
@@ -27,6 +27,30 @@ def entries_query(placeholder: str) -> str:
         f"SELECT seq, CASE WHEN length(data) > {MAX_ENTRY_BYTES} THEN NULL ELSE data END, length(data) "
         f"FROM trioloop_journal WHERE session_id = {placeholder} AND seq > {placeholder} ORDER BY seq"
     )
+
+
+#: An entry at most this long comes whole in an outline (a seal is ~300 bytes): what is judged before the rest is read.
+OUTLINE_BYTES: Final = 4096
+
+
+def outline_query(placeholder: str) -> str:
+    """Every entry of a session after a number, in order: its number, its length, and its bytes when it is short
+    (`OUTLINE_BYTES`); a long entry's bytes stay in the database."""
+    return (
+        f"SELECT seq, length(data), CASE WHEN length(data) <= {OUTLINE_BYTES} THEN data ELSE NULL END "
+        f"FROM trioloop_journal WHERE session_id = {placeholder} AND seq > {placeholder} ORDER BY seq"
+    )
+
+
+def outline_rows(rows: Sequence[tuple[Any, Any, Any]]) -> tuple[tuple[int, int, bytes | None], ...]:
+    """The rows `outline_query` read: (number, length, bytes or None)."""
+    outline = []
+    for seq, size, data in rows:
+        if type(seq) is not int or type(size) is not int or not isinstance(data, bytes | bytearray | memoryview | None):
+            number = seq if type(seq) is int else None
+            raise JournalError(f"journal entry {seq!r} is not stored as a numbered run of bytes", seq=number)
+        outline.append((seq, size, None if data is None else bytes(data)))
+    return tuple(outline)
 
 
 def stored_entries(rows: Sequence[tuple[Any, Any, Any]]) -> tuple[StoredEntry, ...]:
@@ -71,6 +95,15 @@ class SqlJournals:
             f"reading session {session_id!r}", lambda connection: connection.execute(sql, (session_id, 0)).fetchall()
         )
         return stored_entries(rows)
+
+    async def outline(self, session_id: str) -> Sequence[tuple[int, int, bytes | None]]:
+        """Every entry of ``session_id``: (number, length, bytes when short), without a lease; what the rest of a
+        journal is judged by before it is read (`trioloop.durable.journal.refuse_unsigned_tail`)."""
+        sql = outline_query(self._PLACEHOLDER)
+        rows = await self._query(
+            f"reading session {session_id!r}", lambda connection: connection.execute(sql, (session_id, 0)).fetchall()
+        )
+        return outline_rows(rows)
 
     async def __aenter__(self) -> Self:
         await trio.lowlevel.checkpoint()

@@ -31,7 +31,7 @@ from trioloop.durable.journal import (
     verify_journal,
 )
 from trioloop.durable.signing import JournalKeys
-from trioloop.durable.store import JournalStore, StoredEntry, store_identity
+from trioloop.durable.store import JournalStore, StoredEntry, outline_of, store_identity
 from trioloop.durable.witness import HeadWitness, check_witnessed, witness_name
 from trioloop.machine.untrusted_text import sanitize_scalar
 
@@ -273,7 +273,10 @@ async def verify_session(
     The entries read, and the verdict. `JournalStoreError` when the store cannot be read."""
     name = witness_name(store_identity(store), session_id)
     head = None if witness is None else await witness.last_head(name)
+    outline = getattr(store, "outline", None)
     try:
+        if keys is not None and outline is not None:  # judged by position and length before it is read
+            refuse_unsigned_tail(await outline(session_id), session_id=session_id, keys=keys)
         stored = await store.read(session_id)
     except JournalError as exc:  # an entry too large to read, or not stored as bytes
         return (), AuditVerdict(session=session_id, verdict="refused", entries=0, error=str(exc), entry=exc.seq)
@@ -285,8 +288,8 @@ async def verify_session(
             return stored, attrs.evolve(verdict, error=str(exc))
         return stored, attrs.evolve(verdict, verdict="missing")
     try:
-        if keys is not None:
-            refuse_unsigned_tail(stored, session_id=session_id, keys=keys)  # judged by position, before decoding
+        if keys is not None:  # a store without an outline: judged by position at least before it is decoded
+            refuse_unsigned_tail(outline_of(stored), session_id=session_id, keys=keys)
         entries = decode_entries(stored)
         integrity = verify_journal(entries, session_id=session_id, keys=keys)
         journal_id = journal_id_of(entries, session_id)

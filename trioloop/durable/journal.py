@@ -47,7 +47,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any, Final, final
+from typing import Any, Final, TypeAlias, final
 
 import attrs
 
@@ -342,17 +342,19 @@ _MAX_SEAL_BYTES: Final = 4096
 UNSIGNED_TAIL_BYTES: Final = 16 * 1024 * 1024
 
 
-def refuse_unsigned_tail(stored: Sequence[StoredEntry], *, session_id: str, keys: JournalKeys) -> None:
-    """Refuse (`JournalError`), by position and length before anything but seals is decoded, more than
-    `UNSIGNED_TAIL_BYTES` of stored entries after the last seal whose signature ``keys`` verify: entries nobody
-    signed can make nothing run, and an unsigned entry of hundreds of MB after the last seal (or before a forged
-    one) would otherwise be decoded whole first. A smaller tail is left to `verify_journal`, which names exactly
-    what is wrong with it."""
+Outline: TypeAlias = Sequence[tuple[int, int, "bytes | None"]]
+
+
+def refuse_unsigned_tail(outline: Outline, *, session_id: str, keys: JournalKeys) -> None:
+    """Refuse (`JournalError`), by position and length before the rest is read, more than `UNSIGNED_TAIL_BYTES` of
+    stored entries after the last seal whose signature ``keys`` verify. ``outline`` holds, for each stored entry,
+    its number, its length and (a short one, as every seal is) its bytes: entries nobody signed can make nothing
+    run, and an unsigned entry of hundreds of MB after the last seal (or before a forged one) would otherwise be
+    read and decoded whole first. A smaller tail is left to `verify_journal`, which names exactly what is wrong."""
     unknown: str | None = None
     tail = 0
-    for item in reversed(stored):
-        data = item.data
-        if len(data) <= _MAX_SEAL_BYTES and data.startswith(b'{"seq":%d,"kind":"seal"' % item.seq):
+    for seq, size, data in reversed(outline):
+        if data is not None and size <= _MAX_SEAL_BYTES and data.startswith(b'{"seq":%d,"kind":"seal"' % seq):
             try:
                 session, _, _, key, sig, message = _seal_fields(decode_entry(data))
             except JournalError:
@@ -361,9 +363,9 @@ def refuse_unsigned_tail(stored: Sequence[StoredEntry], *, session_id: str, keys
                 break
             if session == session_id and key not in keys.ids:
                 unknown = unknown or key
-        tail += len(data)
+        tail += size
     else:
-        if stored and unknown is not None and tail > UNSIGNED_TAIL_BYTES:
+        if outline and unknown is not None and tail > UNSIGNED_TAIL_BYTES:
             raise JournalError(f"the journal is signed by key {unknown}, which is not among the keys given")
     if tail > UNSIGNED_TAIL_BYTES:
         raise JournalError(

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
 
-from trioloop.durable._sql import SqlJournals, entries_query, stored_entries
+from trioloop.durable._sql import SqlJournals, entries_query, outline_query, outline_rows, stored_entries
 from trioloop.durable._waiting import check_session_id, wait_for_lease
 from trioloop.durable.leases import (
     DEFAULT_LEASE_TTL_S,
@@ -388,6 +388,12 @@ class _PostgresLease(ExpiringLease):
             "reading", lambda connection: connection.execute(entries_query("%s"), (self._session_id, after)).fetchall()
         )
         return stored_entries(rows)
+
+    async def outline(self, *, after: int = 0) -> Sequence[tuple[int, int, bytes | None]]:
+        sql = outline_query("%s")
+        return outline_rows(
+            await self._run("reading", lambda connection: connection.execute(sql, (self._session_id, after)).fetchall())
+        )
 
     async def last_seq(self) -> int:
         return await self._run("reading", lambda connection: _last_seq(connection, self._session_id))

@@ -10,34 +10,30 @@ applies `check_batch` and inserts the batch inside a ``BEGIN IMMEDIATE`` transac
 against another process.
 
 A lease is a row of ``trioloop_lease`` with a time to live and a fencing epoch (`trioloop.durable.leases`), checked
-in the transaction of every append. Its holder also holds a one-byte POSIX lock (``fcntl.lockf``) on the sidecar
-file ``<database>.lock``, at an offset taken from the sha256 of the session id and the epoch, plus a registry in
-this process, because POSIX locks never exclude two holders in one process. The kernel drops the lock when its
-process dies, so a killed driver leaves its session free at once; a frozen one (SIGSTOP) keeps its lock, and loses
-its lease when the time to live runs out. Closing *any* descriptor of a file drops all of the process's POSIX locks
-on it, so the registry keeps one descriptor per lock file, shared by every store in the process, and closes it only
-when no lease on that file is left. Do not delete the ``.lock`` file while a store uses the database. POSIX systems
-only.
+in the transaction of every append. Its holder also holds a one-byte POSIX lock on the sidecar file
+``<database>.lock`` (`trioloop.durable._sqlite_locks`): the kernel drops it when its process dies, so a killed driver
+leaves its session free at once; a frozen one (SIGSTOP) keeps its lock, and loses its lease when the time to live runs
+out. Do not delete the ``.lock`` file while a store uses the database. POSIX systems only.
+
+Entries live in a table with rowids, found through the index of its primary key (session id, number), so a
+session's entries are found, measured and judged without reading one (`outline`); an earlier version's table,
+WITHOUT ROWID, is moved to it when the file is opened to be written.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import hashlib
 import os
 import sqlite3
-import threading
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, Final, Protocol, TypeVar, final
 
-import attrs
 import trio
 
-from trioloop.durable._sql import SqlJournals, entries_query, stored_entries
+from trioloop.durable._sql import SqlJournals, entries_query, outline_query, outline_rows, stored_entries
+from trioloop.durable._sqlite_locks import lock_offset, try_lock, unlock
 from trioloop.durable._store_thread import AppendsThen, StoreThread
 from trioloop.durable._waiting import check_session_id, wait_for_lease
 from trioloop.durable.leases import (
@@ -61,86 +57,30 @@ __all__ = ["SQLiteJournalStore"]
 #: How long a write waits for another process's write transaction on the same file before it fails.
 BUSY_TIMEOUT_S = 5.0
 
+#: Entries in a table with rowids, found through its primary key's index: the index holds (session id, number,
+#: rowid) alone, so finding a session's entries never reads one (a table WITHOUT ROWID keeps whole entries in its
+#: index, and SQLite reads an entry whole to compare it while it searches: a 300 MB entry was read to be refused).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS trioloop_journal (
     session_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
     data BLOB NOT NULL,
     PRIMARY KEY (session_id, seq)
-) WITHOUT ROWID
+)
 """
+#: A file an earlier version made (its journal WITHOUT ROWID) is moved to the table above when it is opened to be
+#: written, in one transaction (its entries copied once; the file's readers see the old table or the new).
+_MIGRATION = (
+    "CREATE TABLE trioloop_journal_rowid (session_id TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL, "
+    "PRIMARY KEY (session_id, seq))",
+    "INSERT INTO trioloop_journal_rowid (session_id, seq, data) SELECT session_id, seq, data FROM trioloop_journal",
+    "DROP TABLE trioloop_journal",
+    "ALTER TABLE trioloop_journal_rowid RENAME TO trioloop_journal",
+)
 
 _T = TypeVar("_T")
 #: The lease statements in SQLite's spelling; its clock is the machine's (every process on it agrees).
 _LEASES: Final = LeaseSql(p="?", now="((julianday('now') - 2440587.5) * 86400.0)")
-
-
-def _lock_offset(session_id: str, epoch: int) -> int:
-    """The byte epoch ``epoch`` of a lease on ``session_id`` locks: 62 bits of a sha256, so offset + 1 still fits
-    an off_t."""
-    named = f"{session_id}\x00{epoch}".encode()
-    return int.from_bytes(hashlib.sha256(named).digest()[:8], "big") >> 2
-
-
-@attrs.define
-class _LockFile:
-    fds: list[int]  # the first locks; any other was opened on the same file by a race and must stay open too
-    held: dict[int, str]  # offset -> session id, for the leases this process holds on the file
-
-
-_registry_guard = threading.Lock()
-_lock_files: dict[tuple[int, int], _LockFile] = {}
-
-
-def _try_lock(lock_path: str, session_id: str, offset: int) -> tuple[int, int] | None:
-    """Take the lease's byte if no lease here or elsewhere holds it (a worker thread): the lock file's key."""
-    with _registry_guard:
-        key: tuple[int, int] | None = None
-        with contextlib.suppress(FileNotFoundError):
-            found = os.stat(lock_path)
-            key = (found.st_dev, found.st_ino)
-        entry = _lock_files.get(key) if key is not None else None
-        if entry is None:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            opened = os.fstat(fd)
-            key = (opened.st_dev, opened.st_ino)
-            entry = _lock_files.get(key)
-            if entry is None:
-                entry = _lock_files[key] = _LockFile(fds=[fd], held={})
-            else:
-                entry.fds.append(fd)
-        assert key is not None
-        if offset in entry.held:
-            return None
-        try:
-            fcntl.lockf(entry.fds[0], fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset, os.SEEK_SET)
-        except OSError as exc:
-            if not entry.held:
-                _close_lock_file(key, entry)
-            if exc.errno in (errno.EACCES, errno.EAGAIN):
-                return None
-            raise
-        entry.held[offset] = session_id
-        return key
-
-
-def _unlock(key: tuple[int, int], offset: int) -> None:
-    """Give the lease's byte back (a worker thread); the descriptor closes with the last lease on the file."""
-    with _registry_guard:
-        entry = _lock_files.get(key)
-        if entry is None or entry.held.pop(offset, None) is None:
-            return
-        with contextlib.suppress(OSError):
-            fcntl.lockf(entry.fds[0], fcntl.LOCK_UN, 1, offset, os.SEEK_SET)
-        if not entry.held:
-            _close_lock_file(key, entry)
-
-
-def _close_lock_file(key: tuple[int, int], entry: _LockFile) -> None:
-    del _lock_files[key]
-    for fd in entry.fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 @final
@@ -279,6 +219,7 @@ class SQLiteJournalStore(SqlJournals):
             connection.execute(f"PRAGMA synchronous={'FULL' if self._durable else 'NORMAL'}")
             connection.execute(_SCHEMA)
             connection.execute(LEASE_SCHEMA)
+            _migrate(connection)
             if self._durable:
                 _sync_directory(os.path.dirname(self._file))
         except BaseException:
@@ -310,13 +251,13 @@ class SQLiteJournalStore(SqlJournals):
         keys: dict[int, tuple[int, int]] = {}
 
         def hold(epoch: int) -> bool:
-            key = _try_lock(self._lock_path, session_id, _lock_offset(session_id, epoch))
+            key = try_lock(self._lock_path, session_id, lock_offset(session_id, epoch))
             if key is not None:
                 keys[epoch] = key
             return key is not None
 
         def unhold(epoch: int) -> None:
-            _unlock(keys.pop(epoch), _lock_offset(session_id, epoch))
+            unlock(keys.pop(epoch), lock_offset(session_id, epoch))
 
         try:
             epoch = _LEASES.claim(connection, session_id, self.lease_ttl_s, hold, unhold)
@@ -336,6 +277,24 @@ class SQLiteJournalStore(SqlJournals):
         if connection is not None:
             with contextlib.suppress(sqlite3.Error):
                 connection.close()
+
+
+def _migrate(connection: sqlite3.Connection) -> None:
+    """Move an earlier version's journal table (WITHOUT ROWID) to one with rowids, once, in one transaction."""
+    query = "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'trioloop_journal'"
+    (sql,) = connection.execute(query).fetchone()
+    if "WITHOUT ROWID" not in str(sql).upper():
+        return
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        (sql,) = connection.execute(query).fetchone()  # another process may have moved it meanwhile
+        if "WITHOUT ROWID" in str(sql).upper():
+            for statement in _MIGRATION:
+                connection.execute(statement)
+    except BaseException:
+        connection.rollback()
+        raise
+    connection.commit()
 
 
 def _sync_directory(directory: str) -> None:
@@ -374,7 +333,7 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
         self._session_id = session_id
         self._key = key
         self._epoch = epoch
-        self._offset = _lock_offset(session_id, epoch)
+        self._offset = lock_offset(session_id, epoch)
         self._run = run
         self._append = append
         self._forget = forget
@@ -409,6 +368,14 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
             return connection.execute(entries_query("?"), (self._session_id, after)).fetchall()
 
         return stored_entries(await self._run(f"reading session {self._session_id!r}", read, abandon=True))
+
+    async def outline(self, *, after: int = 0) -> Sequence[tuple[int, int, bytes | None]]:
+        self._held()
+        sql = outline_query("?")
+        rows = await self._run(
+            f"reading session {self._session_id!r}", lambda c: c.execute(sql, (self._session_id, after)).fetchall()
+        )
+        return outline_rows(rows)
 
     async def last_seq(self) -> int:
         self._held()
@@ -466,7 +433,7 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
             with trio.CancelScope(shield=True):
                 with contextlib.suppress(JournalStoreError):  # the row's time runs out by itself anyway
                     await self._run("ending a lease", lambda c: _LEASES.end(c, self._session_id, self._epoch))
-                await trio.to_thread.run_sync(_unlock, self._key, self._offset)  # the registry has its own lock
+                await trio.to_thread.run_sync(unlock, self._key, self._offset)  # the registry has its own lock
         await trio.lowlevel.checkpoint()
 
     async def __aenter__(self) -> _SQLiteLease:

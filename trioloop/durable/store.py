@@ -47,6 +47,7 @@ __all__ = [
     "SessionLocked",
     "StoredEntry",
     "check_batch",
+    "outline_of",
     "store_identity",
 ]
 
@@ -70,6 +71,12 @@ class StoredEntry:
 
     seq: int
     data: bytes
+
+
+def outline_of(entries: Sequence[StoredEntry], short: int = 4096) -> tuple[tuple[int, int, bytes | None], ...]:
+    """Entries as an outline: (number, length, bytes when at most ``short`` long), what a journal's tail is judged
+    by before the rest is read (a store that can, reads only that much)."""
+    return tuple((e.seq, len(e.data), e.data if len(e.data) <= short else None) for e in entries)
 
 
 def store_identity(store: object) -> str:
@@ -219,6 +226,10 @@ class _MemoryLease:
             raise JournalStoreError("the memory store was told to fail appends")
         journal.extend(entries)
 
+    async def outline(self, *, after: int = 0) -> Sequence[tuple[int, int, bytes | None]]:
+        await trio.lowlevel.checkpoint()
+        return outline_of([e for e in self._journal() if e.seq > after])
+
     async def discard_before(self, seq: int) -> None:
         await trio.lowlevel.checkpoint()
         journal = self._journal()
@@ -301,3 +312,8 @@ class MemoryJournalStore:
         """Every stored entry of ``session_id``, in order, without a lease."""
         await trio.lowlevel.checkpoint()
         return tuple(self._journals.get(session_id, ()))
+
+    async def outline(self, session_id: str) -> Sequence[tuple[int, int, bytes | None]]:
+        """Every entry of ``session_id`` as an outline (`outline_of`), without a lease."""
+        await trio.lowlevel.checkpoint()
+        return outline_of(self._journals.get(session_id, ()))

@@ -31,7 +31,14 @@ from trioloop.durable.leases import LeaseLost
 from trioloop.durable.replay import Replayed, replay_journal, replay_start, tools_used
 from trioloop.durable.session_file import SessionSnapshot
 from trioloop.durable.signing import JournalKeys, JournalSigner
-from trioloop.durable.store import JournalLease, JournalStore, JournalStoreError, StoredEntry, store_identity
+from trioloop.durable.store import (
+    JournalLease,
+    JournalStore,
+    JournalStoreError,
+    StoredEntry,
+    outline_of,
+    store_identity,
+)
 from trioloop.durable.witness import FileWitness, HeadWitness, WitnessedHead, check_witnessed, witness_name
 from trioloop.machine.document import TextDocumentKind
 from trioloop.machine.tools import ToolRegistry
@@ -304,12 +311,15 @@ class JournalOpening:
         stopped between a commit and its save: the session's is the newer)."""
         heads = self.heads
         witnessed = None if heads is None else await heads.last_head(self.name)
+        key, keys = self.key, self.keys
+        verifying = None if key is None else key.keys if keys is None else key.keys | keys
+        outline = getattr(self.lease, "outline", None)
+        if verifying is not None and outline is not None:  # judged by position and length before it is read
+            refuse_unsigned_tail(await outline(), session_id=self.session_id, keys=verifying)
         stored = await self.lease.entries()
         if not stored:
             check_witnessed((), witnessed)  # an emptied session is refused: it never starts afresh unasked
             return None
-        key, keys = self.key, self.keys
-        verifying = None if key is None else key.keys if keys is None else key.keys | keys
         entries, self.integrity, self.journal_id = await _verified(stored, self.session_id, verifying)
         self.entries = entries
         if heads is not None:
@@ -429,8 +439,8 @@ async def _verified(
     """The stored entries decoded and verified, what verifying proved, and the journal's id."""
 
     def verify() -> tuple[list[JournalEntry], JournalIntegrity, str]:
-        if keys is not None:
-            refuse_unsigned_tail(stored, session_id=session_id, keys=keys)  # judged by position, before decoding
+        if keys is not None:  # a store without an outline: judged by position at least before it is decoded
+            refuse_unsigned_tail(outline_of(stored), session_id=session_id, keys=keys)
         entries = decode_entries(stored)
         integrity = verify_journal(entries, session_id=session_id, keys=keys)
         return entries, integrity, journal_id_of(entries, session_id)

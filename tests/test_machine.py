@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from trioloop.machine.authorization import Grant, Violation
 from trioloop.machine.canonical import input_digest
+from trioloop.machine.inputs import CodeVerdict, ForgetRule
 from trioloop.machine.limits import TurnBudget, TurnLimits
+from trioloop.machine.on_rules import PERSON, PERSON_DENIED, READ_ONLY_POLICY
 from trioloop.machine.reducer import (
     CALL_STATUS_EDGES,
     NO_STATE_CHANGE,
@@ -40,6 +42,7 @@ from trioloop.machine.reducer import (
     UndoTurn,
     reduce_turn,
 )
+from trioloop.machine.rules import Decider
 from trioloop.machine.state import CallRecord, Log
 from trioloop.machine.tables import INITIAL_CALL_STATUSES
 from trioloop.machine.texts import NOT_RUN_TEXT
@@ -211,6 +214,8 @@ SAMPLES: dict[InputKind, TurnInput] = {
     InputKind.CANCEL: Cancel(),
     InputKind.REVOKE: Revoke(call_id="c1", detail="the tool changed"),
     InputKind.UNDO_TURN: UndoTurn(),
+    InputKind.CODE_VERDICT: CodeVerdict(call_id="n1", tool_name="update", verdict="deny", function="check"),
+    InputKind.FORGET_RULE: ForgetRule(number=1),
 }
 
 
@@ -387,7 +392,7 @@ def test_call_record_fields_are_the_ones_moved_to_copies() -> None:
     # keep that right (the evolve test below checks every field) and be added here on purpose.
     assert [f.name for f in attrs.fields(CallRecord)] == [
         "id", "tool_name", "input_digest", "summary", "effect", "destructive", "iteration", "status",
-        "prepared", "result", "is_error", "denial_reason", "edits", "changed_document",
+        "prepared", "result", "is_error", "denial_reason", "edits", "changed_document", "decided_by",
     ]  # fmt: skip
 
 
@@ -398,6 +403,7 @@ def test_call_record_fields_are_the_ones_moved_to_copies() -> None:
     is_error=st.none() | st.booleans(),
     reason=st.none() | st.sampled_from(DenialReason),
     changed=st.none() | st.booleans(),
+    decider=st.none() | st.sampled_from([PERSON, PERSON_DENIED, READ_ONLY_POLICY]),
 )
 def test_moved_to_is_evolve_with_only_the_given_fields(
     record: CallRecord,
@@ -406,14 +412,23 @@ def test_moved_to_is_evolve_with_only_the_given_fields(
     is_error: bool | None,
     reason: DenialReason | None,
     changed: bool | None,
+    decider: Decider | None,
 ) -> None:
     given_changes: dict[str, Any] = {"status": status}
-    optional = (("result", result), ("is_error", is_error), ("denial_reason", reason), ("changed_document", changed))
+    optional = (
+        ("result", result),
+        ("is_error", is_error),
+        ("denial_reason", reason),
+        ("changed_document", changed),
+        ("decided_by", decider),
+    )
     for name, value in optional:
         if value is not None:
             given_changes[name] = value
     before = attrs.asdict(record, recurse=False)
-    moved = record.moved_to(status, result=result, is_error=is_error, denial_reason=reason, changed_document=changed)
+    moved = record.moved_to(
+        status, result=result, is_error=is_error, denial_reason=reason, changed_document=changed, decided_by=decider
+    )
     assert moved == attrs.evolve(record, **given_changes)
     assert attrs.asdict(record, recurse=False) == before  # the record moved from is left as it was
     assert moved.prepared is record.prepared

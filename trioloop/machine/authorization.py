@@ -1,8 +1,9 @@
 """Grants: the only thing that lets a tool call run, and the only code that makes or checks one.
 
 A grant binds one call id, tool name, input digest and iteration, and is spent by one start. It is
-made only by `grant_for_call` / `grant_for_batch` (a user's click) or `auto_grant_read_only` (the
-read-only policy); nothing here reads message text, tool results or document content, so no bytes
+made only by `grant_for_call` / `grant_for_batch` (a user's click), `auto_grant_read_only` (the
+read-only policy) or `grant_by_policy` (a rule's or a ``needs_approval`` function's allow, never for a
+destructive call); nothing here reads message text, tool results or document content, so no bytes
 from a model or a document have a path to a grant. `authorize_start` is the one gate to `running`.
 The values themselves sit below the state that holds them (`Grant` and `Denial` in `grants`, `Violation` in
 `calls`) and are named here too.
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from trioloop.machine.calls import CallRecord, CallStatus, Violation
 from trioloop.machine.grants import Denial, Grant
+from trioloop.machine.rules import DeciderKind, Verdict
 
 if TYPE_CHECKING:
     from trioloop.machine.state import TurnState
@@ -25,6 +27,7 @@ __all__ = [
     "Violation",
     "authorize_start",
     "auto_grant_read_only",
+    "grant_by_policy",
     "grant_for_batch",
     "grant_for_call",
 ]
@@ -76,6 +79,22 @@ def auto_grant_read_only(tool: RegisteredTool[Any], call: CallRecord, iteration:
         raise ValueError(f'auto_grant_read_only refuses the destructive tool "{tool.name}".')
     if call.tool_name != tool.name:
         raise ValueError(f'auto_grant_read_only: call "{call.id}" is not a call of "{tool.name}".')
+    return Grant(call_id=call.id, tool_name=tool.name, input_digest=call.input_digest, iteration=iteration)
+
+
+def grant_by_policy(tool: RegisteredTool[Any], call: CallRecord, iteration: int) -> Grant:
+    """The grant of a call no person reviewed: the read-only policy's, or a rule's or a ``needs_approval``
+    function's allow (``call.decided_by``). Raises ValueError for a destructive call, whoever allowed it, for a
+    mutating call the read-only policy named, and for a call nothing allowed."""
+    decider = call.decided_by
+    if decider is None or decider.verdict is not Verdict.ALLOW or decider.kind is DeciderKind.PERSON:
+        raise ValueError(f'grant_by_policy: nothing allowed call "{call.id}".')
+    if decider.kind is DeciderKind.READ_ONLY_POLICY:
+        return auto_grant_read_only(tool, call, iteration)
+    if tool.destructive or call.destructive:
+        raise ValueError(f'grant_by_policy refuses the destructive tool "{tool.name}": it gets its own card.')
+    if call.tool_name != tool.name:
+        raise ValueError(f'grant_by_policy: call "{call.id}" is not a call of "{tool.name}".')
     return Grant(call_id=call.id, tool_name=tool.name, input_digest=call.input_digest, iteration=iteration)
 
 

@@ -11,6 +11,7 @@ from typing import Any, final, overload
 
 import attrs
 
+from trioloop.machine.rules import Decider
 from trioloop.machine.tools import Effect, PreparedCall
 
 __all__ = [
@@ -73,9 +74,11 @@ _TERMINAL = frozenset({CallStatus.SUCCEEDED, CallStatus.FAILED, CallStatus.UNDON
 
 @final
 class DenialReason(enum.StrEnum):
-    """Why a call was not run: the person declined it, the turn was cancelled, or a limit was reached."""
+    """Why a call was not run: the person declined it, a rule (or a ``needs_approval`` function) denied it, the
+    turn was cancelled, or a limit was reached."""
 
     USER_DECLINED = "user_declined"
+    RULE_DENIED = "rule_denied"
     TURN_CANCELLED = "turn_cancelled"
     LIMIT_EXCEEDED = "limit_exceeded"
 
@@ -90,7 +93,9 @@ class CallRecord:
     the fields the user changed when approving (path, old value, new value; None where absent): the
     call then carries the edited input's digest and prepared run, and its tool result names the edits.
     ``changed_document`` is true once the call's commit swapped the live document: only such a call
-    becomes ``undone`` when the turn is undone.
+    becomes ``undone`` when the turn is undone. ``decided_by`` says who decided the call (the person, the
+    read-only policy, a rule, a ``needs_approval`` function); while the call is pending, the rule or function
+    that asked for its card, if any.
     """
 
     id: str
@@ -107,6 +112,7 @@ class CallRecord:
     denial_reason: DenialReason | None = None
     edits: tuple[tuple[str, str | None, str | None], ...] = ()
     changed_document: bool = False
+    decided_by: Decider | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -121,6 +127,7 @@ class CallRecord:
         is_error: bool | None = None,
         denial_reason: DenialReason | None = None,
         changed_document: bool | None = None,
+        decided_by: Decider | None = None,
     ) -> CallRecord:
         """This record in ``status``; ``result``, ``is_error``, ``denial_reason`` and ``changed_document``
         change only when given.
@@ -140,6 +147,8 @@ class CallRecord:
             values["denial_reason"] = denial_reason
         if changed_document is not None:
             values["changed_document"] = changed_document
+        if decided_by is not None:
+            values["decided_by"] = decided_by
         moved: CallRecord = _new_object(CallRecord)
         _set_field(moved, "__dict__", values)
         return moved

@@ -16,6 +16,7 @@ from typing import Any, Final, Literal, TypeAlias, final
 import attrs
 
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.machine.rules import EMPTY_RULES, Always, CodeVerdict, RuleSet
 from trioloop.machine.tools import ToolOutcome, ToolRegistry
 from trioloop.protocol.events import (
     Aborted,
@@ -41,7 +42,9 @@ __all__ = [
     "ApproveCall",
     "CallSettled",
     "Cancel",
+    "CodeVerdict",
     "DenyCall",
+    "ForgetRule",
     "InputKind",
     "Retry",
     "Revoke",
@@ -85,6 +88,11 @@ def _edited_ok(instance: object, attribute: attrs.Attribute[dict[str, Any] | Non
         raise TypeError(f"{attribute.name} must be a JSON object (dict) or None, got {type(value).__name__}")
 
 
+def _always(value: object) -> Always | None:
+    # "input", "tool" or an `Always`; anything else is refused when the decision is made.
+    return None if value is None else Always(value)  # type: ignore[arg-type]
+
+
 def _call_ids(instance: object, attribute: attrs.Attribute[tuple[str, ...]], value: object) -> None:
     # An explicit tuple captured at the click: never a predicate or a live collection.
     if type(value) is not tuple or not all(type(i) is str for i in value):
@@ -102,6 +110,8 @@ class Submit:
     tool_set: ToolRegistry[Any] = attrs.field(validator=attrs.validators.instance_of(ToolRegistry))
     limits: TurnLimits = attrs.field(default=DEFAULT_TURN_LIMITS, validator=attrs.validators.instance_of(TurnLimits))
     now_ms: int = attrs.field(validator=_now)
+    #: The approval rules the turn decides by (`trioloop.machine.rules`), frozen for it.
+    rules: RuleSet = attrs.field(default=EMPTY_RULES, validator=attrs.validators.instance_of(RuleSet))
 
 
 @final
@@ -111,11 +121,13 @@ class ApproveCall:
 
     ``edited_input`` (a JSON object) approves the call with the user's edit of its input instead: the
     reducer prepares it with the call's own tool, so validation and limits apply and the grant binds
-    the edited input; None approves the input as the model sent it.
+    the edited input; None approves the input as the model sent it. ``always`` also adds a session rule
+    that allows this tool (`Always.TOOL`) or this tool with this very input (`Always.INPUT`) from now on.
     """
 
     call_id: str = attrs.field(validator=_text)
     edited_input: dict[str, Any] | None = attrs.field(default=None, converter=_edited, validator=_edited_ok)
+    always: Always | None = attrs.field(default=None, converter=_always)
 
 
 @final
@@ -129,10 +141,20 @@ class ApproveBatch:
 @final
 @attrs.frozen(kw_only=True)
 class DenyCall:
-    """The user declined one call; ``reason`` (optional, their own words) reaches the model with the refusal."""
+    """The user declined one call; ``reason`` (optional, their own words) reaches the model with the refusal.
+    ``always`` (`Always.TOOL`) also adds a session rule that denies this tool from now on, with that reason."""
 
     call_id: str = attrs.field(validator=_text)
     reason: str = attrs.field(default="", validator=_text)
+    always: Always | None = attrs.field(default=None, converter=_always)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ForgetRule:
+    """The person removed session rule ``number``: later calls are decided without it."""
+
+    number: int = attrs.field(validator=_now)
 
 
 @final
@@ -226,6 +248,8 @@ TurnCommand: TypeAlias = (
     | Cancel
     | Revoke
     | UndoTurn
+    | CodeVerdict
+    | ForgetRule
 )
 TurnInput: TypeAlias = StreamEvent | TurnCommand
 
@@ -258,6 +282,8 @@ class InputKind(enum.StrEnum):
     CANCEL = "cancel"
     REVOKE = "revoke"
     UNDO_TURN = "undo_turn"
+    CODE_VERDICT = "code_verdict"
+    FORGET_RULE = "forget_rule"
 
 
 def _is_str(value: object) -> bool:
@@ -281,6 +307,7 @@ def _submit_ok(c: Any) -> bool:
         and type(c.tool_set) is ToolRegistry
         and type(c.limits) is TurnLimits
         and _is_ms(c.now_ms)
+        and type(c.rules) is RuleSet
     )
 
 
@@ -332,13 +359,20 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
         Aborted: (InputKind.ABORTED, lambda e: True),
         ApproveCall: (
             InputKind.APPROVE_CALL,
-            lambda c: _is_str(c.call_id) and (c.edited_input is None or type(c.edited_input) is dict),
+            lambda c: (
+                _is_str(c.call_id)
+                and (c.edited_input is None or type(c.edited_input) is dict)
+                and (c.always is None or type(c.always) is Always)
+            ),
         ),
         ApproveBatch: (
             InputKind.APPROVE_BATCH,
             lambda c: type(c.call_ids) is tuple and all(_is_str(i) for i in c.call_ids),
         ),
-        DenyCall: (InputKind.DENY_CALL, lambda c: _is_str(c.call_id) and _is_str(c.reason)),
+        DenyCall: (
+            InputKind.DENY_CALL,
+            lambda c: _is_str(c.call_id) and _is_str(c.reason) and (c.always is None or type(c.always) is Always),
+        ),
         StartCall: (InputKind.START_CALL, lambda c: _is_str(c.call_id) and _is_ms(c.now_ms)),
         CallSettled: (
             InputKind.CALL_SETTLED,
@@ -358,6 +392,14 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
         Cancel: (InputKind.CANCEL, lambda c: _is_str(c.reason) and c.reason in _CANCEL_REASONS),
         Revoke: (InputKind.REVOKE, lambda c: _is_str(c.call_id) and _is_str(c.detail)),
         UndoTurn: (InputKind.UNDO_TURN, lambda c: True),
+        CodeVerdict: (
+            InputKind.CODE_VERDICT,
+            lambda c: (
+                all(_is_str(v) for v in (c.call_id, c.tool_name, c.function, c.reason, c.note))
+                and c.verdict in ("allow", "ask", "deny")
+            ),
+        ),
+        ForgetRule: (InputKind.FORGET_RULE, lambda c: _is_ms(c.number)),
     }
 )
 

@@ -27,6 +27,8 @@ from trioloop.machine.inputs import (
     UndoTurn,
 )
 from trioloop.machine.limits import Bound, TurnBudget, budget_exhaustion
+from trioloop.machine.on_rules import PERSON, PERSON_DENIED, remember
+from trioloop.machine.rules import Verdict
 from trioloop.machine.state import (
     CallRecord,
     CallStatus,
@@ -89,6 +91,7 @@ def on_submit(state: TurnState, cmd: Submit) -> TurnState:
         base_messages=cmd.base_messages,
         closed_messages=(Message.user(cmd.text),),
         base_call_ids=base_ids,
+        rules=cmd.rules,
     )
 
 
@@ -107,7 +110,7 @@ def _approve(state: TurnState, grants: tuple[Grant, ...]) -> TurnState:
     for grant in grants:
         position = state.calls.position(grant.call_id)
         if position is not None:
-            changes.append((position, moved_along(state.calls[position], CallStatus.APPROVED)))
+            changes.append((position, moved_along(state.calls[position], CallStatus.APPROVED, decided_by=PERSON)))
     calls = state.calls.replaced(changes)
     state = state.evolved(calls=calls, grants=state.grants + grants)
     # A decided iteration: nothing approved starts while another call of the iteration awaits a
@@ -121,7 +124,10 @@ def on_approve_call(state: TurnState, cmd: ApproveCall) -> TurnState:
         if not valid:
             return state  # an invalid edit approves nothing, not even the model's own input
     grant = grant_for_call(state, cmd.call_id)
-    return state if grant is None else _approve(state, (grant,))
+    if grant is None:
+        return state
+    state = _approve(state, (grant,))
+    return state if cmd.always is None else remember(state, cmd.call_id, Verdict.ALLOW, cmd.always)
 
 
 def _edit_call(state: TurnState, call_id: str, edited_input: dict[str, Any]) -> tuple[TurnState, bool]:
@@ -168,10 +174,13 @@ def on_deny_call(state: TurnState, cmd: DenyCall) -> TurnState:
         denial_reason=DenialReason.USER_DECLINED,
         result=declined_text(cmd.reason),
         is_error=True,
+        decided_by=PERSON_DENIED,
     )
     denial = Denial(tool_name=call.tool_name, input_digest=call.input_digest)
     denials = state.denials if denial in state.denials else (*state.denials, denial)
     state = replace_call(state, denied).evolved(denials=denials)
+    if cmd.always is not None:
+        state = remember(state, cmd.call_id, Verdict.DENY, cmd.always, cmd.reason)
     return state if has_pending(state) else state.evolved(phase=Phase.EXECUTING)
 
 

@@ -13,6 +13,7 @@ from trioloop.machine.calls import Violation
 from trioloop.machine.grants import Denial
 from trioloop.machine.ids import fresh_call_id
 from trioloop.machine.limits import tool_call_cap
+from trioloop.machine.on_rules import READ_ONLY_POLICY, admit_call
 from trioloop.machine.state import (
     CallRecord,
     CallStatus,
@@ -135,7 +136,8 @@ def _failed_unprepared(common: Mapping[str, Any], text: str) -> CallRecord:
 
 
 def on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnState:
-    """SPEC §2: duplicate id, unknown tool, caps, invalid input, sticky denial, read-only policy."""
+    """SPEC §2 and §11: duplicate id, unknown tool, caps, invalid input, sticky denial, then the rules (deny, ask,
+    destructive, allow), the read-only policy, the card."""
     name = event.name
     call_id, duplicate = _call_identity(state, event.id)
     # The call's block joins the draft in the same state as its record (every path below adds one).
@@ -193,8 +195,10 @@ def on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnStat
         )
         state = add_call(state, record, draft=draft, budget=budget)
         return violate(state, Violation.DENIED_REPLAY, call_id, "identical action already declined")
+    if state.rules.rules or state.code_verdict is not None:
+        return admit_call(state, tool, common, prepared, event.id, draft=draft, budget=budget)
     if tool.effect == "read" and not tool.destructive:
-        record = CallRecord(**common, status=CallStatus.APPROVED)
+        record = CallRecord(**common, status=CallStatus.APPROVED, decided_by=READ_ONLY_POLICY)
         grant = auto_grant_read_only(tool, record, state.iteration)
         return add_call(state, record, draft=draft, budget=budget, grants=(*state.grants, grant))
     return add_call(state, CallRecord(**common, status=CallStatus.PENDING), draft=draft, budget=budget)

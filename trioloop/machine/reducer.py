@@ -53,6 +53,7 @@ from trioloop.machine.on_commands import (
     on_submit,
     on_undo_turn,
 )
+from trioloop.machine.on_rules import on_code_verdict, on_forget_rule
 from trioloop.machine.on_stream import (
     on_aborted,
     on_block_complete,
@@ -138,6 +139,8 @@ _HANDLERS: Final[Mapping[InputKind, Handler]] = MappingProxyType(
         _K.CANCEL: on_cancel,
         _K.REVOKE: on_revoke,
         _K.UNDO_TURN: on_undo_turn,
+        _K.CODE_VERDICT: on_code_verdict,
+        _K.FORGET_RULE: on_forget_rule,
     }
 )
 

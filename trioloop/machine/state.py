@@ -27,6 +27,7 @@ from trioloop.machine.calls import (
 from trioloop.machine.grants import Denial, Grant
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnBudget, TurnLimits
 from trioloop.machine.persistent import Log, TextRun, cached
+from trioloop.machine.rules import EMPTY_RULES, CodeVerdict, RuleSet
 from trioloop.machine.tools import ToolRegistry, create_tool_registry
 from trioloop.protocol.events import StopReason, StreamError, Usage
 from trioloop.protocol.messages import ContentBlock, Message, TextBlock, ToolCallBlock
@@ -139,6 +140,9 @@ class TurnState:
     #: in its last response ("" when it named none): what observers report (``gen_ai.response.*``).
     stop_reason: StopReason | None = None
     response_model: str = ""
+    #: The approval rules this turn decides by: frozen at submit (the app's, the files', the session's), grown
+    #: by a person's "always" from a card and shrunk by a forget.
+    rules: RuleSet = EMPTY_RULES
     # Internal bookkeeping; only the reducer builds these.
     closed_messages: tuple[Message, ...] = ()
     draft: Draft | None = None
@@ -149,6 +153,8 @@ class TurnState:
     base_call_ids: frozenset[str] = frozenset()
     # Where the current iteration's calls begin in ``calls`` (calls are appended in iteration order).
     iteration_first_call: int = 0
+    # A ``needs_approval`` verdict waiting for the call it was given for (the next tool call complete).
+    code_verdict: CodeVerdict | None = None
 
     @classmethod
     def idle(cls) -> TurnState:

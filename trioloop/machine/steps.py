@@ -10,6 +10,7 @@ from typing import Any, TypeAlias
 
 from trioloop.machine.calls import Violation
 from trioloop.machine.limits import Bound, bound_notice
+from trioloop.machine.rules import Decider
 from trioloop.machine.state import (
     CallRecord,
     CallStatus,
@@ -64,12 +65,13 @@ def moved_along(
     result: str | None = None,
     is_error: bool | None = None,
     denial_reason: DenialReason | None = None,
+    decided_by: Decider | None = None,
 ) -> CallRecord:
     """``call`` in ``status`` (other fields change only when given), or unchanged when the status
     table has no such edge."""
     if status not in CALL_STATUS_EDGES[call.status]:
         return call
-    return call.moved_to(status, result=result, is_error=is_error, denial_reason=denial_reason)
+    return call.moved_to(status, result=result, is_error=is_error, denial_reason=denial_reason, decided_by=decided_by)
 
 
 def replace_call(state: TurnState, call: CallRecord, **changes: Any) -> TurnState:

@@ -36,6 +36,7 @@ def _live(phase: Phase, extra: Mapping[InputKind, frozenset[Phase]]) -> Mapping[
         _K.CANCEL: _SETTLE,
         _K.START_CALL: _stay(phase),
         _K.CALL_SETTLED: _stay(phase),
+        _K.FORGET_RULE: _stay(phase),
     }
     return MappingProxyType({**shared, **extra})
 
@@ -62,6 +63,7 @@ PHASE_TRANSITIONS: Final[Mapping[Phase, Mapping[InputKind, frozenset[Phase]]]] =
                 _K.TOOL_CALL_START: _stay(_P.STREAMING),
                 _K.TOOL_CALL_INPUT_DELTA: _stay(_P.STREAMING),
                 _K.TOOL_CALL_COMPLETE: _stay(_P.STREAMING),
+                _K.CODE_VERDICT: _stay(_P.STREAMING),
                 _K.MESSAGE_STOP: frozenset({_P.AWAITING_APPROVAL, _P.EXECUTING, _P.SETTLED}),
                 _K.STREAM_ERROR: _SETTLE,
                 _K.STREAM_NOTICE: _stay(_P.STREAMING),

@@ -174,3 +174,20 @@ def retry_notice(failure: StreamError | None, used: int, allowed: int, wait_ms: 
     """E.g. ``HTTP 529, retry 1 of 3 in 0.5 s``: the one retry counter a turn has, as the person sees it."""
     label = "The AI request failed" if failure is None else _visible(retry_label(failure), _ISSUE_MAX)
     return f"{label}, retry {used} of {allowed} in {wait_ms / 1000:g} s"
+
+
+RULE_DENIED_TEXT: Final = "Not run: the user's approval rules do not allow this call. Do not retry it in this turn."
+
+
+def rule_denied_text(label: str, reason: str) -> str:
+    """The result of a call a rule (or a ``needs_approval`` function) denied: which one, and its reason quoted
+    as the person's own words are (fenced, capped, so it cannot speak for the system)."""
+    text = f"{RULE_DENIED_TEXT} ({_visible(label, _ISSUE_MAX)})"
+    if not reason.strip():
+        return text
+    return f"{text} The rule gives this reason, in the user's words: {quote_untrusted(reason, DENY_REASON_MAX)}"
+
+
+def code_verdict_notice(function: str, problem: str) -> str:
+    """What the person reads when a ``needs_approval`` function failed: the call is shown on a card instead."""
+    return f"{_visible(function, _ISSUE_MAX)} {_visible(problem, _ISSUE_MAX)}; the call is shown for review instead."

@@ -95,6 +95,9 @@ class PreparedCall(Generic[D]):
     _details: CardDetails | Callable[[], CardDetails] = attrs.field(default=(), alias="details")
     preview: Callable[[Any], Preview] | None = attrs.field(default=None, eq=False, repr=False)
     invoke: InvokeFn[D] | None = attrs.field(default=None, eq=False, repr=False)
+    #: The input as the digest covers it (plain JSON values: what approval rules' conditions read), or None
+    #: when the tool does not give it (a rule with conditions then never holds for the call).
+    canonical: Any = attrs.field(default=None, eq=False, repr=False)
 
     # Read-only here, fields of a `ClaimingCall`: a call that claims no id pays nothing for them.
     @property

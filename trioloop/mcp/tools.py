@@ -272,6 +272,7 @@ def build_mcp_tool(server: str, tool: mcp_types.Tool, tool_class: ToolClass, cal
             # Every leaf, as a native tool's card lists them, from a copy of its own (the call's copy is sent),
             # made when a face asks for them.
             details=lambda: input_details(json.loads(text)),
+            canonical=arguments,  # what rules' conditions read (never changed by them)
         )
 
     return RegisteredTool(

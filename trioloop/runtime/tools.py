@@ -223,6 +223,7 @@ def define_executable_tool(
             details=partial(input_details, canonical),
             preview=bound,
             invoke=invoke,
+            canonical=canonical,
         )
 
     return RegisteredTool(

@@ -112,7 +112,13 @@ def _add_tool(
         canonical = unstructure_input(action)
         # Lines for a card, made only if one is shown (``canonical`` is this call's own).
         details = partial(input_details, canonical)
-        made = _AddCall(action=action, summary=summarize(action), digest=input_digest(canonical), details=details)
+        made = _AddCall(
+            action=action,
+            summary=summarize(action),
+            digest=input_digest(canonical),
+            details=details,
+            canonical=canonical,
+        )
         return made.bound(claim_of(key, action), ())
 
     return RegisteredTool(
@@ -133,6 +139,7 @@ class _AddCall:
     summary: str
     digest: str
     details: Callable[[], CardDetails]
+    canonical: Any = None
 
     def bound(self, claim: IdClaim, reservations: tuple[Reservation, ...]) -> ClaimingCall[ThreatModel]:
         """The prepared call whose preview and run use the id ``reservations`` give (none: the next free one)."""
@@ -147,6 +154,7 @@ class _AddCall:
             claims=(claim,),
             reservations=reservations,
             with_ids=partial(self.bound, claim),
+            canonical=self.canonical,
         )
 
 

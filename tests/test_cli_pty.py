@@ -182,7 +182,7 @@ def test_the_demo_shows_the_keys_and_refuses_s(tmp_path: Path) -> None:
     child = spawn("demo", "--out", str(tmp_path / "out.thf"), cwd=tmp_path)
     try:
         child.expect_exact("keys: a approve · d deny · e edit · all (every safe card) · q stop · ? help")
-        child.expect(r"a approve, d deny, e edit, all \(every safe card\), q stop, \?")
+        child.expect(r"a approve, d deny, e edit, all \(every safe card\), always, always tool, never, q stop, \?")
         child.sendline("s")
         child.expect_exact("s is no answer")
         child.sendline("q")  # stop the turn at the first card

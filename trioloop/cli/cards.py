@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from trioloop.cli.review import EDIT_KEYS, HELP, KEYS
+from trioloop.cli.review import DESTRUCTIVE_RULE_KEYS, EDIT_KEYS, HELP, KEYS, RULE_KEYS
 from trioloop.machine.card import CardDetails, changed_fields, one_line
 from trioloop.machine.preview import preview_call
 from trioloop.machine.reducer import CallRecord
@@ -54,6 +54,8 @@ def card(call: CallRecord, document: Any, *, width: int, keys: bool, edit: Edit 
     body.append(call.summary if edit is None else edit.prepared.summary)  # plain text: never read as markup
     if call.destructive:
         body.append("\nDESTRUCTIVE", style="bold red")
+    if call.decided_by is not None:  # the rule or function that asked for this card
+        body.append(f"\n{call.decided_by.describe()}", style="bold")
     details = prepared.details if prepared is not None else ()
     if details or changed:
         body.append("\nInput:" if edit is None else "\nInput, as you edited it (* changed):", style="bold")
@@ -74,7 +76,9 @@ def card(call: CallRecord, document: Any, *, width: int, keys: bool, edit: Edit 
     for line in _preview_lines(prepared, document):
         body.append(f"\n{line}", style="bold" if not line.startswith(" ") else "")
     if keys:
-        body.append(f"\n{KEYS if edit is None else EDIT_KEYS}", style="dim")
+        shown_keys = EDIT_KEYS if edit is not None else KEYS
+        rule_keys = DESTRUCTIVE_RULE_KEYS if call.destructive else RULE_KEYS
+        body.append(f"\n{shown_keys}\n{rule_keys}", style="dim")
     title = f"review {escape(call.id)} · {escape(call.tool_name)}"
     if edit is not None:
         title += f" · edited ({len(edit.changes)} field(s) changed)"

@@ -14,6 +14,7 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
+from trioloop.cli.chat_rules import RULES_HELP, rules_command
 from trioloop.cli.common import (
     Saver,
     error,
@@ -331,6 +332,7 @@ _COMMANDS_HELP: Final = (
     "  /save [FILE]  save the session (conversation, document, undo) to FILE (default: DOCUMENT.session.json);\n"
     "                continue it later with: trioloop chat DOCUMENT --resume FILE\n"
     "  /usage        tokens used this session, cache reads and writes included\n"
+    f"{RULES_HELP}"
     "  /help         this list\n"
     "  an empty line or Ctrl-D ends the chat; Ctrl-C during a turn stops it"
 )
@@ -439,6 +441,8 @@ class _Chat:
             self.console.print(Text(f"This session: {usage_text(session.usage)}"))
         elif name == "/help":
             self.console.print(Text(_COMMANDS_HELP))
+        elif rules_command(self.console, session, name, argument):
+            pass
         else:
             self.console.print(Text(f"Unknown command {name!r}; /help lists them."))
 

@@ -16,9 +16,11 @@ import trio
 
 __all__ = [
     "ANSWERS",
+    "DESTRUCTIVE_RULE_KEYS",
     "EDIT_KEYS",
     "HELP",
     "KEYS",
+    "RULE_KEYS",
     "LinePrompt",
     "edit_in_editor",
     "editable_json",
@@ -38,6 +40,9 @@ ANSWERS: Final[Mapping[str, str]] = {
     "e": "edit",
     "edit": "edit",
     "all": "safe",
+    "always": "always_input",
+    "always tool": "always_tool",
+    "never": "never",
     "q": "stop",
     "stop": "stop",
     "?": "help",
@@ -46,6 +51,9 @@ ANSWERS: Final[Mapping[str, str]] = {
 
 #: The keys as a card shows them.
 KEYS: Final = "keys: a approve · d deny · e edit · all (every safe card) · q stop · ? help"
+#: The rule answers, on the line below the keys (a destructive card offers only ``never``).
+RULE_KEYS: Final = "from now on: always (this input) · always tool · never (deny this tool)"
+DESTRUCTIVE_RULE_KEYS: Final = "from now on: never (deny this tool)"
 
 #: The keys of a card showing an edited input: nothing runs on it until ``a``.
 EDIT_KEYS: Final = "keys: a approve the edit · e edit again · d deny · q stop · ? help"
@@ -56,6 +64,10 @@ HELP: Final = (
     "  e / edit     edit its input ($EDITOR, or a line of JSON), checked by the tool; the edited card is shown,\n"
     "               its changed fields marked, and waits for a (approve the edit), e (again) or d\n"
     "  all          approve every non-destructive card of this step, then decide each destructive one\n"
+    "  always       approve, and from now on (this session) approve this tool with this very input unasked\n"
+    "  always tool  approve, and from now on approve every call of this tool unasked (never a destructive one)\n"
+    "  never        deny, and from now on deny every call of this tool (your reason goes to the model)\n"
+    "               /rules lists the rules in effect, /forget N removes session rule N\n"
     "  q / stop     stop the turn now (nothing more runs; applied changes stay and can be undone)\n"
     "  ? / help     this help, the call's whole input (every value whole) and its preview"
 )

@@ -21,6 +21,7 @@ from trioloop.cli.cards import Edit, card, change_lines, help_text, make_edit
 from trioloop.cli.questions import QuestionCards
 from trioloop.cli.review import LinePrompt, edit_in_editor, editable_json, parse_answer
 from trioloop.machine.reducer import CallRecord, CallStatus, Outcome, Phase, TurnState
+from trioloop.machine.rules import DeciderKind
 from trioloop.machine.step_ids import reserve_ids, step_calls
 from trioloop.machine.tools import PrepareFailure
 from trioloop.machine.untrusted_text import START_MARKER, sanitize_scalar
@@ -41,8 +42,11 @@ _STATUS_MARK = {
 }
 
 
-_CHOICES: Final = "a approve, d deny, e edit, all (every safe card), q stop, ?"
-_CHOICES_AFTER_ALL: Final = "a approve, d deny, e edit, q stop, ?"
+_CHOICES: Final = "a approve, d deny, e edit, all (every safe card), always, always tool, never, q stop, ?"
+_CHOICES_AFTER_ALL: Final = "a approve, d deny, e edit, always, always tool, never, q stop, ?"
+_DESTRUCTIVE_CHOICES: Final = "a approve, d deny, e edit, never, q stop, ?"
+_AUTOMATIC: Final = frozenset({DeciderKind.RULE, DeciderKind.CODE})
+_ALWAYS: Final = {"always_input": "input", "always_tool": "tool"}
 _EDIT_CHOICES: Final = "a approve the edit, e edit again, d deny, q stop, ?"
 
 
@@ -258,6 +262,9 @@ class TurnView:
                 self._result_line(call)
 
     def _result_line(self, call: CallRecord) -> None:
+        decider = call.decided_by
+        if decider is not None and decider.kind in _AUTOMATIC and call.status is not CallStatus.DENIED:
+            self._say(Text(f"  {call.tool_name} {call.id}: {decider.describe()}", style="dim"))
         mark = _STATUS_MARK.get(call.status, call.status.value)
         style = {"done": "green", "failed": "red", "not run": "magenta", "undone": "blue"}.get(mark, "")
         if call.status is CallStatus.DENIED:
@@ -296,7 +303,12 @@ class TurnView:
         while queue:
             call = queue[0]
             edit = edits.get(call.id)
-            choices = _EDIT_CHOICES if edit is not None else _CHOICES_AFTER_ALL if batch_done else _CHOICES
+            if edit is not None:
+                choices = _EDIT_CHOICES
+            elif call.destructive:
+                choices = _DESTRUCTIVE_CHOICES
+            else:
+                choices = _CHOICES_AFTER_ALL if batch_done else _CHOICES
             try:
                 answer = await self.lines.ask(f"{call.id}{'' if edit is None else ' (edited)'}: {choices} ")
             except EOFError:
@@ -305,6 +317,9 @@ class TurnView:
                 self._say(Text("  The input ended at this card: the turn stops here, and nothing of this step runs."))
                 answer = "stop"
             action = parse_answer(answer)
+            if action in _ALWAYS and call.destructive:
+                self._say(Text("  A destructive call always gets its own card: no rule may approve it unasked."))
+                continue
             if action is None or (action == "safe" and (batch_done or edit is not None)):
                 hint = " (s is no answer: q or stop stops the turn, all approves every safe card)"
                 shown = hint if answer.strip().lower() in ("s", "safe", "t") and edit is None else ""
@@ -344,12 +359,21 @@ class TurnView:
                 self.session.approve(call.id, edit.input)
             elif action == "approve":
                 self.session.approve(call.id)
+            elif action in _ALWAYS:
+                always = _ALWAYS[action]
+                what = "with this input" if always == "input" else "whatever its input"
+                self._say(Text(f"  approved {call.id}; {call.tool_name} {what} is approved unasked from now on"))
+                self.session.approve(call.id, edit.input if edit is not None else None, always=always)
             else:
                 try:
                     reason = await self.lines.ask("  Reason for the model (optional, Enter for none): ")
                 except EOFError:  # denied all the same, without a reason; the next card finds the input ended
                     reason = ""
-                self.session.deny(call.id, reason)
+                if action == "never":
+                    self._say(Text(f"  denied {call.id}; every {call.tool_name} call is denied from now on"))
+                    self.session.deny(call.id, reason, always="tool")
+                else:
+                    self.session.deny(call.id, reason)
             queue.pop(0)
 
     def _decide_safe(self, pending: list[CallRecord]) -> None:

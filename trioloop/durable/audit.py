@@ -127,9 +127,23 @@ def _describe(entry: JournalEntry) -> list[str]:
         lines = [head]
         for card in data.get("cards") or ():
             lines.extend(_card_lines(card, "  "))
+        for decided in data.get("decided") or ():
+            if isinstance(decided, Mapping):
+                lines.append(
+                    f"  call {_show(decided.get('call_id'))} ({_show(decided.get('tool'))}) "
+                    f"{_show(decided.get('decided_by'))}"
+                )
         return lines
+    if kind == "forget":
+        return [f"session rule {_show(data.get('number'))} removed{by}"]
+    if kind == "rules":
+        rules = data.get("rules")
+        count = len(rules) if isinstance(rules, list) else 0
+        return [f"the session's rules set to {count} rule(s){by}"]
     if kind == "approve":
-        lines = [f"approved {_show(data.get('call_id'))}{by}"]
+        always = data.get("always")
+        remembered = f", and always for this session ({_show(always)})" if always else ""
+        lines = [f"approved {_show(data.get('call_id'))}{by}{remembered}"]
         lines.extend(_card_lines(data.get("card"), "  "))
         for edit in data.get("edits") or ():
             if isinstance(edit, list) and len(edit) == 3:
@@ -143,7 +157,8 @@ def _describe(entry: JournalEntry) -> list[str]:
         return lines
     if kind == "deny":
         reason = data.get("reason")
-        lines = [f"declined {_show(data.get('call_id'))}{by}" + (f": {_show(reason)}" if reason else "")]
+        always = ", and always for this session" if data.get("always") else ""
+        lines = [f"declined {_show(data.get('call_id'))}{by}{always}" + (f": {_show(reason)}" if reason else "")]
         lines.extend(_card_lines(data.get("card"), "  "))
         return lines
     if kind == "start":

@@ -97,6 +97,8 @@ JOURNAL_KINDS: Final = frozenset(
         "suspend",
         "resume",
         "seal",
+        "forget",
+        "rules",
     }
 )
 _ENTRY_KEYS: Final = ("seq", "kind", "prev", "at", "data")

@@ -22,6 +22,7 @@ from trioloop.machine.inputs import (
     CallSettled,
     Cancel,
     DenyCall,
+    ForgetRule,
     Retry,
     Revoke,
     StartCall,
@@ -30,12 +31,15 @@ from trioloop.machine.inputs import (
     UndoTurn,
 )
 from trioloop.machine.limits import TurnLimits
+from trioloop.machine.rules import CodeVerdict, DeciderKind
 from trioloop.machine.state import CallRecord, CallStatus, TurnState
 from trioloop.protocol.events import TextDelta, is_terminal
 from trioloop.protocol.serialization import event_to_json
 
 __all__ = ["JournalWriter", "call_card"]
 
+#: The deciders a stream entry names (the person's decisions have entries of their own).
+_AUTOMATIC: Final = frozenset({DeciderKind.RULE, DeciderKind.CODE})
 #: Documents a writer keeps in text form (the live one, the undo history's, a few more).
 _DUMP_CACHE: Final = 64
 
@@ -202,6 +206,14 @@ class JournalWriter:
                 for c in state.current_calls
                 if not c.is_terminal
             ]
+            # Who decided each call no person reviewed (a rule, a needs_approval function), for the audit trail.
+            decided = [
+                {"call_id": c.id, "tool": c.tool_name, "digest": c.input_digest, "decided_by": c.decided_by.describe()}
+                for c in state.current_calls
+                if c.decided_by is not None and c.decided_by.kind in _AUTOMATIC
+            ]
+            if decided:
+                data["decided"] = decided
         self.add("stream", data)
 
     def _join_text(self) -> None:
@@ -219,6 +231,10 @@ class JournalWriter:
         cls = type(item)
         if cls is TextDelta:
             self._text.append(item.text)  # type: ignore[union-attr]
+            return
+        if cls is CodeVerdict:  # held with the response it decides a call of: replay never asks the function again
+            self._join_text()
+            self._events.append(item.to_json())  # type: ignore[union-attr]
             return
         if cls not in _COMMANDS:
             self._join_text()
@@ -239,6 +255,7 @@ class JournalWriter:
                     "limits": _limits_json(item.limits),
                     "tools": [tool.name for tool in item.tool_set],
                     "now_ms": item.now_ms,
+                    "rules": item.rules.to_json(),
                 },
             )
         elif isinstance(item, ApproveCall):
@@ -251,6 +268,7 @@ class JournalWriter:
                     "by": by,
                     "card": None if call is None else call_card(call),
                     "edits": [] if call is None else [list(e) for e in call.edits],
+                    "always": None if item.always is None else item.always.value,
                 },
             )
         elif isinstance(item, ApproveBatch):
@@ -259,7 +277,10 @@ class JournalWriter:
         elif isinstance(item, DenyCall):
             call = old.call(item.call_id)
             card = None if call is None else call_card(call)
-            self.add("deny", {"call_id": item.call_id, "reason": item.reason, "by": by, "card": card})
+            always = None if item.always is None else item.always.value
+            self.add("deny", {"call_id": item.call_id, "reason": item.reason, "by": by, "card": card, "always": always})
+        elif isinstance(item, ForgetRule):
+            self.add("forget", {"number": item.number, "by": by})
         elif isinstance(item, StartCall):
             self.add("start", {"call_id": item.call_id, "now_ms": item.now_ms})
         elif isinstance(item, CallSettled):
@@ -317,5 +338,18 @@ class JournalWriter:
 
 
 _COMMANDS: Final[frozenset[type]] = frozenset(
-    {Submit, ApproveCall, ApproveBatch, DenyCall, StartCall, CallSettled, Advance, Retry, Cancel, Revoke, UndoTurn}
+    {
+        Submit,
+        ApproveCall,
+        ApproveBatch,
+        DenyCall,
+        StartCall,
+        CallSettled,
+        Advance,
+        Retry,
+        Cancel,
+        Revoke,
+        UndoTurn,
+        ForgetRule,
+    }
 )

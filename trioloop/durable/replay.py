@@ -6,12 +6,19 @@ revoked, a request that was in flight is asked again)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, Final, Generic, TypeVar, final
 
 import attrs
 
 from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, document_digest, verify_chain
-from trioloop.durable.session_file import SessionFileError, SessionSnapshot, session_from_json
+from trioloop.durable.session_file import (
+    SessionFileError,
+    SessionSnapshot,
+    session_from_json,
+    session_rules_from_json,
+)
+from trioloop.machine.conditions import RuleError
 from trioloop.machine.inputs import (
     Advance,
     ApproveBatch,
@@ -19,6 +26,7 @@ from trioloop.machine.inputs import (
     CallSettled,
     Cancel,
     DenyCall,
+    ForgetRule,
     Retry,
     Revoke,
     StartCall,
@@ -28,6 +36,7 @@ from trioloop.machine.inputs import (
 )
 from trioloop.machine.limits import TurnLimits
 from trioloop.machine.reducer import reduce_turn
+from trioloop.machine.rules import SESSION_SOURCE, Always, ApprovalRule, CodeVerdict, RuleSet
 from trioloop.machine.state import CallStatus, Phase, TurnState
 from trioloop.machine.tools import ToolOutcome, ToolRegistry
 from trioloop.machine.transaction import UndoEntry, UndoHistory, redo_step, undo_step
@@ -78,6 +87,8 @@ class Replayed(Generic[D]):
     source: str | None = None
     #: The tokens every settled turn used (the snapshot's count, then each turn replayed after it).
     usage: Usage = attrs.field(factory=Usage)
+    #: The session's own approval rules as the journal leaves them (the live turn's, when one is live).
+    rules: tuple[ApprovalRule, ...] = ()
 
 
 def _need(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], seq: int) -> Any:
@@ -99,6 +110,22 @@ def _event(value: Any, seq: int) -> StreamEvent:
         return event_from_json(value)
     except SerializationError:
         raise JournalError(f"journal entry {seq} holds an event that is not valid", seq=seq) from None
+
+
+def _code_verdict(value: Mapping[str, Any], seq: int) -> CodeVerdict:
+    try:
+        return CodeVerdict.from_json(value)
+    except (RuleError, ValueError):
+        raise JournalError(f"journal entry {seq} holds a needs_approval verdict that is not valid", seq=seq) from None
+
+
+def _always(data: Mapping[str, Any], seq: int) -> Always | None:
+    value = data.get("always")
+    if value is None:
+        return None
+    if type(value) is not str or value not in ("input", "tool"):
+        raise JournalError(f"journal entry {seq} has an invalid always", seq=seq)
+    return Always(value)
 
 
 def _document(load: Callable[[str], D], text: Any, seq: int, digest: Any = None) -> D:
@@ -186,6 +213,7 @@ class _Folder(Generic[D]):
         self.kind: str | None = None
         self.source: str | None = None
         self.usage = Usage()
+        self.rules: tuple[ApprovalRule, ...] = ()
 
     def feed(self, item: TurnInput, seq: int) -> None:
         if self.turn is None:
@@ -196,6 +224,7 @@ class _Folder(Generic[D]):
             self.messages = self.turn.messages
             self.last_turn_id = self.turn.turn_id
             self.usage = usage_sum(self.usage, self.turn.usage)
+            self.rules = self.turn.rules.of_source(SESSION_SOURCE)
             self.turn = None
             self.cards = {}
 
@@ -217,7 +246,10 @@ class _Folder(Generic[D]):
         elif kind == "stream":
             events = _need(data, "events", list, seq)
             for value in events:
-                self.feed(_event(value, seq), seq)
+                if type(value) is dict and value.get("type") == "code_verdict":
+                    self.feed(_code_verdict(value, seq), seq)
+                else:
+                    self.feed(_event(value, seq), seq)
             for card in data.get("cards") or ():
                 if type(card) is dict and type(card.get("call_id")) is str and type(card.get("digest")) is str:
                     self.cards[card["call_id"]] = card["digest"]
@@ -226,7 +258,7 @@ class _Folder(Generic[D]):
             if edited is not None and type(edited) is not dict:
                 raise JournalError(f"journal entry {seq} has an invalid edited input", seq=seq)
             call_id = _need(data, "call_id", str, seq)
-            self.feed(ApproveCall(call_id=call_id, edited_input=edited), seq)
+            self.feed(ApproveCall(call_id=call_id, edited_input=edited, always=_always(data, seq)), seq)
             card = data.get("card")
             if edited is not None and type(card) is dict and type(card.get("digest")) is str:
                 self.cards[call_id] = card["digest"]
@@ -236,7 +268,14 @@ class _Folder(Generic[D]):
                 raise JournalError(f"journal entry {seq} has an invalid call id", seq=seq)
             self.feed(ApproveBatch(call_ids=tuple(ids)), seq)
         elif kind == "deny":
-            self.feed(DenyCall(call_id=_need(data, "call_id", str, seq), reason=_need(data, "reason", str, seq)), seq)
+            call_id, reason = _need(data, "call_id", str, seq), _need(data, "reason", str, seq)
+            self.feed(DenyCall(call_id=call_id, reason=reason, always=_always(data, seq)), seq)
+        elif kind == "forget":
+            self.feed(ForgetRule(number=_need(data, "number", int, seq)), seq)
+        elif kind == "rules":
+            if self.turn is not None:
+                raise JournalError(f"journal entry {seq} changes the session's rules while a turn is live", seq=seq)
+            self.rules = session_rules_from_json(data.get("rules"), partial(JournalError, seq=seq))
         elif kind == "start":
             self.feed(StartCall(call_id=_need(data, "call_id", str, seq), now_ms=_need(data, "now_ms", int, seq)), seq)
         elif kind == "settled":
@@ -284,6 +323,7 @@ class _Folder(Generic[D]):
         self.model = snapshot.model
         self.kind, self.source = snapshot.kind, snapshot.source
         self.usage = snapshot.usage
+        self.rules = snapshot.rules
         self.turn = None  # a snapshot is written only between turns (``state`` keeps the last turn's)
         self.cards = {}
 
@@ -305,6 +345,10 @@ class _Folder(Generic[D]):
         except (TypeError, ValueError):
             raise JournalError(f"journal entry {seq} has invalid limits", seq=seq) from None
         turn_id = _need(data, "turn_id", str, seq)
+        try:
+            rules = RuleSet.from_json(data.get("rules", []))
+        except RuleError as exc:
+            raise JournalError(f"journal entry {seq} has invalid rules: {exc}", seq=seq) from None
         self.turn = TurnState.idle()
         self.turn_count += 1
         self.advanced_ms = 0
@@ -316,6 +360,7 @@ class _Folder(Generic[D]):
                 tool_set=self.registry,
                 limits=limits,
                 now_ms=_need(data, "now_ms", int, seq),
+                rules=rules,
             ),
             seq,
         )
@@ -382,6 +427,7 @@ class _Folder(Generic[D]):
             kind=self.kind,
             source=self.source,
             usage=self.usage,
+            rules=self.rules if self.turn is None else self.turn.rules.of_source(SESSION_SOURCE),
         )
 
 

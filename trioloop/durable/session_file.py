@@ -49,6 +49,8 @@ from typing import Any, Final, Generic, TypeVar, final
 import attrs
 
 from trioloop.durable.bounded_json import parse_bounded_json
+from trioloop.machine.conditions import RuleError
+from trioloop.machine.rules import SESSION_SOURCE, ApprovalRule, RuleSet
 from trioloop.machine.transaction import UndoEntry, UndoHistory
 from trioloop.protocol.events import Usage
 from trioloop.protocol.messages import Message, assert_tool_pairing
@@ -83,7 +85,7 @@ _KEYS_V1: Final = frozenset(
 )
 _KEYS: Final = _KEYS_V1 | {"kind", "source"}
 #: Keys a version 2 file may hold or leave out (written since they were added; a file without them still reads).
-_OPTIONAL_KEYS: Final = frozenset({"usage"})
+_OPTIONAL_KEYS: Final = frozenset({"usage", "rules"})
 _USAGE_FIELDS: Final = (
     "input_tokens",
     "output_tokens",
@@ -133,6 +135,8 @@ class SessionSnapshot(Generic[D]):
     source: str | None = None
     #: The tokens every settled turn of the session used (a file written before they were kept: none).
     usage: Usage = attrs.field(factory=Usage)
+    #: The session's own approval rules (a person's "always" from a card), in the order they were added.
+    rules: tuple[ApprovalRule, ...] = ()
 
     def undo_history(self) -> UndoHistory[D]:
         """The undo history these records make (oldest first, capped as saved)."""
@@ -171,6 +175,7 @@ def session_to_json(snapshot: SessionSnapshot[D], *, dump_document: Callable[[D]
         "last_turn_id": snapshot.last_turn_id,
         "turn_count": snapshot.turn_count,
         "usage": {name: getattr(snapshot.usage, name) for name in _USAGE_FIELDS},
+        "rules": [rule.to_json() for rule in snapshot.rules],
     }
 
 
@@ -230,7 +235,21 @@ def session_from_json(value: Any, *, load_document: Callable[[str], D]) -> Sessi
         kind=kind,
         source=source,
         usage=_usage(value.get("usage")),
+        rules=session_rules_from_json(value.get("rules", []), SessionFileError),
     )
+
+
+def session_rules_from_json(value: object, error: Callable[[str], Exception]) -> tuple[ApprovalRule, ...]:
+    """A session's own rules as `session_to_json` (or a journal's ``rules`` entry) wrote them; ``error`` for a
+    list that is not one of session rules, numbered once each."""
+    try:
+        rules = RuleSet.from_json(value).rules
+    except RuleError as exc:
+        raise error(f"the session's rules are not valid: {exc}") from None
+    numbers = [rule.number for rule in rules]
+    if any(rule.source != SESSION_SOURCE or rule.number < 1 for rule in rules) or len(set(numbers)) != len(numbers):
+        raise error("the session's rules are not valid: each must be a numbered session rule")
+    return rules
 
 
 def _usage(value: object) -> Usage:

@@ -251,5 +251,5 @@ _SHOWN_MAX: Final = 60
 
 
 def _shown(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    text = json.dumps(value, ensure_ascii=True, sort_keys=True)  # no bidi control hides in it
     return text if len(text) <= _SHOWN_MAX else text[: _SHOWN_MAX - 1] + "…"

@@ -39,6 +39,7 @@ __all__ = [
     "RuleError",
     "RuleSet",
     "Verdict",
+    "app_rules",
     "decide_call",
     "glob_regex",
     "literal_pattern",
@@ -253,6 +254,24 @@ class Always(enum.StrEnum):
 
     INPUT = "input"
     TOOL = "tool"
+
+
+def app_rules(rules: Iterable[ApprovalRule]) -> tuple[ApprovalRule, ...]:
+    """The rules an app gives a session: those it wrote in code (source "app", unnumbered) numbered "app rule N"
+    in order; those loaded from files kept as loaded (they name their file and line). `RuleError` for a value that
+    is not a rule, or for a rule claiming to be a session rule (only a person's "always" makes those)."""
+    made = []
+    count = 0
+    for rule in rules:
+        if type(rule) is not ApprovalRule:
+            raise RuleError(f"rules= takes ApprovalRule values, got {type(rule).__name__}")
+        if rule.source == SESSION_SOURCE:
+            raise RuleError("a session rule comes from a person's decision on a card, not from rules=")
+        if rule.source == APP_SOURCE:
+            count += 1
+            rule = attrs.evolve(rule, number=count)
+        made.append(rule)
+    return tuple(made)
 
 
 def numbered(rules: Iterable[ApprovalRule], source: str = APP_SOURCE) -> tuple[ApprovalRule, ...]:

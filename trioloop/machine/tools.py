@@ -184,6 +184,10 @@ class RegisteredTool(Generic[D]):
     destructive: bool
     json_schema: Mapping[str, Any] = attrs.field(eq=False, repr=False)
     _prepare: PrepareFn[D] = attrs.field(eq=False, repr=False, alias="prepare_fn")
+    #: A function of each valid call (`trioloop.runtime.approvals.ApprovalQuery`) returning allow, ask or deny
+    #: (`trioloop.machine.rules.Verdict` or its text), run by the runtime before the reducer decides the call;
+    #: the rules' safety table still holds (an allow never covers a destructive call).
+    needs_approval: Callable[[Any], Any] | None = attrs.field(default=None, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.effect not in ("read", "mutate"):

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trioloop.machine.inputs import ApproveBatch, ApproveCall, DenyCall
+from trioloop.machine.inputs import ApproveBatch, ApproveCall, DenyCall, ForgetRule
 from trioloop.machine.questions import AnswerAction, Question
+from trioloop.machine.rules import Always
 from trioloop.runtime.asking import OpenQuestions, QuestionWaiter
 from trioloop.runtime.inbox import InboxItem, RequestEnded, StreamBatch, StreamItem, TurnInbox
 from trioloop.runtime.progress import CallProgress
@@ -41,19 +42,27 @@ class TurnControls:
         #: Set when the turn ended suspended in review: the machine time it had spent, the review's wait.
         self.suspended_at: tuple[int, int] | None = None
 
-    def approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> bool:
+    def approve(
+        self, call_id: str, edited_input: dict[str, Any] | None = None, always: Always | str | None = None
+    ) -> bool:
         """Approve one call, or (with ``edited_input``) the user's edit of its input: the edit is prepared by
-        the call's own tool, the grant binds the edited input, and the model is told which fields changed."""
-        return self.inbox.put(ApproveCall(call_id=call_id, edited_input=edited_input))
+        the call's own tool, the grant binds the edited input, and the model is told which fields changed.
+        ``always`` also allows this tool ("tool") or this tool with this input ("input") for the session."""
+        return self.inbox.put(ApproveCall(call_id=call_id, edited_input=edited_input, always=always))
 
     def approve_batch(self, call_ids: tuple[str, ...]) -> bool:
         """Approve the listed calls together (an explicit tuple captured at the click; destructive calls never
         included)."""
         return self.inbox.put(ApproveBatch(call_ids=tuple(call_ids)))
 
-    def deny(self, call_id: str, reason: str = "") -> bool:
-        """Decline one call; ``reason``, if given, reaches the model as the user's words (sanitized, capped)."""
-        return self.inbox.put(DenyCall(call_id=call_id, reason=reason))
+    def deny(self, call_id: str, reason: str = "", always: Always | str | None = None) -> bool:
+        """Decline one call; ``reason``, if given, reaches the model as the user's words (sanitized, capped).
+        ``always="tool"`` also denies this tool for the rest of the session, with that reason."""
+        return self.inbox.put(DenyCall(call_id=call_id, reason=reason, always=always))
+
+    def forget_rule(self, number: int) -> bool:
+        """Remove session rule ``number`` from this turn on."""
+        return self.inbox.put(ForgetRule(number=number))
 
     def stop(self) -> bool:
         """Cancel the turn: its scope is cancelled now; the consumer settles it ``cancelled``."""

@@ -19,7 +19,7 @@ session files, journals and transcripts (`trioloop.runtime.session_files`, `trio
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -32,6 +32,7 @@ from trioloop.durable.witness import HeadWitness, WitnessedHead
 from trioloop.machine.document import TextDocumentKind
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.machine.questions import AnswerAction
+from trioloop.machine.rules import Always, ApprovalRule
 from trioloop.machine.state import TurnState
 from trioloop.machine.tools import RegisteredTool, ToolRegistry, create_tool_registry
 from trioloop.machine.transaction import UndoAvailability, UndoHistory
@@ -39,6 +40,7 @@ from trioloop.protocol.events import Usage
 from trioloop.protocol.messages import Message
 from trioloop.protocol.provider import ChatProvider, HoldsConnections
 from trioloop.runtime import session_files
+from trioloop.runtime.approvals import ApprovalQuery
 from trioloop.runtime.journaling import ResumePoint
 from trioloop.runtime.session_files import TranscriptError
 from trioloop.runtime.session_journal import (
@@ -119,11 +121,15 @@ class Session(SessionView[D]):
         if self._journal.journal is not None:
             await self._journal.journal.close()
 
-    async def add_toolset(self, toolset: Toolset[D]) -> tuple[RegisteredTool[D], ...]:
-        """Start ``toolset`` in the session's nursery and offer its tools from the next turn on."""
+    async def add_toolset(
+        self, toolset: Toolset[D], *, needs_approval: Callable[[ApprovalQuery], Any] | None = None
+    ) -> tuple[RegisteredTool[D], ...]:
+        """Start ``toolset`` in the session's nursery and offer its tools from the next turn on; ``needs_approval``
+        (a function of each valid call: allow, ask or deny) decides its tools' calls in code, under the same safety
+        rules as approval rules."""
         if self._turns.controls is not None:
             raise SessionBusy("Tools cannot change while a turn is running.")
-        return await self._toolsets.add(toolset, self.nursery)
+        return await self._toolsets.add(toolset, self.nursery, needs_approval)
 
     # -- turns -----------------------------------------------------------------------------------
 
@@ -145,12 +151,17 @@ class Session(SessionView[D]):
         kept). Returns the turn's state (None before any turn)."""
         return await self._turns.suspend()
 
-    def approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> bool:
+    def approve(
+        self, call_id: str, edited_input: dict[str, Any] | None = None, *, always: Always | str | None = None
+    ) -> bool:
         """Approve one call of the current turn's review (or of a suspended turn's: it applies when the turn
-        continues); ``edited_input`` approves the person's edit of the input instead. False when no turn
-        can take it, or the call has no card open (a late click on a card that is gone)."""
+        continues); ``edited_input`` approves the person's edit of the input instead. ``always`` also adds a
+        session rule: ``"tool"`` allows every later call of this tool, ``"input"`` those with this very input
+        (the edited one, if edited); never for a destructive tool. False when no turn can take it, or the call has
+        no card open (a late click on a card that is gone)."""
+        always = None if always is None else Always(always)
         controls = self._turns.deciding_on((call_id,))
-        return controls is not None and controls.approve(call_id, edited_input)
+        return controls is not None and controls.approve(call_id, edited_input, always)
 
     def approve_batch(self, call_ids: Iterable[str]) -> bool:
         """Approve the listed calls together (destructive ones are never included). A call already approved (by the
@@ -160,10 +171,25 @@ class Session(SessionView[D]):
         controls = self._turns.deciding_on(ids, covered=APPROVED_ALREADY)
         return controls is not None and controls.approve_batch(ids)
 
-    def deny(self, call_id: str, reason: str = "") -> bool:
-        """Decline one call; ``reason`` reaches the model as the person's words."""
+    def deny(self, call_id: str, reason: str = "", *, always: Always | str | None = None) -> bool:
+        """Decline one call; ``reason`` reaches the model as the person's words. ``always="tool"`` also adds a
+        session rule denying every later call of this tool, with that reason."""
+        always = None if always is None else Always(always)
         controls = self._turns.deciding_on((call_id,))
-        return controls is not None and controls.deny(call_id, reason)
+        return controls is not None and controls.deny(call_id, reason, always)
+
+    @property
+    def rules(self) -> tuple[ApprovalRule, ...]:
+        """The approval rules in effect: the app's and the files' (``rules=``), then the session's own (a person's
+        "always" from a card, numbered in the order they were added), as the running or suspended turn has them."""
+        live = self._turns.live_rules()
+        return live.rules if live is not None else self._rule_set().rules
+
+    def remove_rule(self, number: int) -> bool:
+        """Remove session rule ``number`` (see `rules`): later calls are decided without it. Journaled (between
+        turns, with the next append, as `undo_last_turn` is). False when the session has no such rule; the app's and
+        the files' rules are not the session's to remove."""
+        return self._turns.forget_rule(number, self.actor)
 
     def stop(self) -> bool:
         """Stop the current turn (approved work already committed is kept); a suspended turn is stopped when it
@@ -236,6 +262,7 @@ class Session(SessionView[D]):
         max_output_tokens: int = 4096,
         nursery: trio.Nursery | None = None,
         max_bytes: int = MAX_SESSION_BYTES,
+        rules: Iterable[ApprovalRule] = (),
     ) -> Session[D]:
         """A session continued from a file `save` wrote: same conversation, document and undo history,
         turn ids continuing after the saved ones. A file that is not a valid session (too large, not
@@ -257,8 +284,15 @@ class Session(SessionView[D]):
             max_output_tokens=max_output_tokens,
             nursery=nursery,
             source=snapshot.source,
+            rules=rules,
         )
-        session._restore(snapshot.undo_history(), snapshot.turns_started(), snapshot.last_turn_id, snapshot.usage)
+        session._restore(
+            snapshot.undo_history(),
+            snapshot.turns_started(),
+            snapshot.last_turn_id,
+            snapshot.usage,
+            rules=snapshot.rules,
+        )
         return session
 
     def _restore(
@@ -271,11 +305,12 @@ class Session(SessionView[D]):
         state: TurnState | None = None,
         resume: ResumePoint | None = None,
         journal: SessionJournal | None = None,
+        rules: tuple[ApprovalRule, ...] = (),
     ) -> None:
         """This new session continues a saved or journaled one: its undo history, turn numbering and tokens, and
         (from a journal) its last state, the live turn it left, and the journal itself."""
         self._workspace.undo = undo
-        self._turns.restore(started=turns_started, last_turn_id=last_turn_id, usage=usage)
+        self._turns.restore(started=turns_started, last_turn_id=last_turn_id, usage=usage, rules=rules)
         self._publisher.state = state
         if resume is not None:
             self._turns.take_up(resume)
@@ -310,6 +345,7 @@ class Session(SessionView[D]):
         keys: JournalKeys | None = None,
         witness: HeadWitness | Literal["default"] | None = DEFAULT_WITNESS,
         source: str | None = None,
+        rules: Iterable[ApprovalRule] = (),
     ) -> Session[D]:
         """A session whose every turn is journaled in ``store`` under ``session_id``, taking its lease.
 
@@ -345,6 +381,7 @@ class Session(SessionView[D]):
             "system_prompt": system_prompt,
             "max_output_tokens": max_output_tokens,
             "nursery": nursery,
+            "rules": rules,
         }
         opening = await JournalOpening.acquire(
             store, session_id, signer=signer, keys=keys, witness=witness, wait_s=wait_s
@@ -375,6 +412,7 @@ class Session(SessionView[D]):
                 state=replayed.state,
                 resume=resume_point(replayed),
                 journal=await opening.take_over(replayed, kind, compact),
+                rules=replayed.rules,
             )
             return session
 

@@ -19,6 +19,7 @@ from trioloop.durable.session_file import (
     encode_session,
 )
 from trioloop.machine.document import DocumentKind, TextDocumentKind
+from trioloop.machine.rules import ApprovalRule
 from trioloop.protocol.events import Usage
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
@@ -51,6 +52,7 @@ def snapshot_of(
     usage: Usage,
     model: str,
     source: str | None,
+    rules: tuple[ApprovalRule, ...] = (),
 ) -> SessionSnapshot[D]:
     """What a session file holds: conversation, document, undo history, the last turn, the turn count, the tokens."""
     undo = workspace.undo
@@ -65,6 +67,7 @@ def snapshot_of(
         kind=workspace.kind.name,
         source=source,
         usage=usage,
+        rules=rules,
     )
 
 

@@ -15,6 +15,7 @@ import trio
 from trioloop.durable.session_file import SessionSnapshot
 from trioloop.machine.calls import CallStatus
 from trioloop.machine.limits import TurnLimits
+from trioloop.machine.rules import EMPTY_RULES, SESSION_SOURCE, ApprovalRule, RuleSet
 from trioloop.machine.state import Phase, TurnState
 from trioloop.protocol.events import Usage, usage_sum
 from trioloop.protocol.messages import Message
@@ -52,6 +53,8 @@ class TurnSetup:
     max_output_tokens: int
     #: Who decides, as the journal records each decision.
     actor: str
+    #: The approval rules the turn decides by (the app's, the files', the session's).
+    rules: RuleSet = EMPTY_RULES
 
 
 class TurnSlot(Generic[D]):
@@ -90,10 +93,39 @@ class TurnSlot(Generic[D]):
         self.started = 0
         self.last_turn_id: str | None = None
         self.usage = Usage()  # every settled turn's tokens (those of a saved or journaled session included)
+        #: The session's own rules (a person's "always" from a card), as the last turn left them.
+        self.session_rules: tuple[ApprovalRule, ...] = ()
 
-    def restore(self, *, started: int, last_turn_id: str | None, usage: Usage) -> None:
-        """Continue a saved or journaled session's numbering and token count."""
+    def restore(
+        self, *, started: int, last_turn_id: str | None, usage: Usage, rules: tuple[ApprovalRule, ...] = ()
+    ) -> None:
+        """Continue a saved or journaled session's numbering, token count and session rules."""
         self.started, self.last_turn_id, self.usage = started, last_turn_id, usage
+        self.session_rules = rules
+
+    def live_rules(self) -> RuleSet | None:
+        """The rules of the turn running or suspended now (a person's "always" changes them mid-turn), or None."""
+        if self.controls is not None and self.publisher.state is not None:
+            return self.publisher.state.rules
+        if self.resume is not None:
+            return self.resume.state.rules
+        return None
+
+    def forget_rule(self, number: int, actor: str) -> bool:
+        """Remove session rule ``number``: from the live turn's rules (a reducer input, journaled), or between
+        turns from the session's (journaled as a ``rules`` entry with the next append). False when there is none."""
+        live = self.live_rules()
+        rules = live.rules if live is not None else self.session_rules
+        if not any(r.source == SESSION_SOURCE and r.number == number for r in rules):
+            return False
+        controls = self.deciding()
+        if live is not None:
+            return controls is not None and controls.forget_rule(number)
+        self.session_rules = tuple(r for r in self.session_rules if r.number != number)
+        journal = self.journals.journal
+        if journal is not None:
+            journal.add("rules", {"rules": [r.to_json() for r in self.session_rules], "by": actor})
+        return True
 
     def take_up(self, resume: ResumePoint) -> None:
         """Hold ``resume`` (a live turn read back from a journal) until `continue_turn`."""
@@ -192,6 +224,7 @@ class TurnSlot(Generic[D]):
             limits=setup.limits,
             max_output_tokens=setup.max_output_tokens,
             spent_s=spent_s,
+            rules=setup.rules,
         )
         if journal is not None:
             journal.turns.writer.actor = setup.actor
@@ -212,6 +245,8 @@ class TurnSlot(Generic[D]):
             if journal is not None:
                 journal.turns.on_settled = None
             final = publisher.state
+            if final is not None and final.turn_id == turn_id:  # this turn's rules (an "always" added some)
+                self.session_rules = final.rules.of_source(SESSION_SOURCE)
             if final is not None and final.is_settled:
                 self.history = final.messages
                 self.last_turn_id = turn_id
@@ -244,6 +279,7 @@ class TurnSlot(Generic[D]):
                     messages=state.messages,
                     last_turn_id=turn_id,
                     usage=usage_sum(self.usage, state.usage),
+                    rules=state.rules.of_source(SESSION_SOURCE),
                 )
             )
 

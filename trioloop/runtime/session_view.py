@@ -22,6 +22,7 @@ from trioloop.durable.session_file import SessionSnapshot
 from trioloop.machine.document import DocumentKind, document_type_problem
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
 from trioloop.machine.questions import Question
+from trioloop.machine.rules import ApprovalRule, RuleSet, app_rules
 from trioloop.machine.state import TurnState
 from trioloop.machine.tools import RegisteredTool, ToolRegistry, create_tool_registry
 from trioloop.machine.transaction import DocumentMatch, UndoHistory, match_document
@@ -82,6 +83,7 @@ class SessionView(Generic[D]):
         nursery: trio.Nursery | None = None,
         observers: Iterable[TurnObserver] = (),
         source: str | None = None,
+        rules: Iterable[ApprovalRule] = (),
     ) -> None:
         problem = document_type_problem(kind, document)
         if problem is not None:
@@ -115,6 +117,8 @@ class SessionView(Generic[D]):
         self._undo: UndoSteps[D] = UndoSteps(workspace=self._workspace, turns=self._turns, journal=self._journal)
         #: Who the person deciding is, as the journal records each decision (the OS user by default).
         self.actor = _default_actor()
+        #: The app's rules (numbered "app rule N") and the files' (as loaded: each names its file and line).
+        self._rules = app_rules(rules)
         #: Where the document lives, as the app names it (the CLI: the file's absolute path); session files and
         #: journal snapshots record it, so a reopened session says which document it belongs to.
         self.source = source
@@ -214,7 +218,12 @@ class SessionView(Generic[D]):
             limits=self.limits,
             max_output_tokens=self.max_output_tokens,
             actor=self.actor,
+            rules=self._rule_set(),
         )
+
+    def _rule_set(self) -> RuleSet:
+        """The rules the next turn decides by: the app's and the files', then the session's own."""
+        return RuleSet((*self._rules, *self._turns.session_rules))
 
     def snapshot(self) -> SessionSnapshot[D]:
         """What a session file holds: conversation, document, undo history, the last turn, the turn count."""
@@ -227,6 +236,7 @@ class SessionView(Generic[D]):
             usage=turns.usage,
             model=self.model,
             source=self.source,
+            rules=turns.session_rules,
         )
 
     @property

@@ -195,6 +195,7 @@ def define_executable_tool(
     run: Callable[[T, ToolExecutionContext[D]], ToolOutcome[D] | Awaitable[ToolOutcome[D]]],
     summarize: Callable[[T], str],
     preview: PreviewFn | None = None,
+    needs_approval: Callable[[Any], Any] | None = None,
 ) -> RegisteredTool[D]:
     """Build a tool whose schema and validation both come from ``input_type`` (an attrs class).
 
@@ -233,6 +234,7 @@ def define_executable_tool(
         destructive=destructive,
         json_schema=schema,
         prepare_fn=prepare,
+        needs_approval=needs_approval,
     )
 
 

@@ -4,9 +4,10 @@ over its tools once connected, and may list them again between turns when its se
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Generic, Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
+import attrs
 import trio
 
 from trioloop.machine.tools import RegisteredTool, ToolRegistry, create_tool_registry
@@ -37,24 +38,30 @@ class Toolsets(Generic[D]):
     def __init__(self, registry: ToolRegistry[D]) -> None:
         self.registry = registry
         self._started: list[tuple[Toolset[D], tuple[RegisteredTool[D], ...]]] = []
+        self._needs_approval: dict[int, Callable[[Any], Any]] = {}  # by toolset index
 
     def __bool__(self) -> bool:
         return bool(self._started)
 
-    async def add(self, toolset: Toolset[D], nursery: trio.Nursery) -> tuple[RegisteredTool[D], ...]:
-        """Start ``toolset`` in ``nursery`` and offer its tools with the others."""
+    async def add(
+        self, toolset: Toolset[D], nursery: trio.Nursery, needs_approval: Callable[[Any], Any] | None = None
+    ) -> tuple[RegisteredTool[D], ...]:
+        """Start ``toolset`` in ``nursery`` and offer its tools with the others (each asking ``needs_approval``,
+        when given, of its calls, as `trioloop.runtime.approvals` says)."""
         scope = trio.CancelScope()
 
         async def hosted(task_status: trio.TaskStatus[Sequence[RegisteredTool[D]]] = trio.TASK_STATUS_IGNORED) -> None:
             with scope:
                 await toolset.run(task_status=task_status)
 
-        tools = tuple(await nursery.start(hosted))
+        tools = _asking(tuple(await nursery.start(hosted)), needs_approval)
         try:
             self.registry = create_tool_registry((*self.registry.tools, *tools))
         except ValueError:
             scope.cancel()  # refused (a duplicate name): its connection closes now, not at session close
             raise
+        if needs_approval is not None:
+            self._needs_approval[len(self._started)] = needs_approval
         self._started.append((toolset, tools))
         return tools
 
@@ -75,6 +82,7 @@ class Toolsets(Generic[D]):
                 continue
             if new is None:
                 continue
+            new = _asking(tuple(new), self._needs_approval.get(index))
             kept = [tool for tool in self.registry.tools if all(tool is not gone for gone in old)]
             try:
                 self.registry = create_tool_registry((*kept, *new))
@@ -82,6 +90,14 @@ class Toolsets(Generic[D]):
                 observer_log.warning("a toolset's new tools clash with others by name; its old tools stay")
                 continue
             self._started[index] = (toolset, tuple(new))
+
+
+def _asking(
+    tools: tuple[RegisteredTool[D], ...], function: Callable[[Any], Any] | None
+) -> tuple[RegisteredTool[D], ...]:
+    if function is None:
+        return tools
+    return tuple(attrs.evolve(tool, needs_approval=function) for tool in tools)
 
 
 def _named(toolset: object) -> str:

@@ -29,8 +29,9 @@ from trioloop.machine.limits import Bound
 from trioloop.machine.reducer import NO_STATE_CHANGE, reduce_turn
 from trioloop.machine.state import Phase, TurnState
 from trioloop.machine.stream_fold import fold_text_deltas
-from trioloop.protocol.events import StreamError, StreamEvent
+from trioloop.protocol.events import StreamError, StreamEvent, ToolCallComplete
 from trioloop.protocol.provider import ChatProvider
+from trioloop.runtime.approvals import ask_needs_approval
 from trioloop.runtime.clock import REQUEST_DEADLINE_GRACE_S, TurnClock, now_ms
 from trioloop.runtime.controls import TurnControls
 from trioloop.runtime.inbox import InboxItem, RequestEnded, StreamBatch, StreamItem
@@ -174,6 +175,7 @@ class Turn(Generic[D]):
                     tool_set=request.registry,
                     limits=request.limits,
                     now_ms=int(clock.started_at * 1000),
+                    rules=request.rules,
                 )
             )
         else:
@@ -387,6 +389,12 @@ class Turn(Generic[D]):
             self.requests.saw_first_event = True
         elif self.requests.retried(event):
             return
+        if type(event) is ToolCallComplete:
+            tool = self.request.registry.get(event.name)
+            if tool is not None and tool.needs_approval is not None:
+                verdict = ask_needs_approval(tool, event)
+                if verdict is not None:
+                    self.apply(verdict)
         self.apply(event)
 
     # -- effects ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import attrs
 
 from trioloop.machine.document import DocumentKind
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.machine.rules import EMPTY_RULES, RuleSet
 from trioloop.machine.state import TurnState
 from trioloop.machine.tools import ToolRegistry
 from trioloop.machine.transaction import UndoHistory
@@ -51,3 +52,5 @@ class TurnRequest(Generic[D]):
     #: Seconds of the turn already spent before it was driven (listing a toolset's tools again, say): its
     #: deadline counts them.
     spent_s: float = 0.0
+    #: The approval rules the turn decides by (the app's, the files', the session's).
+    rules: RuleSet = EMPTY_RULES

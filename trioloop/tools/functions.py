@@ -164,6 +164,7 @@ def _build(
     effect: Effect,
     destructive: bool,
     summary: str | Callable[..., str] | None,
+    needs_approval: Callable[[Any], Any] | None = None,
 ) -> RegisteredTool[Any]:
     tool_name = name if name is not None else fn.__name__
     if not _TOOL_NAME.match(tool_name):
@@ -207,6 +208,7 @@ def _build(
         input_type=input_type,
         run=run,
         summarize=summarize,
+        needs_approval=needs_approval,
     )
 
 
@@ -233,6 +235,7 @@ def function_tool(
     effect: Literal["read", "mutate"] = "mutate",
     destructive: bool = False,
     summary: str | Callable[..., str] | None = None,
+    needs_approval: Callable[[Any], Any] | None = None,
 ) -> _Decorator: ...
 
 
@@ -245,6 +248,7 @@ def function_tool(
     effect: Literal["read", "mutate"] = "mutate",
     destructive: bool = False,
     summary: str | Callable[..., str] | None = None,
+    needs_approval: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Turn a typed function into a `RegisteredTool` (use bare, ``@function_tool``, or with keywords).
 
@@ -252,12 +256,19 @@ def function_tool(
     parameter section. ``effect`` and ``destructive`` say what the tool may do; they are never inferred.
     ``summary`` is the one-line card text: a format string over the parameters (``"Delete {heading}"``),
     a function of them, or by default ``name(field=value, ...)`` as the card shows the input (each value
-    stripped of control and bidi code points and cut to one line).
+    stripped of control and bidi code points and cut to one line). ``needs_approval`` decides each valid call
+    in code (`trioloop.runtime.approvals`): allow, ask or deny, held to the same safety rules as approval rules.
     """
 
     def decorate(function: Callable[..., Any]) -> RegisteredTool[Any]:
         return _build(
-            function, name=name, description=description, effect=effect, destructive=destructive, summary=summary
+            function,
+            name=name,
+            description=description,
+            effect=effect,
+            destructive=destructive,
+            summary=summary,
+            needs_approval=needs_approval,
         )
 
     return decorate if fn is None else decorate(fn)

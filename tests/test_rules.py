@@ -373,3 +373,43 @@ def test_a_failed_function_asks_and_the_person_is_told() -> None:
     state = start(rules(), failed, call("c1"))
     assert state.call("c1").status is CallStatus.PENDING
     assert "mine.check raised KeyError" in state.notices[-1]
+
+
+# -- the planned decision agrees with trying each rule in order -----------------------------------------------------
+
+_FIELD_VALUES = st.one_of(
+    st.sampled_from(["a", "ab", "a/b", "docs/x.md", "", "x*y", "A"]),
+    st.integers(-3, 3),
+    st.booleans(),
+    st.none(),
+    st.lists(st.sampled_from(["a", 1]), max_size=2),
+)
+_CONDITIONS = st.one_of(
+    st.builds(Condition.equals, st.sampled_from(["/p", "/q", "/n/0"]), _FIELD_VALUES),
+    st.builds(Condition.one_of, st.sampled_from(["/p", "/q"]), st.lists(_FIELD_VALUES, min_size=1, max_size=3)),
+    st.builds(Condition.glob, st.sampled_from(["/p", "/q"]), st.sampled_from(["a*", "**", "docs/*", "?", "x\\*y"])),
+    st.builds(Condition.prefix, st.sampled_from(["/p", "/q"]), st.sampled_from(["a", "", "docs/"])),
+    st.builds(Condition.in_range, st.sampled_from(["/p", "/q"]), st.sampled_from([None, -1, 0]), st.just(2)),
+)
+_RULES = st.lists(
+    st.builds(
+        ApprovalRule,
+        tool=st.sampled_from(["write_file", "write_*", "**", "gh__*", "read"]),
+        verdict=st.sampled_from(list(Verdict)),
+        when=st.lists(_CONDITIONS, max_size=2).map(tuple),
+    ),
+    max_size=12,
+)
+_INPUTS = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {},
+        optional={"p": _FIELD_VALUES, "q": _FIELD_VALUES, "n": st.lists(_FIELD_VALUES, max_size=2)},
+    ),
+)
+
+
+@given(rules=_RULES, canonical=_INPUTS, tool=st.sampled_from(["write_file", "gh__x", "read", "other"]))
+def test_the_planned_decision_is_the_plain_one(rules: list[ApprovalRule], canonical: Any, tool: str) -> None:
+    made = RuleSet(numbered(rules))
+    assert made.deciding(tool, canonical) is made.deciding_plainly(tool, canonical)

@@ -228,6 +228,26 @@ class Condition:
         low, high = self.value
         return (low is None or field >= low) and (high is None or field <= high)
 
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """The pointer, parsed (what `resolve_pointer` takes)."""
+        return self._tokens
+
+    def string_pattern(self) -> str | None:
+        """A regular expression that fully matches exactly the string fields this condition holds for, when it holds
+        for strings only (glob, prefix, equals a string, one of strings); None otherwise. What lets a rule set test
+        many such conditions on one field with one match (`trioloop.machine.rule_index`)."""
+        match, value = self.match, self.value
+        if match is Match.GLOB:
+            return None if self._regex is None else str(self._regex.pattern)
+        if match is Match.PREFIX:
+            return re.escape(str(value)) + ".*"
+        if match is Match.EQUALS and type(value) is str:
+            return re.escape(str(value))
+        if match is Match.ONE_OF and all(type(v) is str for v in value):
+            return "|".join(f"(?:{re.escape(v)})" for v in value)
+        return None
+
     def describe(self) -> str:
         """The condition as a person reads it: ``path docs/**``, ``mode one of "a", "b"``, ``size 1..10``."""
         field = self.pointer.lstrip("/") or "input"

@@ -23,6 +23,7 @@ from typing import Any, Final, final
 import attrs
 
 from trioloop.machine.conditions import Condition, Match, RuleError, glob_regex, resolve_pointer
+from trioloop.machine.rule_index import RulePlan, plan_rules
 
 __all__ = [
     "APP_SOURCE",
@@ -101,6 +102,7 @@ class ApprovalRule:
     number: int = 0
     line: int | None = None
     _tool_regex: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
+    _decider: Any = attrs.field(init=False, repr=False, eq=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         if type(self.reason) is not str or type(self.source) is not str or type(self.number) is not int:
@@ -184,6 +186,7 @@ class RuleSet:
 
     rules: tuple[ApprovalRule, ...] = ()
     _by_tool: dict[str, tuple[ApprovalRule, ...]] = attrs.field(init=False, factory=dict, repr=False, eq=False)
+    _plans: dict[str, RulePlan] = attrs.field(init=False, factory=dict, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if type(self.rules) is not tuple:
@@ -206,7 +209,17 @@ class RuleSet:
         return found
 
     def deciding(self, name: str, canonical: Any) -> ApprovalRule | None:
-        """The rule that decides a call of ``name`` with ``canonical`` input, or None when none holds."""
+        """The rule that decides a call of ``name`` with ``canonical`` input, or None when none holds: the first
+        (in this set's order) of the strongest verdict (deny, then ask, then allow) whose conditions all hold."""
+        plan = self._plans.get(name)
+        if plan is None:
+            plan = plan_rules(self.for_tool(name))
+            self._plans[name] = plan
+        found: ApprovalRule | None = plan.deciding(canonical)
+        return found
+
+    def deciding_plainly(self, name: str, canonical: Any) -> ApprovalRule | None:
+        """`deciding` by trying each rule in order (what the plan must agree with; tests compare the two)."""
         best: ApprovalRule | None = None
         for rule in self.for_tool(name):
             if best is not None and _RANK[rule.verdict] <= _RANK[best.verdict]:
@@ -320,9 +333,14 @@ class Decider:
 
 
 def rule_decider(rule: ApprovalRule) -> Decider:
-    return Decider(
-        kind=DeciderKind.RULE, verdict=rule.verdict, source=rule.source, number=rule.number, detail=rule.describe()
-    )
+    """The `Decider` naming ``rule`` (made once per rule: a rule is decided by many calls)."""
+    made: Decider | None = rule._decider
+    if made is None:
+        made = Decider(
+            kind=DeciderKind.RULE, verdict=rule.verdict, source=rule.source, number=rule.number, detail=rule.describe()
+        )
+        object.__setattr__(rule, "_decider", made)
+    return made
 
 
 @final

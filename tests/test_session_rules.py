@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from trioloop import ScriptedProvider, Session, ToolExecutionContext, ToolOutcome, define_document_kind, function_tool
+from trioloop.durable.audit import audit_lines
 from trioloop.durable.journal import JournalError, decode_entry, encode_entry, entry_hash
 from trioloop.durable.signing import JournalKeys, JournalSigner
 from trioloop.durable.store import MemoryJournalStore, StoredEntry
@@ -211,3 +212,19 @@ def rechained(raws: list[bytes]) -> list[tuple[int, bytes]]:
         out.append((seq, new))
         prev = entry_hash(new)
     return out
+
+
+async def test_the_audit_trail_names_who_decided_each_call() -> None:
+    store = MemoryJournalStore()
+    rules = [ApprovalRule(tool="append_line", verdict="allow", when=(Condition.prefix("/line", "docs"),))]
+    steps = [calls(("a", "docs 1"), ("b", "two")), ScriptStep(text="Done.")]
+    async with ScriptedProvider(steps) as provider:
+        session = await open_note(store, provider, rules=rules)
+        session.actor = "alice"
+        async with session, trio.open_nursery() as nursery:
+            nursery.start_soon(session.send, "go")
+            await wait_for_review(session)
+            assert session.approve("b", always="tool")
+    trail = "\n".join(audit_lines(store._journals["s1"]))
+    assert "call a (append_line) approved by app rule 1: append_line line starts with docs" in trail
+    assert "approved b by alice, and always for this session (tool)" in trail

@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
     )
     from trioloop.durable.witness import FileWitness, HeadWitness, MemoryWitness
     from trioloop.machine.card import CardDetails, one_line
+    from trioloop.machine.conditions import Condition, RuleError
     from trioloop.machine.document import (
         DocumentKind,
         SimpleDocumentKind,
@@ -55,6 +56,7 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
         SamplingRequest,
     )
     from trioloop.machine.reducer import CallRecord, CallStatus, Outcome, Phase, TurnState
+    from trioloop.machine.rules import Always, ApprovalRule, Decider, DeciderKind, Verdict
     from trioloop.machine.tool_input import tool_field
     from trioloop.machine.tools import (
         Effect,
@@ -93,6 +95,7 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
     from trioloop.providers.openai import OpenAIProvider
     from trioloop.providers.openai_responses import OpenAIResponsesProvider
     from trioloop.providers.scripted import ScriptedProvider
+    from trioloop.runtime.approvals import ApprovalQuery
     from trioloop.runtime.controls import TurnControls
     from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
     from trioloop.runtime.session import (
@@ -123,6 +126,14 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
 
 #: Where each public name lives (a test holds it to the imports above).
 _HOMES: Final[dict[str, str]] = {
+    "Always": "trioloop.machine.rules",
+    "ApprovalQuery": "trioloop.runtime.approvals",
+    "ApprovalRule": "trioloop.machine.rules",
+    "Condition": "trioloop.machine.conditions",
+    "Decider": "trioloop.machine.rules",
+    "DeciderKind": "trioloop.machine.rules",
+    "RuleError": "trioloop.machine.conditions",
+    "Verdict": "trioloop.machine.rules",
     "Aborted": "trioloop.protocol",
     "Answer": "trioloop.machine.questions",
     "AnswerError": "trioloop.machine.questions",
@@ -243,14 +254,20 @@ __all__ = [
     "DEFAULT_TURN_LIMITS",
     "THREAT_MODEL",
     "Aborted",
+    "Always",
     "Answer",
     "AnswerError",
     "AnthropicProvider",
+    "ApprovalQuery",
+    "ApprovalRule",
     "CallRecord",
     "CallStatus",
     "CardDetails",
     "ChatProvider",
     "ChatRequest",
+    "Condition",
+    "Decider",
+    "DeciderKind",
     "DocumentKind",
     "DocumentMatch",
     "DocumentMismatch",
@@ -285,6 +302,7 @@ __all__ = [
     "QuestionField",
     "QuestionRefused",
     "RegisteredTool",
+    "RuleError",
     "Sampled",
     "SamplingRequest",
     "ScriptedProvider",
@@ -322,6 +340,7 @@ __all__ = [
     "UndoAvailability",
     "UndoHistory",
     "Usage",
+    "Verdict",
     "Workspace",
     "__version__",
     "apply_action",

@@ -4,7 +4,6 @@ again, and a forged rule entry refused by the signature."""
 
 from __future__ import annotations
 
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+from tests.test_durable import wait_for_review
 from trioloop import ScriptedProvider, Session, ToolExecutionContext, ToolOutcome, define_document_kind, function_tool
 from trioloop.durable.audit import audit_lines
 from trioloop.durable.journal import JournalError, decode_entry, encode_entry, entry_hash
@@ -19,7 +19,7 @@ from trioloop.durable.signing import JournalKeys, JournalSigner
 from trioloop.durable.store import MemoryJournalStore, StoredEntry
 from trioloop.machine.conditions import Condition
 from trioloop.machine.rules import SESSION_SOURCE, ApprovalRule, DeciderKind
-from trioloop.machine.state import CallStatus, Phase
+from trioloop.machine.state import CallStatus
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 from trioloop.runtime.approvals import ApprovalQuery
 
@@ -69,13 +69,6 @@ def calls(*pairs: tuple[str, str], tool: str = "append_line") -> ScriptStep:
 def _fresh() -> None:
     RUNS.clear()
     ASKED.clear()
-
-
-async def wait_for_review(session: Session[str]) -> None:
-    async with aclosing(session.states()) as states:
-        async for state in states:
-            if session.busy and state.phase is Phase.AWAITING_APPROVAL:
-                return
 
 
 async def open_note(store: MemoryJournalStore, provider: ScriptedProvider, **kw: Any) -> Session[str]:

@@ -56,3 +56,39 @@ def test_always_from_a_card_survives_a_sigkill_and_resume_and_can_be_forgotten(
     finally:
         child.close()
     assert child.exitstatus == 0
+
+
+PROJECT_RULES = """
+[[rules]]
+tool = "add_threat"
+verdict = "deny"
+reason = "Low-severity threats go to the backlog, not the model."
+when = [ { pointer = "/threat/severity", equals = "low" } ]
+
+[[rules]]
+tool = "add_*"
+verdict = "allow"
+"""
+
+
+def test_a_project_rule_file_denies_at_once_and_allows_only_once_trusted(tmp_path: Path, model_server: int) -> None:
+    rules = tmp_path / ".trioloop" / "rules.toml"
+    rules.parent.mkdir()
+    rules.write_text(PROJECT_RULES, encoding="utf-8")
+    child = chat_in(tmp_path, model_server)
+    try:
+        child.expect_exact("allow rule of")  # the untrusted file's allow rule is withheld, and the chat says so
+        child.expect_exact("you> ")
+        child.sendline("/rules")
+        child.expect_exact("rule 1 of")
+        child.expect_exact('deny add_threat threat/severity = "low"')
+        child.expect_exact("you> ")
+        child.sendline("add threat 1")  # severity low: denied by the project's rule, no card
+        child.expect_exact("The document is unchanged.")
+        shown = " ".join(" ".join(screen_lines(child.before)).split())  # the reason is folded to the terminal
+        end_chat(child)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    assert "toolu_1: a approve" not in shown
+    assert "rule 1 of" in shown and "Low-severity threats go to the backlog, not the model." in shown

@@ -97,6 +97,7 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
     from trioloop.providers.scripted import ScriptedProvider
     from trioloop.runtime.approvals import ApprovalQuery
     from trioloop.runtime.controls import TurnControls
+    from trioloop.runtime.rule_files import LoadedRules, RuleFileError, load_rules, parse_rules, trust_file
     from trioloop.runtime.runner import TurnRequest, Workspace, run_turn
     from trioloop.runtime.session import (
         DocumentMismatch,
@@ -126,6 +127,11 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
 
 #: Where each public name lives (a test holds it to the imports above).
 _HOMES: Final[dict[str, str]] = {
+    "load_rules": "trioloop.runtime.rule_files",
+    "LoadedRules": "trioloop.runtime.rule_files",
+    "RuleFileError": "trioloop.runtime.rule_files",
+    "parse_rules": "trioloop.runtime.rule_files",
+    "trust_file": "trioloop.runtime.rule_files",
     "Always": "trioloop.machine.rules",
     "ApprovalQuery": "trioloop.runtime.approvals",
     "ApprovalRule": "trioloop.machine.rules",
@@ -284,6 +290,7 @@ __all__ = [
     "JournalStore",
     "JournalStoreError",
     "LeaseLost",
+    "LoadedRules",
     "MemoryJournalStore",
     "MemoryWitness",
     "Message",
@@ -303,6 +310,7 @@ __all__ = [
     "QuestionRefused",
     "RegisteredTool",
     "RuleError",
+    "RuleFileError",
     "Sampled",
     "SamplingRequest",
     "ScriptedProvider",
@@ -351,13 +359,16 @@ __all__ = [
     "define_executable_tool",
     "dump_thf",
     "function_tool",
+    "load_rules",
     "load_thf",
     "one_line",
+    "parse_rules",
     "preview_call",
     "redact_provider_detail",
     "run_turn",
     "text_diff",
     "threat_model_session",
     "tool_field",
+    "trust_file",
     "validate_threat_model",
 ]

@@ -14,7 +14,7 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
-from trioloop.cli.chat_rules import RULES_HELP, rules_command
+from trioloop.cli.chat_rules import RULES_HELP, load_chat_rules, rules_command
 from trioloop.cli.common import (
     Saver,
     error,
@@ -254,7 +254,10 @@ async def chat_session(
             "tools": create_ai_tool_registry(),
             "system_prompt": THREAT_MODEL_SYSTEM_PROMPT,
             "limits": limits,
+            "rules": load_chat_rules(console, path),
         }
+        if options["rules"] is None:
+            return EXIT_USAGE
         here = str(target.resolve())
         if session_file is not None:
             try:

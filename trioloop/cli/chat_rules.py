@@ -3,16 +3,20 @@ from "always" and "never" on a card) and ``/forget N`` removes session rule N.""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Final
 
 from rich.console import Console
 from rich.text import Text
 
+from trioloop.cli.common import error
+from trioloop.machine.conditions import RuleError
 from trioloop.machine.rules import SESSION_SOURCE, ApprovalRule
 from trioloop.machine.untrusted_text import sanitize_scalar
+from trioloop.runtime.rule_files import load_rules
 from trioloop.runtime.session import Session
 
-__all__ = ["RULES_HELP", "rule_line", "rules_command"]
+__all__ = ["RULES_HELP", "load_chat_rules", "rule_line", "rules_command"]
 
 RULES_HELP: Final = (
     "  /rules        the approval rules in effect: files, app, and this session's (always / never on a card)\n"
@@ -27,6 +31,23 @@ def rule_line(rule: ApprovalRule) -> str:
     reason = f" — {rule.reason}" if rule.reason else ""
     text, _ = sanitize_scalar(f"{rule.label}{where}: {rule.verdict.value} {rule.describe()}{reason}", _LINE_MAX)
     return text
+
+
+def load_chat_rules(console: Console, document: Path) -> tuple[ApprovalRule, ...] | None:
+    """The rules of ``document``'s files (the user's, the project's: its allow rules once trusted), with a line on
+    what was loaded and every notice (allow rules withheld from an untrusted or changed file); None, after saying
+    why on stderr, when a file is malformed or unreadable (its deny rules cannot be dropped in silence)."""
+    try:
+        loaded = load_rules(document)
+    except (RuleError, OSError) as exc:
+        error(f"error: the approval rules cannot be used: {exc}")
+        return None
+    if loaded.rules:
+        files = ", ".join(str(path) for path in loaded.files)
+        console.print(Text(f"Rules: {len(loaded.rules)} in effect from {files} (/rules lists them)", style="dim"))
+    for notice in loaded.notices:
+        console.print(Text(f"! {notice}", style="yellow"))
+    return loaded.rules
 
 
 def rules_command(console: Console, session: Session[Any], name: str, argument: str) -> bool:

@@ -114,6 +114,16 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_rules(args: argparse.Namespace) -> int:
+    """Show, check, trust or untrust approval rule files."""
+    from trioloop.cli import rules
+
+    if args.action == "show":
+        return rules.rules_show(args.document)
+    run = {"check": rules.rules_check, "trust": rules.rules_trust, "untrust": rules.rules_untrust}[args.action]
+    return run(args.path)
+
+
 def _cmd_key(args: argparse.Namespace) -> int:
     """Print the id and public key of the key that signs this user's journals (made on first use)."""
     from trioloop.durable.signing import KEY_ENV, JournalKeyError, JournalSigner, default_key_path
@@ -329,6 +339,25 @@ def _build_parser() -> argparse.ArgumentParser:
         "repeatable)",
     )
     audit.set_defaults(run=_cmd_audit)
+
+    rules = commands.add_parser(
+        "rules",
+        help="show the approval rules a document's files give, check a rule file, trust or untrust a project's",
+    )
+    actions = rules.add_subparsers(dest="action", metavar="ACTION", required=True)
+    show = actions.add_parser(
+        "show", help="the rules in effect from the user's and the project's rule files, and those not in effect"
+    )
+    show.add_argument(
+        "document", metavar="DOCUMENT", nargs="?", help="the document (default: the current folder's project)"
+    )
+    for action, text in (
+        ("check", "parse a rule file and report its errors with file:line (exit 1 if it has any)"),
+        ("trust", "trust a project rule file's exact content: its allow rules take effect until it changes"),
+        ("untrust", "stop trusting a project rule file: its allow rules no longer take effect"),
+    ):
+        actions.add_parser(action, help=text).add_argument("path", metavar="PATH", help="the rule file")
+    rules.set_defaults(run=_cmd_rules)
 
     key = commands.add_parser(
         "key",

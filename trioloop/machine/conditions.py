@@ -188,22 +188,27 @@ class Condition:
 
     @classmethod
     def equals(cls, pointer: str, value: Any) -> Condition:
+        """The field equals ``value``, as JSON compares (1 == 1.0; true is not 1)."""
         return cls(pointer=pointer, match=Match.EQUALS, value=value)
 
     @classmethod
     def one_of(cls, pointer: str, values: Iterable[Any]) -> Condition:
+        """The field equals one of ``values``."""
         return cls(pointer=pointer, match=Match.ONE_OF, value=tuple(values))
 
     @classmethod
     def glob(cls, pointer: str, pattern: str) -> Condition:
+        """The field is a string ``pattern`` matches whole (``*``, ``?`` within a path segment, ``**`` across)."""
         return cls(pointer=pointer, match=Match.GLOB, value=pattern)
 
     @classmethod
     def prefix(cls, pointer: str, text: str) -> Condition:
+        """The field is a string starting with ``text``."""
         return cls(pointer=pointer, match=Match.PREFIX, value=text)
 
     @classmethod
     def in_range(cls, pointer: str, min: float | None = None, max: float | None = None) -> Condition:
+        """The field is a number (not a boolean) from ``min`` to ``max``, both included; either may be None."""
         return cls(pointer=pointer, match=Match.RANGE, value=(min, max))
 
     def holds(self, canonical: Any) -> bool:
@@ -263,6 +268,7 @@ class Condition:
         return f"{field} {'' if low is None else low}..{'' if high is None else high}"
 
     def to_json(self) -> dict[str, Any]:
+        """The condition as the journal and session files record it."""
         value = list(self.value) if type(self.value) is tuple else self.value
         return {"pointer": self.pointer, "match": self.match.value, "value": value}
 

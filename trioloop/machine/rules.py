@@ -110,6 +110,21 @@ class ApprovalRule:
         literal = not any(ch in self.tool for ch in "*?\\")
         object.__setattr__(self, "_tool_regex", None if literal else glob_regex(self.tool))
 
+    @property
+    def decider(self) -> Decider:
+        """The `Decider` naming this rule, made on first use and kept (a rule decides many calls)."""
+        made: Decider | None = self._decider
+        if made is None:
+            made = Decider(
+                kind=DeciderKind.RULE,
+                verdict=self.verdict,
+                source=self.source,
+                number=self.number,
+                detail=self.describe(),
+            )
+            object.__setattr__(self, "_decider", made)
+        return made
+
     def names_tool(self, name: str) -> bool:
         """Whether this rule's tool pattern names the tool ``name``."""
         regex = self._tool_regex
@@ -329,18 +344,13 @@ class Decider:
         return f"{done} by {where}" + (f": {self.detail}" if self.detail else "")
 
     def to_json(self) -> dict[str, Any]:
+        """The decider as a record (empty fields left out)."""
         return {k: v for k, v in attrs.asdict(self).items() if v not in ("", 0) or k in ("kind", "verdict")}
 
 
 def rule_decider(rule: ApprovalRule) -> Decider:
     """The `Decider` naming ``rule`` (made once per rule: a rule is decided by many calls)."""
-    made: Decider | None = rule._decider
-    if made is None:
-        made = Decider(
-            kind=DeciderKind.RULE, verdict=rule.verdict, source=rule.source, number=rule.number, detail=rule.describe()
-        )
-        object.__setattr__(rule, "_decider", made)
-    return made
+    return rule.decider
 
 
 @final

@@ -221,3 +221,28 @@ async def test_the_audit_trail_names_who_decided_each_call() -> None:
     trail = "\n".join(audit_lines(store._journals["s1"]))
     assert "call a (append_line) approved by app rule 1: append_line line starts with docs" in trail
     assert "approved b by alice, and always for this session (tool)" in trail
+
+
+class _Tools:
+    """A toolset as `Session.add_toolset` takes one: its tools handed over, then held until cancelled."""
+
+    def __init__(self, *tools: Any) -> None:
+        self.tools = tools
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started(self.tools)
+        await trio.sleep_forever()
+
+
+async def test_a_toolsets_needs_approval_decides_each_of_its_calls() -> None:
+    steps = [calls(("a", "ok 1"), ("b", "nope")), ScriptStep(text="Done.")]
+    async with ScriptedProvider(steps) as provider:
+        session = Session(document="", kind=NOTE, provider=provider, model="m", tools=[clear_note])
+        async with session:
+            await session.add_toolset(_Tools(append_line), needs_approval=_check)
+            with trio.fail_after(10):
+                state = await session.send("go")
+            session.nursery.cancel_scope.cancel()  # the toolset's connection
+    assert ASKED == ["ok 1", "nope"] and RUNS == ["ok 1"]  # no card: the function decided both
+    assert state.call("a").decided_by.kind is DeciderKind.CODE
+    assert state.call("b").status is CallStatus.DENIED and "start with ok" in state.call("b").result

@@ -13,12 +13,14 @@ import attrs
 
 from trioloop.durable.journal import document_digest, encode_entry, entry_hash
 from trioloop.durable.session_file import SessionSnapshot, session_to_json
+from trioloop.durable.spend_json import limits_to_json, spending_to_json
 from trioloop.durable.signing import SEAL_VERSION, JournalSigner, head_message
 from trioloop.durable.store import StoredEntry
 from trioloop.machine.inputs import (
     Advance,
     ApproveBatch,
     ApproveCall,
+    BeforeRequest,
     CallSettled,
     Cancel,
     DenyCall,
@@ -29,7 +31,7 @@ from trioloop.machine.inputs import (
     TurnInput,
     UndoTurn,
 )
-from trioloop.machine.limits import TurnLimits
+from trioloop.machine.limits import NO_SPENDING, TurnLimits
 from trioloop.machine.state import CallRecord, CallStatus, TurnState
 from trioloop.protocol.events import TextDelta, is_terminal
 from trioloop.protocol.serialization import event_to_json
@@ -45,7 +47,7 @@ def _wall_ms() -> int:
 
 
 def _limits_json(limits: TurnLimits) -> dict[str, Any]:
-    return attrs.asdict(limits)
+    return limits_to_json(limits)
 
 
 def call_card(call: CallRecord) -> dict[str, Any]:
@@ -239,8 +241,11 @@ class JournalWriter:
                     "limits": _limits_json(item.limits),
                     "tools": [tool.name for tool in item.tool_set],
                     "now_ms": item.now_ms,
+                    **({} if item.spending == NO_SPENDING else {"spending": spending_to_json(item.spending)}),
                 },
             )
+        elif isinstance(item, BeforeRequest):  # journaled only when it bounded the turn (else nothing changed)
+            self.add("before_request", {"input_tokens": item.input_tokens, "output_tokens": item.output_tokens})
         elif isinstance(item, ApproveCall):
             call = new.call(item.call_id)
             self.add(
@@ -317,5 +322,18 @@ class JournalWriter:
 
 
 _COMMANDS: Final[frozenset[type]] = frozenset(
-    {Submit, ApproveCall, ApproveBatch, DenyCall, StartCall, CallSettled, Advance, Retry, Cancel, Revoke, UndoTurn}
+    {
+        Submit,
+        ApproveCall,
+        ApproveBatch,
+        DenyCall,
+        StartCall,
+        CallSettled,
+        Advance,
+        Retry,
+        Cancel,
+        Revoke,
+        UndoTurn,
+        BeforeRequest,
+    }
 )

@@ -13,8 +13,8 @@ import attrs
 
 from trioloop.durable.journal import document_digest, encode_entry, entry_hash
 from trioloop.durable.session_file import SessionSnapshot, session_to_json
-from trioloop.durable.spend_json import limits_to_json, spending_to_json
 from trioloop.durable.signing import SEAL_VERSION, JournalSigner, head_message
+from trioloop.durable.spend_json import limits_to_json, spending_to_json
 from trioloop.durable.store import StoredEntry
 from trioloop.machine.inputs import (
     Advance,

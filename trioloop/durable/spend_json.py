@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from trioloop.machine.limits import NO_SPENDING, SpendLimits, Spending, TurnLimits
+from trioloop.machine.limits import NO_SPENDING, Spending, SpendLimits, TurnLimits
 from trioloop.machine.prices import ModelPrice
 from trioloop.protocol.events import Usage
 

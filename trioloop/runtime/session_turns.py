@@ -14,7 +14,7 @@ import trio
 
 from trioloop.durable.session_file import SessionSnapshot
 from trioloop.machine.calls import CallStatus
-from trioloop.machine.limits import NO_SPENDING, SpendLimits, Spending, TurnLimits
+from trioloop.machine.limits import NO_SPENDING, Spending, SpendLimits, TurnLimits
 from trioloop.machine.prices import ModelPrice
 from trioloop.machine.state import Phase, TurnState
 from trioloop.protocol.events import Usage, usage_sum

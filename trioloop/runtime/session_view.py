@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import getpass
 from collections.abc import AsyncIterator, Iterable, Mapping
-from decimal import Decimal
 from contextlib import AbstractAsyncContextManager
+from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
 import trio

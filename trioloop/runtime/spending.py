@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 
 from trioloop.machine.inputs import BeforeRequest
-from trioloop.machine.limits import NO_SPENDING, SpendLimits, Spending, TurnLimits
+from trioloop.machine.limits import NO_SPENDING, Spending, SpendLimits, TurnLimits
 from trioloop.machine.prices import ModelPrice, lookup_price, usage_cost
 from trioloop.machine.state import TurnState
 from trioloop.protocol.budget import estimate_request_tokens

@@ -79,6 +79,13 @@ def test_a_cost_bound_is_a_positive_finite_decimal(bad: object) -> None:
         SpendLimits(max_cost_usd=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("field", ["max_output_tokens", "max_total_tokens"])
+def test_an_output_or_total_bound_below_the_reserve_is_refused(field: str) -> None:
+    with pytest.raises(ValueError, match=f"{field}.*reserve_output_tokens"):
+        TurnLimits(**{field: 4095})  # type: ignore[arg-type]
+    assert getattr(TurnLimits(**{field: 4096}), field) == 4096  # type: ignore[arg-type]
+
+
 def test_the_new_bounds_are_off_by_default() -> None:
     limits = TurnLimits()
     assert (limits.max_input_tokens, limits.max_output_tokens, limits.max_total_tokens, limits.max_cost_usd) == (
@@ -141,7 +148,7 @@ bounds = st.integers(min_value=1, max_value=2 * 10**9)
 def test_a_request_is_sent_iff_spent_estimate_and_reserve_fit_the_total_bound(
     spent_in: int, spent_out: int, estimate: int, reserve: int, bound: int
 ) -> None:
-    limits = TurnLimits(max_total_tokens=bound)
+    limits = TurnLimits(max_total_tokens=bound, reserve_output_tokens=1)
     over = spend_overrun(
         Usage(input_tokens=spent_in, output_tokens=spent_out),
         limits,
@@ -211,7 +218,7 @@ def test_a_cost_bound_with_no_price_is_always_passed() -> None:
 
 
 def test_budget_exhaustion_checks_tokens_and_cost_after_retries_and_before_the_deadline() -> None:
-    limits = TurnLimits(max_retries_per_turn=1, max_total_tokens=10, turn_deadline_ms=5)
+    limits = TurnLimits(max_retries_per_turn=1, max_total_tokens=10, turn_deadline_ms=5, reserve_output_tokens=1)
     usage = Usage(input_tokens=11)
     assert budget_exhaustion(TurnBudget(retries_used=1), limits, 10, usage=usage) is Bound.RETRIES
     assert budget_exhaustion(TurnBudget(), limits, 10, usage=usage) is Bound.TOKENS
@@ -254,7 +261,7 @@ def test_a_request_that_would_pass_the_bound_is_not_sent_and_settles_bounded() -
 
 
 def test_a_response_past_the_bound_settles_before_its_calls_run() -> None:
-    limits = TurnLimits(max_output_tokens=500)
+    limits = TurnLimits(max_output_tokens=500, reserve_output_tokens=100)
     state = run([submit(limits), *response(Usage(input_tokens=100, output_tokens=501))])
     assert (state.outcome, state.bound) == (Outcome.BOUNDED, Bound.TOKENS)
     record = state.call("r1")
@@ -263,7 +270,7 @@ def test_a_response_past_the_bound_settles_before_its_calls_run() -> None:
 
 
 def test_an_answer_past_the_bound_still_completes() -> None:
-    state = run([submit(TurnLimits(max_output_tokens=500)), *response(Usage(output_tokens=900), call=None)])
+    state = run([submit(TurnLimits(max_output_tokens=500, reserve_output_tokens=100)), *response(Usage(output_tokens=900), call=None)])
     assert state.outcome is Outcome.COMPLETED and state.bound is None
 
 
@@ -291,7 +298,7 @@ def test_no_price_settles_at_the_first_request() -> None:
 
 
 def test_limits_round_trip_with_the_exact_decimal() -> None:
-    limits = TurnLimits(max_total_tokens=10, max_cost_usd=Decimal("0.10"))
+    limits = TurnLimits(max_total_tokens=10, max_cost_usd=Decimal("0.10"), reserve_output_tokens=10)
     written = limits_to_json(limits)
     assert written["max_cost_usd"] == "0.10"
     assert limits_from_json(written) == limits

@@ -102,6 +102,8 @@ async def test_an_app_price_counts_for_a_model_the_table_does_not_know() -> None
     assert state.notices[-1].startswith("This turn stopped before its next model request: $0.051 spent")
     assert "Prices: our contract." in state.notices[-1]
     assert len(provider.requests) == 1
+    first = provider.requests[0]
+    assert isinstance(first, dict) and first["max_tokens"] == 100  # the model may answer with what was reserved
 
 
 @pytest.mark.parametrize(

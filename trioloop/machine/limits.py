@@ -117,6 +117,17 @@ class TurnLimits:
     #: The most the turn may cost, in US dollars (a `Decimal`), at its model's price.
     max_cost_usd: Decimal | None = _usd()
 
+    def __attrs_post_init__(self) -> None:
+        # Each request reserves ``reserve_output_tokens`` against the output and total bounds: a bound below
+        # the reserve would refuse every request, which is refused here, saying what to change.
+        for name in ("max_output_tokens", "max_total_tokens"):
+            bound = getattr(self, name)
+            if bound is not None and bound < self.reserve_output_tokens:
+                raise ValueError(
+                    f'Turn limit "{name}" ({bound}) is below "reserve_output_tokens" ({self.reserve_output_tokens}),'
+                    " which every request reserves: no request could be sent. Lower reserve_output_tokens."
+                )
+
 
 DEFAULT_TURN_LIMITS: Final = TurnLimits()
 

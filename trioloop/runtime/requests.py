@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Final
 
+import attrs
 import trio
 
 from trioloop.machine.inputs import Retry
@@ -130,6 +131,8 @@ class ProviderRequests:
             self.turn.apply(check)
             if self.turn.state.is_settled:
                 return
+            # Bounded in tokens or money: the model may answer with at most the output the check reserved.
+            request = attrs.evolve(request, max_tokens=min(request.max_tokens, check.output_tokens))
         self.attempt += 1
         self.open = True
         self.saw_first_event = False

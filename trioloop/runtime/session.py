@@ -30,7 +30,8 @@ from trioloop.durable.signing import JournalKeys, JournalSigner
 from trioloop.durable.store import JournalStore
 from trioloop.durable.witness import HeadWitness, WitnessedHead
 from trioloop.machine.document import TextDocumentKind
-from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.machine.limits import DEFAULT_TURN_LIMITS, SpendLimits, TurnLimits
+from trioloop.machine.prices import ModelPrice
 from trioloop.machine.questions import AnswerAction
 from trioloop.machine.state import TurnState
 from trioloop.machine.tools import RegisteredTool, ToolRegistry, create_tool_registry
@@ -236,6 +237,8 @@ class Session(SessionView[D]):
         max_output_tokens: int = 4096,
         nursery: trio.Nursery | None = None,
         max_bytes: int = MAX_SESSION_BYTES,
+        session_limits: SpendLimits | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
     ) -> Session[D]:
         """A session continued from a file `save` wrote: same conversation, document and undo history,
         turn ids continuing after the saved ones. A file that is not a valid session (too large, not
@@ -257,6 +260,8 @@ class Session(SessionView[D]):
             max_output_tokens=max_output_tokens,
             nursery=nursery,
             source=snapshot.source,
+            session_limits=session_limits,
+            prices=prices,
         )
         session._restore(snapshot.undo_history(), snapshot.turns_started(), snapshot.last_turn_id, snapshot.usage)
         return session
@@ -310,6 +315,8 @@ class Session(SessionView[D]):
         keys: JournalKeys | None = None,
         witness: HeadWitness | Literal["default"] | None = DEFAULT_WITNESS,
         source: str | None = None,
+        session_limits: SpendLimits | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
     ) -> Session[D]:
         """A session whose every turn is journaled in ``store`` under ``session_id``, taking its lease.
 
@@ -345,6 +352,8 @@ class Session(SessionView[D]):
             "system_prompt": system_prompt,
             "max_output_tokens": max_output_tokens,
             "nursery": nursery,
+            "session_limits": session_limits,
+            "prices": prices,
         }
         opening = await JournalOpening.acquire(
             store, session_id, signer=signer, keys=keys, witness=witness, wait_s=wait_s

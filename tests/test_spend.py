@@ -270,7 +270,12 @@ def test_a_response_past_the_bound_settles_before_its_calls_run() -> None:
 
 
 def test_an_answer_past_the_bound_still_completes() -> None:
-    state = run([submit(TurnLimits(max_output_tokens=500, reserve_output_tokens=100)), *response(Usage(output_tokens=900), call=None)])
+    state = run(
+        [
+            submit(TurnLimits(max_output_tokens=500, reserve_output_tokens=100)),
+            *response(Usage(output_tokens=900), call=None),
+        ]
+    )
     assert state.outcome is Outcome.COMPLETED and state.bound is None
 
 

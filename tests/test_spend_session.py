@@ -47,9 +47,11 @@ def _session(provider: ScriptedProvider, model: str = "scripted-1", **options: o
 
 
 async def test_a_response_past_the_token_bound_ends_the_turn_before_its_calls_run() -> None:
-    async with ScriptedProvider([_read(input_tokens=30_000, output_tokens=11_200)]) as provider:
-        async with _session(provider, limits=TurnLimits(max_total_tokens=40_000)) as session:
-            state = await session.send("Summarize.")
+    async with (
+        ScriptedProvider([_read(input_tokens=30_000, output_tokens=11_200)]) as provider,
+        _session(provider, limits=TurnLimits(max_total_tokens=40_000)) as session,
+    ):
+        state = await session.send("Summarize.")
     assert (state.outcome, state.bound) == (Outcome.BOUNDED, Bound.TOKENS)
     assert state.usage.input_tokens == 30_000 and state.usage.output_tokens == 11_200
     assert state.notices[-1].startswith("This turn stopped at its token bound: 41,200 of 40,000 tokens spent.")
@@ -62,9 +64,11 @@ async def test_a_request_that_would_pass_the_token_bound_is_not_sent() -> None:
     # The first answer (50,100 tokens) is within the bound of 55,000, so its read runs; the next request (its
     # estimate and the 4,096 output tokens reserved on top of 50,100) would pass it: it is never sent.
     steps = [_read(input_tokens=50_000, output_tokens=100), ScriptStep(text="never asked")]
-    async with ScriptedProvider(steps) as provider:
-        async with _session(provider, limits=TurnLimits(max_total_tokens=55_000)) as session:
-            state = await session.send("Summarize.")
+    async with (
+        ScriptedProvider(steps) as provider,
+        _session(provider, limits=TurnLimits(max_total_tokens=55_000)) as session,
+    ):
+        state = await session.send("Summarize.")
     assert (state.outcome, state.bound) == (Outcome.BOUNDED, Bound.TOKENS)
     assert state.notices[-1].startswith("This turn stopped before its next model request: 50,100 tokens spent")
     assert "would pass its token bound of 55,000 tokens" in state.notices[-1]
@@ -79,10 +83,12 @@ async def test_the_cost_bound_at_the_tables_price_with_the_figures_in_the_notice
     assert PRICE_TABLE["claude-haiku-4-5"].input_per_mtok == Decimal(1)
     limits = TurnLimits(max_cost_usd=Decimal("0.01"), reserve_output_tokens=200)
     steps = [_read(input_tokens=8_000, output_tokens=500)]
-    async with ScriptedProvider(steps, model="claude-haiku-4-5") as provider:
-        async with _session(provider, model="claude-haiku-4-5", limits=limits) as session:
-            state = await session.send("Summarize.")
-            assert session.cost_usd == Decimal("0.0105")
+    async with (
+        ScriptedProvider(steps, model="claude-haiku-4-5") as provider,
+        _session(provider, model="claude-haiku-4-5", limits=limits) as session,
+    ):
+        state = await session.send("Summarize.")
+        assert session.cost_usd == Decimal("0.0105")
     assert (state.outcome, state.bound) == (Outcome.BOUNDED, Bound.COST)
     assert state.notices[-1].startswith(
         "This turn stopped at its cost bound: $0.0105 of $0.01 spent. Prices: trioloop price table, 2026-11."
@@ -93,9 +99,11 @@ async def test_an_app_price_counts_for_a_model_the_table_does_not_know() -> None
     price = ModelPrice(input_per_mtok=Decimal(10), output_per_mtok=Decimal(10), source="our contract")
     limits = TurnLimits(max_cost_usd=Decimal("0.10"), reserve_output_tokens=100)
     steps = [_read(input_tokens=5_000, output_tokens=100), ScriptStep(text="never asked")]
-    async with ScriptedProvider(steps) as provider:
-        async with _session(provider, limits=limits, prices={"scripted-1": price}) as session:
-            state = await session.send("Summarize.")
+    async with (
+        ScriptedProvider(steps) as provider,
+        _session(provider, limits=limits, prices={"scripted-1": price}) as session,
+    ):
+        state = await session.send("Summarize.")
     # The first request (about 5,700 tokens of tools and prompt, 100 reserved) fits $0.10 at $10 a million; $0.051
     # spent, the second (the same and the first exchange) would pass it.
     assert (state.outcome, state.bound) == (Outcome.BOUNDED, Bound.COST)
@@ -116,21 +124,22 @@ async def test_an_app_price_counts_for_a_model_the_table_does_not_know() -> None
 async def test_a_cost_bound_on_a_model_with_no_price_is_refused_before_anything_is_sent(
     bounds: dict[str, object],
 ) -> None:
-    async with ScriptedProvider([ScriptStep(text="never asked")]) as provider:
-        async with _session(provider, **bounds) as session:
-            with pytest.raises(PriceUnknown, match="'scripted-1'"):
-                await session.send("Summarize.")
-            assert session.state is None and session.usage.input_tokens == 0
+    async with ScriptedProvider([ScriptStep(text="never asked")]) as provider, _session(provider, **bounds) as session:
+        with pytest.raises(PriceUnknown, match="'scripted-1'"):
+            await session.send("Summarize.")
+        assert session.state is None and session.usage.input_tokens == 0
     assert provider.requests == ()
 
 
 async def test_a_session_bound_counts_the_turns_before() -> None:
     steps = [ScriptStep(text="First.", input_tokens=6_000, output_tokens=500), ScriptStep(text="never asked")]
-    async with ScriptedProvider(steps) as provider:
-        async with _session(provider, session_limits=SpendLimits(max_total_tokens=10_000)) as session:
-            first = await session.send("Hello.")
-            assert first.outcome is Outcome.COMPLETED
-            second = await session.send("Again.")
+    async with (
+        ScriptedProvider(steps) as provider,
+        _session(provider, session_limits=SpendLimits(max_total_tokens=10_000)) as session,
+    ):
+        first = await session.send("Hello.")
+        assert first.outcome is Outcome.COMPLETED
+        second = await session.send("Again.")
     # 6,500 spent by the first turn; the second's request and its 4,096 reserved would pass 10,000.
     assert (second.outcome, second.bound) == (Outcome.BOUNDED, Bound.TOKENS)
     assert second.notices[-1].startswith("This turn stopped before its next model request: 6,500 tokens spent")

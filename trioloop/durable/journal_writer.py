@@ -9,8 +9,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-import attrs
-
 from trioloop.durable.journal import document_digest, encode_entry, entry_hash
 from trioloop.durable.session_file import SessionSnapshot, session_to_json
 from trioloop.durable.signing import SEAL_VERSION, JournalSigner, head_message

@@ -85,10 +85,6 @@ def _tokens() -> int | None:
     return attrs.field(default=None, validator=_optional_positive_int)
 
 
-def _usd() -> Decimal | None:
-    return attrs.field(default=None, validator=_optional_usd)
-
-
 @final
 @attrs.frozen(kw_only=True)
 class TurnLimits:
@@ -115,7 +111,7 @@ class TurnLimits:
     max_output_tokens: int | None = _tokens()
     max_total_tokens: int | None = _tokens()
     #: The most the turn may cost, in US dollars (a `Decimal`), at its model's price.
-    max_cost_usd: Decimal | None = _usd()
+    max_cost_usd: Decimal | None = attrs.field(default=None, validator=_optional_usd)
 
     def __attrs_post_init__(self) -> None:
         # Each request reserves ``reserve_output_tokens`` against the output and total bounds: a bound below
@@ -140,7 +136,7 @@ class SpendLimits:
     max_input_tokens: int | None = _tokens()
     max_output_tokens: int | None = _tokens()
     max_total_tokens: int | None = _tokens()
-    max_cost_usd: Decimal | None = _usd()
+    max_cost_usd: Decimal | None = attrs.field(default=None, validator=_optional_usd)
 
     @property
     def bounded(self) -> bool:
@@ -201,9 +197,7 @@ class Overrun:
     price_source: str = ""
 
 
-def _tokens_over(
-    scope: Scope, bounds: SpendLimits, used: Usage, next_input: int, next_output: int
-) -> Overrun | None:
+def _tokens_over(scope: Scope, bounds: SpendLimits, used: Usage, next_input: int, next_output: int) -> Overrun | None:
     total = used.input_tokens + used.output_tokens
     figures: tuple[tuple[Measure, int | None, int, int], ...] = (
         ("input", bounds.max_input_tokens, used.input_tokens, next_input),
@@ -212,7 +206,9 @@ def _tokens_over(
     )
     for measure, limit, spent, upcoming in figures:
         if limit is not None and spent + upcoming > limit:
-            return Overrun(bound=Bound.TOKENS, scope=scope, measure=measure, spent=spent, upcoming=upcoming, limit=limit)
+            return Overrun(
+                bound=Bound.TOKENS, scope=scope, measure=measure, spent=spent, upcoming=upcoming, limit=limit
+            )
     return None
 
 
@@ -406,7 +402,10 @@ def overrun_notice(over: Overrun) -> str:
     whose = "its" if over.scope == "turn" else "the session's"
     name = f"{whose} {_BOUND_NAMES[over.measure]} bound of {_figure(over.limit)}"
     if over.spent is None:
-        return f"This turn stopped before its first request: {name} cannot be counted, its model has no known price." + _KEPT
+        return (
+            f"This turn stopped before its first request: {name} cannot be counted, its model has no known price."
+            + _KEPT
+        )
     unit = _UNITS[over.measure]
     if over.upcoming:
         text = (
@@ -414,7 +413,8 @@ def overrun_notice(over: Overrun) -> str:
             f" (up to {_figure(over.upcoming)}{unit} more) would pass {name}{unit}."
         )
     else:
-        text = f"This turn stopped at {whose} {_BOUND_NAMES[over.measure]} bound: {_figure(over.spent)} of {_figure(over.limit)}{unit} spent."
+        spent, limit = _figure(over.spent), _figure(over.limit)
+        text = f"This turn stopped at {whose} {_BOUND_NAMES[over.measure]} bound: {spent} of {limit}{unit} spent."
     if over.measure == "cost":
         text += f" Prices: {over.price_source}."
     return text + _KEPT

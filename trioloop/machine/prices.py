@@ -89,7 +89,9 @@ def price_table(entries: Iterable[tuple[str, ModelPrice]]) -> Mapping[str, Model
 PRICE_TABLE_SOURCE: Final = "trioloop price table, 2026-11"
 
 
-def _family(ids: tuple[str, ...], inp: str, out: str, read: str, write: str | None = None) -> list[tuple[str, ModelPrice]]:
+def _family(
+    ids: tuple[str, ...], inp: str, out: str, read: str, write: str | None = None
+) -> list[tuple[str, ModelPrice]]:
     price = ModelPrice(
         input_per_mtok=Decimal(inp),
         output_per_mtok=Decimal(out),

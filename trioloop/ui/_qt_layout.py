@@ -55,8 +55,8 @@ QScrollArea#cardArea { border: none; }
 
 
 class PanelLayout(QWidget):
-    """The panel's widgets: a header (document title, tokens and cost, phase), the document's counts, the answer, the notice,
-    the cards with "Approve all safe", and the prompt with Send, Stop, Undo and Redo."""
+    """The panel's widgets: a header (document title, tokens and cost, phase), the document's counts, the answer,
+    the notice, the cards with "Approve all safe", and the prompt with Send, Stop, Undo and Redo."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)

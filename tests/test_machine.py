@@ -262,7 +262,10 @@ def _extra_transitions() -> list[tuple[TurnState, TurnInput]]:
         (two_pending, Revoke(call_id="c1")),  # awaiting -> awaiting (c2 still pending)
         (start(call("c1")), Revoke(call_id="c1")),  # awaiting -> executing (nothing left to decide)
         (run([submit()]), BeforeRequest(input_tokens=10, output_tokens=10)),  # requesting -> requesting
-        (run([submit(TurnLimits(max_total_tokens=10))]), BeforeRequest(input_tokens=10, output_tokens=1)),  # -> settled
+        (
+            run([submit(TurnLimits(max_total_tokens=10, reserve_output_tokens=1))]),
+            BeforeRequest(input_tokens=10, output_tokens=1),
+        ),
     ]
 
 

@@ -173,3 +173,25 @@ async def test_a_bounded_turn_replays_to_the_same_state() -> None:
             assert replayed.spending == live.spending and replayed.limits.max_cost_usd == Decimal("0.10")
             assert replayed.calls == live.calls and replayed.usage == live.usage
             assert reopened.usage == session.usage
+
+
+def test_the_qt_header_shows_the_turns_and_the_sessions_tokens_and_cost() -> None:
+    pytest.importorskip("PySide6")
+    from trioloop.lowlevel import Spending, Submit, reduce_turn
+    from trioloop.machine.reducer import TurnState
+    from trioloop.protocol import Usage
+    from trioloop.ui._qt_view import usage_line
+
+    price = ModelPrice(input_per_mtok=Decimal(1), output_per_mtok=Decimal(5))
+    submit = Submit(
+        turn_id="t",
+        text="hi",
+        tool_set=create_ai_tool_registry(),
+        now_ms=0,
+        spending=Spending(price=price),
+    )
+    state = reduce_turn(reduce_turn(TurnState.idle(), submit), Usage(input_tokens=10_000, output_tokens=1_000))
+    session = Usage(input_tokens=20_000, output_tokens=2_000)
+    assert usage_line(state, session, Decimal("0.03")) == "Turn: 11,000 tokens, $0.015 · Session: 22,000 tokens, $0.03"
+    assert usage_line(None, session, None) == "Session: 22,000 tokens"
+    assert usage_line(None, Usage(), None) == ""

@@ -320,18 +320,5 @@ class JournalWriter:
 
 
 _COMMANDS: Final[frozenset[type]] = frozenset(
-    {
-        Submit,
-        ApproveCall,
-        ApproveBatch,
-        DenyCall,
-        StartCall,
-        CallSettled,
-        Advance,
-        Retry,
-        Cancel,
-        Revoke,
-        UndoTurn,
-        BeforeRequest,
-    }
-)
+    {Submit, ApproveCall, ApproveBatch, DenyCall, StartCall, CallSettled, Advance, Retry, Cancel, Revoke, UndoTurn}
+) | {BeforeRequest}

@@ -196,8 +196,12 @@ async def test_usage_with_cache_tokens_is_shown_per_turn_and_for_the_session(
     async with open_loopback_server(replay([LoopbackResponse(body=body)] * 2)) as server:
         assert await _chat(PAYMENT, "anthropic", "claude-sonnet-4-5", "none", prompt, server.url) == 0
     out = capsys.readouterr().out
-    assert "tokens: 12 in (cache: 10 read, 0 written), 9 out; session: 12 in (cache: 10 read, 0 written)" in out
-    assert "session: 24 in (cache: 20 read, 0 written), 18 out" in out
+    # At claude-sonnet-4-5's price: 2 uncached in at $3, 10 cache reads at $0.30, 9 out at $15 a million: $0.000144.
+    assert (
+        "tokens: 12 in (cache: 10 read, 0 written), 9 out, $0.0001; session: 12 in (cache: 10 read, 0 written), 9 out,"
+        " $0.0001" in out
+    )
+    assert "session: 24 in (cache: 20 read, 0 written), 18 out, $0.0003" in out
 
 
 async def test_a_wrong_key_is_said_before_the_first_prompt(

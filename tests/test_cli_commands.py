@@ -63,6 +63,8 @@ async def test_undo_and_redo_step_through_turns_and_the_file_follows(
     assert "Redid turn-1." in out
     assert titles(thf) == [*base, "First"]  # saved after every /undo and /redo
     assert "This session:" in out and "/redo" in out and "Unknown command '/nope'" in out
+    # The last turn's tokens too; the scripted model has no price, so no cost is shown (nor guessed).
+    assert "; last turn: " in out and "(no price known for 'scripted-1': cost not shown)" in out
 
 
 async def test_save_then_resume_a_session_file_continues_the_conversation(

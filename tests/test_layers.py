@@ -41,6 +41,7 @@ PURE_LIBRARIES = frozenset(
         "collections",
         "collections.abc",
         "copy",
+        "decimal",
         "difflib",
         "enum",
         "functools",

@@ -25,6 +25,7 @@ from trioloop.machine.reducer import (
     Advance,
     ApproveBatch,
     ApproveCall,
+    BeforeRequest,
     CallSettled,
     CallStatus,
     Cancel,
@@ -211,6 +212,7 @@ SAMPLES: dict[InputKind, TurnInput] = {
     InputKind.CALL_SETTLED: CallSettled(call_id="r1", outcome=ToolOutcome.success("x"), now_ms=1),
     InputKind.ADVANCE: Advance(now_ms=1),
     InputKind.RETRY: Retry(now_ms=1),
+    InputKind.BEFORE_REQUEST: BeforeRequest(input_tokens=10, output_tokens=10),
     InputKind.CANCEL: Cancel(),
     InputKind.REVOKE: Revoke(call_id="c1", detail="the tool changed"),
     InputKind.UNDO_TURN: UndoTurn(),
@@ -264,6 +266,11 @@ def _extra_transitions() -> list[tuple[TurnState, TurnInput]]:
         (ran, Advance(now_ms=10**9)),  # executing -> settled (deadline)
         (two_pending, Revoke(call_id="c1")),  # awaiting -> awaiting (c2 still pending)
         (start(call("c1")), Revoke(call_id="c1")),  # awaiting -> executing (nothing left to decide)
+        (run([submit()]), BeforeRequest(input_tokens=10, output_tokens=10)),  # requesting -> requesting
+        (
+            run([submit(TurnLimits(max_total_tokens=10, reserve_output_tokens=1))]),
+            BeforeRequest(input_tokens=10, output_tokens=1),
+        ),
     ]
 
 

@@ -721,3 +721,31 @@ def test_the_guides_example_runs() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     names = [json.loads(chunk)["name"] for chunk in done.stdout.replace("}\n{", "}\0{").split("\0") if chunk.strip()]
     assert sorted(names) == ["chat scripted-1", "invoke_agent"]
+
+
+async def test_a_priced_turn_counts_its_cost_and_a_token_bound_is_named(telemetry: Telemetry) -> None:
+    from decimal import Decimal
+
+    from trioloop import ModelPrice
+
+    price = ModelPrice(input_per_mtok=Decimal(2), output_per_mtok=Decimal(10), source="app")
+    steps = [ScriptStep(tool_calls=[call("r1", "read_note")], input_tokens=1_000, output_tokens=100)]
+    async with ScriptedProvider(steps) as provider:
+        session = Session(
+            document="",
+            kind=NOTE,
+            provider=provider,
+            model="scripted-1",
+            tools=TOOLS,
+            limits=TurnLimits(max_output_tokens=50, reserve_output_tokens=40),
+            prices={"scripted-1": price},
+        )
+        instrument(session, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider)
+        async with session:
+            state = await session.send("go")
+    assert state.bound is not None and state.bound.value == "tokens"
+    turn = attrs_of(telemetry.one("invoke_agent"))
+    assert turn["trioloop.turn.bound"] == "tokens"
+    assert turn["trioloop.turn.cost_usd"] == pytest.approx(0.003)  # 1,000 in at $2 and 100 out at $10 a million
+    (counted,) = telemetry.metrics()["trioloop.cost"]
+    assert counted.value == pytest.approx(0.003) and counted.attributes["gen_ai.request.model"] == "scripted-1"

@@ -44,8 +44,9 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
         define_document_kind,
         text_diff,
     )
-    from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+    from trioloop.machine.limits import DEFAULT_TURN_LIMITS, SpendLimits, TurnLimits
     from trioloop.machine.preview import EntityChange, FieldChange, Preview, preview_call
+    from trioloop.machine.prices import PRICE_TABLE, ModelPrice
     from trioloop.machine.questions import (
         Answer,
         AnswerError,
@@ -109,6 +110,7 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
         ToolsMissing,
         TranscriptError,
     )
+    from trioloop.runtime.spending import PriceUnknown
     from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
     from trioloop.threatmodel import (
         THREAT_MODEL,
@@ -150,6 +152,10 @@ _HOMES: Final[dict[str, str]] = {
     "ChatProvider": "trioloop.protocol",
     "ChatRequest": "trioloop.protocol",
     "DEFAULT_TURN_LIMITS": "trioloop.machine.limits",
+    "ModelPrice": "trioloop.machine.prices",
+    "PRICE_TABLE": "trioloop.machine.prices",
+    "PriceUnknown": "trioloop.runtime.spending",
+    "SpendLimits": "trioloop.machine.limits",
     "DocumentKind": "trioloop.machine.document",
     "DocumentMatch": "trioloop.machine.transaction",
     "DocumentMismatch": "trioloop.runtime.session",
@@ -258,6 +264,7 @@ if not TYPE_CHECKING:  # type checkers see the imports above, and an unknown nam
 
 __all__ = [
     "DEFAULT_TURN_LIMITS",
+    "PRICE_TABLE",
     "THREAT_MODEL",
     "Aborted",
     "Always",
@@ -296,6 +303,7 @@ __all__ = [
     "Message",
     "MessageStart",
     "MessageStop",
+    "ModelPrice",
     "OpenAIProvider",
     "OpenAIResponsesProvider",
     "Outcome",
@@ -303,6 +311,7 @@ __all__ = [
     "PrepareFailure",
     "PreparedCall",
     "Preview",
+    "PriceUnknown",
     "ProtocolError",
     "ProtocolErrorCode",
     "Question",
@@ -321,6 +330,7 @@ __all__ = [
     "SessionJournalError",
     "SessionLocked",
     "SimpleDocumentKind",
+    "SpendLimits",
     "StreamError",
     "StreamEvent",
     "TextBlock",

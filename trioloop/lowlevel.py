@@ -16,13 +16,25 @@ from trioloop.machine.authorization import (
     grant_for_call,
 )
 from trioloop.machine.canonical import canonical_json, input_digest
-from trioloop.machine.limits import Bound, TurnBudget, bound_notice, budget_exhaustion, tool_call_cap
+from trioloop.machine.limits import (
+    Bound,
+    Overrun,
+    Spending,
+    TurnBudget,
+    bound_notice,
+    budget_exhaustion,
+    overrun_notice,
+    spend_overrun,
+    tool_call_cap,
+)
+from trioloop.machine.prices import usage_cost
 from trioloop.machine.reducer import (
     CALL_STATUS_EDGES,
     PHASE_TRANSITIONS,
     Advance,
     ApproveBatch,
     ApproveCall,
+    BeforeRequest,
     CallSettled,
     Cancel,
     DenialReason,
@@ -57,6 +69,7 @@ __all__ = [
     "Advance",
     "ApproveBatch",
     "ApproveCall",
+    "BeforeRequest",
     "Bound",
     "CallSettled",
     "Cancel",
@@ -70,11 +83,13 @@ __all__ = [
     "IdRefused",
     "IdScheme",
     "InputKind",
+    "Overrun",
     "Refusal",
     "Refused",
     "Reservation",
     "Retry",
     "Revoke",
+    "Spending",
     "StartCall",
     "Submit",
     "TurnBudget",
@@ -94,8 +109,11 @@ __all__ = [
     "grant_for_batch",
     "grant_for_call",
     "input_digest",
+    "overrun_notice",
     "reduce_turn",
+    "spend_overrun",
     "tool_call_cap",
     "turn_undo_availability",
     "undo_turn",
+    "usage_cost",
 ]

@@ -31,7 +31,7 @@ from trioloop.cli.exit_codes import EXIT_TURN_FAILED, EXIT_USAGE
 from trioloop.cli.mcp_servers import McpOptions, add_mcp_servers
 from trioloop.cli.resume_check import check_resumed, read_latest_chat, resume_refusal
 from trioloop.cli.review import LinePrompt
-from trioloop.cli.usage import show_usage, usage_text
+from trioloop.cli.usage import show_turn_usage, usage_report
 from trioloop.cli.view import ApproveMode, TurnView
 from trioloop.durable.journal import JournalError
 from trioloop.durable.session_file import SessionFileError
@@ -334,7 +334,7 @@ _COMMANDS_HELP: Final = (
     "  /redo         take the last /undo back (until a new change is made)\n"
     "  /save [FILE]  save the session (conversation, document, undo) to FILE (default: DOCUMENT.session.json);\n"
     "                continue it later with: trioloop chat DOCUMENT --resume FILE\n"
-    "  /usage        tokens used this session, cache reads and writes included\n"
+    "  /usage        tokens and cost of this session and the last turn, cache reads and writes included\n"
     f"{RULES_HELP}"
     "  /help         this list\n"
     "  an empty line or Ctrl-D ends the chat; Ctrl-C during a turn stops it"
@@ -414,7 +414,7 @@ class _Chat:
             self.failed = True
             error(failure)
         # The session's tokens: a resumed journal's or session file's earlier turns included.
-        show_usage(self.console, state.usage, session.usage)
+        show_turn_usage(self.console, session, state)
         return state
 
     def command(self, session: Session[ThreatModel], text: str) -> None:
@@ -441,7 +441,7 @@ class _Chat:
                 return
             self.console.print(Text(f"Saved the session to {target} (continue with --resume {target})"))
         elif name == "/usage":
-            self.console.print(Text(f"This session: {usage_text(session.usage)}"))
+            self.console.print(Text(usage_report(session)))
         elif name == "/help":
             self.console.print(Text(_COMMANDS_HELP))
         elif rules_command(self.console, session, name, argument):

@@ -11,7 +11,9 @@ from rich.text import Text
 
 from trioloop.cli.common import exit_status, interruptible, load_document, make_console, one_turn, report
 from trioloop.cli.review import LinePrompt
+from trioloop.cli.usage import show_turn_usage
 from trioloop.cli.view import ApproveMode, TurnView
+from trioloop.machine.prices import ModelPrice, lookup_price
 from trioloop.providers.scripted import ScriptedProvider
 from trioloop.runtime.session import Session
 from trioloop.threatmodel import ThreatModel, save_thf
@@ -28,6 +30,17 @@ _PACKAGED_EXAMPLE = Path(__file__).resolve().parents[1] / "_data" / "payment.thf
 
 DEFAULT_DEMO_FILE = _SOURCE_EXAMPLE if _SOURCE_EXAMPLE.exists() else _PACKAGED_EXAMPLE
 
+# The scripted model costs nothing; the demo prices its tokens as a real model's, so its summary shows a cost.
+_SONNET = lookup_price("claude-sonnet-4-5")
+assert _SONNET is not None
+_DEMO_PRICE = ModelPrice(
+    input_per_mtok=_SONNET.input_per_mtok,
+    output_per_mtok=_SONNET.output_per_mtok,
+    cache_read_per_mtok=_SONNET.cache_read_per_mtok,
+    cache_write_per_mtok=_SONNET.cache_write_per_mtok,
+    source="the demo, at claude-sonnet-4-5's rates",
+)
+
 
 async def _demo(
     path: Path, mode: ApproveMode, out: Path | None, undo: bool, prompt: Callable[[str], str], show_limit: bool
@@ -42,11 +55,13 @@ async def _demo(
         ScriptedProvider(DEMO_SCRIPT, wire="anthropic") as provider,
         threat_model_session(document=document, provider=provider, model="scripted-1", limits=limits) as session,
     ):
+        session.prices = {"scripted-1": _DEMO_PRICE}
         console.print(Text(f"you> {DEMO_PROMPT}", style="bold"))
         view = TurnView(console, session, mode, LinePrompt(prompt), scripted_edits=DEMO_EDITS)
         try:
             state = await one_turn(session, view, DEMO_PROMPT)
             report(console, session, state, document)
+            show_turn_usage(console, session, state)
             if session.undo_availability().undoable:
                 await _offer_undo(console, session, view, mode, undo, document)
         finally:

@@ -180,6 +180,11 @@ def _describe(entry: JournalEntry) -> list[str]:
     if kind == "cancel":
         reason = data.get("reason")
         return ["Stop: the turn was cancelled" if reason == "stop" else f"the turn ended at a limit: {_show(reason)}"]
+    if kind == "before_request":
+        return [
+            f"request not sent: about {data.get('input_tokens')} tokens in and up to {data.get('output_tokens')} out"
+            " would pass a token or cost bound"
+        ]
     if kind == "revoke":
         return [f"call {_show(data.get('call_id'))} refused: its tool changed ({_show(data.get('detail'))})"]
     if kind == "undo":

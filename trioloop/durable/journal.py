@@ -92,6 +92,7 @@ JOURNAL_KINDS: Final = frozenset(
         "retry",
         "cancel",
         "revoke",
+        "before_request",
         "undo",
         "redo",
         "suspend",

@@ -9,16 +9,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-import attrs
-
 from trioloop.durable.journal import document_digest, encode_entry, entry_hash
 from trioloop.durable.session_file import SessionSnapshot, session_to_json
 from trioloop.durable.signing import SEAL_VERSION, JournalSigner, head_message
+from trioloop.durable.spend_json import limits_to_json, spending_to_json
 from trioloop.durable.store import StoredEntry
 from trioloop.machine.inputs import (
     Advance,
     ApproveBatch,
     ApproveCall,
+    BeforeRequest,
     CallSettled,
     Cancel,
     DenyCall,
@@ -30,7 +30,7 @@ from trioloop.machine.inputs import (
     TurnInput,
     UndoTurn,
 )
-from trioloop.machine.limits import TurnLimits
+from trioloop.machine.limits import NO_SPENDING, TurnLimits
 from trioloop.machine.rules import CodeVerdict, DeciderKind
 from trioloop.machine.state import CallRecord, CallStatus, TurnState
 from trioloop.protocol.events import TextDelta, is_terminal
@@ -49,7 +49,7 @@ def _wall_ms() -> int:
 
 
 def _limits_json(limits: TurnLimits) -> dict[str, Any]:
-    return attrs.asdict(limits)
+    return limits_to_json(limits)
 
 
 def call_card(call: CallRecord) -> dict[str, Any]:
@@ -255,9 +255,12 @@ class JournalWriter:
                     "limits": _limits_json(item.limits),
                     "tools": [tool.name for tool in item.tool_set],
                     "now_ms": item.now_ms,
+                    **({} if item.spending == NO_SPENDING else {"spending": spending_to_json(item.spending)}),
                     "rules": item.rules.to_json(),
                 },
             )
+        elif isinstance(item, BeforeRequest):  # journaled only when it bounded the turn (else nothing changed)
+            self.add("before_request", {"input_tokens": item.input_tokens, "output_tokens": item.output_tokens})
         elif isinstance(item, ApproveCall):
             call = new.call(item.call_id)
             self.add(
@@ -351,5 +354,6 @@ _COMMANDS: Final[frozenset[type]] = frozenset(
         Revoke,
         UndoTurn,
         ForgetRule,
+        BeforeRequest,
     }
 )

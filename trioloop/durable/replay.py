@@ -18,11 +18,13 @@ from trioloop.durable.session_file import (
     session_from_json,
     session_rules_from_json,
 )
+from trioloop.durable.spend_json import limits_from_json, spending_from_json
 from trioloop.machine.conditions import RuleError
 from trioloop.machine.inputs import (
     Advance,
     ApproveBatch,
     ApproveCall,
+    BeforeRequest,
     CallSettled,
     Cancel,
     DenyCall,
@@ -34,7 +36,6 @@ from trioloop.machine.inputs import (
     TurnInput,
     UndoTurn,
 )
-from trioloop.machine.limits import TurnLimits
 from trioloop.machine.reducer import reduce_turn
 from trioloop.machine.rules import SESSION_SOURCE, Always, ApprovalRule, CodeVerdict, RuleSet
 from trioloop.machine.state import CallStatus, Phase, TurnState
@@ -297,6 +298,11 @@ class _Folder(Generic[D]):
             if reason not in ("stop", "deadline", "review_timeout"):
                 raise JournalError(f"journal entry {seq} has an invalid cancel reason", seq=seq)
             self.feed(Cancel(reason=reason), seq)
+        elif kind == "before_request":
+            tokens = (_need(data, "input_tokens", int, seq), _need(data, "output_tokens", int, seq))
+            if min(tokens) < 0:
+                raise JournalError(f"journal entry {seq} has a negative token count", seq=seq)
+            self.feed(BeforeRequest(input_tokens=tokens[0], output_tokens=tokens[1]), seq)
         elif kind == "revoke":
             self.feed(Revoke(call_id=_need(data, "call_id", str, seq), detail=_need(data, "detail", str, seq)), seq)
         elif kind == "undo":
@@ -341,7 +347,8 @@ class _Folder(Generic[D]):
             raise JournalError(f"journal entry {seq} starts a turn while another is live", seq=seq)
         limits_value = _need(data, "limits", dict, seq)
         try:
-            limits = TurnLimits(**limits_value)
+            limits = limits_from_json(limits_value)
+            spending = spending_from_json(data.get("spending"))
         except (TypeError, ValueError):
             raise JournalError(f"journal entry {seq} has invalid limits", seq=seq) from None
         turn_id = _need(data, "turn_id", str, seq)
@@ -360,6 +367,7 @@ class _Folder(Generic[D]):
                 tool_set=self.registry,
                 limits=limits,
                 now_ms=_need(data, "now_ms", int, seq),
+                spending=spending,
                 rules=rules,
             ),
             seq,

@@ -15,7 +15,7 @@ from typing import Any, Final, Literal, TypeAlias, final
 
 import attrs
 
-from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.machine.limits import DEFAULT_TURN_LIMITS, NO_SPENDING, Spending, TurnLimits
 from trioloop.machine.rules import EMPTY_RULES, Always, CodeVerdict, RuleSet
 from trioloop.machine.tools import ToolOutcome, ToolRegistry
 from trioloop.protocol.events import (
@@ -40,6 +40,7 @@ __all__ = [
     "Advance",
     "ApproveBatch",
     "ApproveCall",
+    "BeforeRequest",
     "CallSettled",
     "Cancel",
     "CodeVerdict",
@@ -110,6 +111,8 @@ class Submit:
     tool_set: ToolRegistry[Any] = attrs.field(validator=attrs.validators.instance_of(ToolRegistry))
     limits: TurnLimits = attrs.field(default=DEFAULT_TURN_LIMITS, validator=attrs.validators.instance_of(TurnLimits))
     now_ms: int = attrs.field(validator=_now)
+    #: The model's price and the session's token and cost bounds, fixed for the turn (journaled with it).
+    spending: Spending = attrs.field(default=NO_SPENDING, validator=attrs.validators.instance_of(Spending))
     #: The approval rules the turn decides by (`trioloop.machine.rules`), frozen for it.
     rules: RuleSet = attrs.field(default=EMPTY_RULES, validator=attrs.validators.instance_of(RuleSet))
 
@@ -205,6 +208,23 @@ class Retry:
     wait_ms: int = attrs.field(default=0, validator=_wait)
 
 
+def _count(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{attribute.name} must be a non-negative int of tokens, got {value!r}")
+
+
+@final
+@attrs.frozen(kw_only=True)
+class BeforeRequest:
+    """The runner is about to send the turn's next request: its input estimated at ``input_tokens`` (the
+    preflight estimate), asking for up to ``output_tokens``. If the turn's or the session's token or cost
+    bounds would be passed, the reducer settles the turn bounded and the request is not sent; otherwise
+    nothing changes (and nothing is journaled)."""
+
+    input_tokens: int = attrs.field(validator=_count)
+    output_tokens: int = attrs.field(validator=_count)
+
+
 _CANCEL_REASONS: Final = ("stop", "deadline", "review_timeout")
 
 
@@ -245,6 +265,7 @@ TurnCommand: TypeAlias = (
     | CallSettled
     | Advance
     | Retry
+    | BeforeRequest
     | Cancel
     | Revoke
     | UndoTurn
@@ -279,6 +300,7 @@ class InputKind(enum.StrEnum):
     CALL_SETTLED = "call_settled"
     ADVANCE = "advance"
     RETRY = "retry"
+    BEFORE_REQUEST = "before_request"
     CANCEL = "cancel"
     REVOKE = "revoke"
     UNDO_TURN = "undo_turn"
@@ -307,6 +329,7 @@ def _submit_ok(c: Any) -> bool:
         and type(c.tool_set) is ToolRegistry
         and type(c.limits) is TurnLimits
         and _is_ms(c.now_ms)
+        and type(c.spending) is Spending
         and type(c.rules) is RuleSet
     )
 
@@ -389,6 +412,7 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
                 and (c.failure is None or (type(c.failure) is StreamError and _stream_error_ok(c.failure)))
             ),
         ),
+        BeforeRequest: (InputKind.BEFORE_REQUEST, lambda c: _is_count(c.input_tokens) and _is_count(c.output_tokens)),
         Cancel: (InputKind.CANCEL, lambda c: _is_str(c.reason) and c.reason in _CANCEL_REASONS),
         Revoke: (InputKind.REVOKE, lambda c: _is_str(c.call_id) and _is_str(c.detail)),
         UndoTurn: (InputKind.UNDO_TURN, lambda c: True),

@@ -1,7 +1,8 @@
 """The ceilings of one turn and the only code that compares against them.
 
 `TurnLimits` holds every ceiling, validated when it is built; `TurnBudget` counts what the turn has
-spent. `budget_exhaustion` decides whether the turn may start another iteration and
+spent. `budget_exhaustion` decides whether the turn may start another iteration, `spend_overrun` whether
+its tokens and money allow another request (and which bound, with its figures, when not), and
 `tool_call_cap` whether one more tool call may be admitted; nothing else in trioloop compares a
 count with a limit, so a bound cannot be checked two different ways.
 """
@@ -9,21 +10,33 @@ count with a limit, so a bound cannot be checked two different ways.
 from __future__ import annotations
 
 import enum
-from typing import Final, final
+from decimal import Decimal
+from typing import Final, Literal, final
 
 import attrs
 
+from trioloop.machine.prices import ModelPrice, request_cost, usage_cost
+from trioloop.protocol.events import Usage, usage_sum
+
 __all__ = [
     "DEFAULT_TURN_LIMITS",
+    "NO_SPENDING",
     "Bound",
+    "Overrun",
+    "SpendLimits",
+    "Spending",
     "TurnBudget",
     "TurnLimits",
     "bound_notice",
     "budget_exhaustion",
+    "overrun_notice",
     "question_cap",
     "sampling_tokens",
+    "spend_limits",
+    "spend_overrun",
     "timing_exhaustion",
     "tool_call_cap",
+    "usd_text",
 ]
 
 
@@ -34,6 +47,8 @@ class Bound(enum.StrEnum):
     ITERATIONS = "iterations"
     TOOL_CALLS = "tool_calls"
     RETRIES = "retries"
+    TOKENS = "tokens"
+    COST = "cost"
     DEADLINE = "deadline"
     REVIEW_TIMEOUT = "review_timeout"
 
@@ -56,6 +71,20 @@ def _optional_positive_int(instance: object, attribute: attrs.Attribute[int | No
         _positive_int(instance, attribute, value)  # type: ignore[arg-type]
 
 
+def _optional_usd(instance: object, attribute: attrs.Attribute[Decimal | None], value: object) -> None:
+    # Money is exact: a float (0.1 is not a tenth) and an int (a typo for cents?) are refused alike.
+    if value is None:
+        return
+    if type(value) is not Decimal:
+        raise TypeError(f'Limit "{attribute.name}" must be a Decimal amount of US dollars, received {value!r}.')
+    if not value.is_finite() or value <= 0:
+        raise ValueError(f'Limit "{attribute.name}" must be a finite, positive Decimal, received {value!r}.')
+
+
+def _tokens() -> int | None:
+    return attrs.field(default=None, validator=_optional_positive_int)
+
+
 @final
 @attrs.frozen(kw_only=True)
 class TurnLimits:
@@ -76,9 +105,163 @@ class TurnLimits:
     #: The most output tokens one approved sampling request may ask the model for (a server asking for more
     #: gets this many).
     max_sampling_tokens: int = _limit(2048)
+    #: Token bounds of the turn (None: unbounded). Input tokens are what the provider bills as input: the
+    #: prompt with its cache reads and writes; output tokens include reasoning; total is the two added.
+    max_input_tokens: int | None = _tokens()
+    max_output_tokens: int | None = _tokens()
+    max_total_tokens: int | None = _tokens()
+    #: The most the turn may cost, in US dollars (a `Decimal`), at its model's price.
+    max_cost_usd: Decimal | None = attrs.field(default=None, validator=_optional_usd)
+
+    def __attrs_post_init__(self) -> None:
+        # Each request reserves ``reserve_output_tokens`` against the output and total bounds: a bound below
+        # the reserve would refuse every request, which is refused here, saying what to change.
+        for name in ("max_output_tokens", "max_total_tokens"):
+            bound = getattr(self, name)
+            if bound is not None and bound < self.reserve_output_tokens:
+                raise ValueError(
+                    f'Turn limit "{name}" ({bound}) is below "reserve_output_tokens" ({self.reserve_output_tokens}),'
+                    " which every request reserves: no request could be sent. Lower reserve_output_tokens."
+                )
 
 
 DEFAULT_TURN_LIMITS: Final = TurnLimits()
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SpendLimits:
+    """Bounds on tokens and money alone (a session's, across its turns), as `TurnLimits` names them."""
+
+    max_input_tokens: int | None = _tokens()
+    max_output_tokens: int | None = _tokens()
+    max_total_tokens: int | None = _tokens()
+    max_cost_usd: Decimal | None = attrs.field(default=None, validator=_optional_usd)
+
+    @property
+    def bounded(self) -> bool:
+        """Whether any bound is set."""
+        return any(v is not None for v in attrs.astuple(self))
+
+
+def spend_limits(limits: TurnLimits | SpendLimits) -> SpendLimits:
+    """The token and cost bounds of ``limits``."""
+    return SpendLimits(
+        max_input_tokens=limits.max_input_tokens,
+        max_output_tokens=limits.max_output_tokens,
+        max_total_tokens=limits.max_total_tokens,
+        max_cost_usd=limits.max_cost_usd,
+    )
+
+
+_NO_USAGE: Final = Usage()
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Spending:
+    """What a turn's tokens and money are measured with, fixed when it is submitted (and journaled with it):
+    its model's price (None: unknown), the session's bounds and what the session's earlier turns spent."""
+
+    price: ModelPrice | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(ModelPrice))
+    )
+    session_limits: SpendLimits | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(SpendLimits))
+    )
+    session_before: Usage = attrs.field(default=_NO_USAGE, validator=attrs.validators.instance_of(Usage))
+
+
+NO_SPENDING: Final = Spending()
+
+Scope = Literal["turn", "session"]
+Measure = Literal["input", "output", "total", "cost"]
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Overrun:
+    """A token or cost bound a turn reached, with the figures its notice gives.
+
+    ``spent`` is what was spent (tokens, or USD; for ``scope="session"`` the session's earlier turns
+    included); ``upcoming`` what the request about to be sent may add (its estimated input and reserved
+    output, priced for a cost bound), 0 after a response. ``spent`` is None for a cost bound with no known price.
+    """
+
+    bound: Bound
+    scope: Scope
+    measure: Measure
+    spent: int | Decimal | None
+    upcoming: int | Decimal
+    limit: int | Decimal
+    price_source: str = ""
+
+
+def _tokens_over(scope: Scope, bounds: SpendLimits, used: Usage, next_input: int, next_output: int) -> Overrun | None:
+    total = used.input_tokens + used.output_tokens
+    figures: tuple[tuple[Measure, int | None, int, int], ...] = (
+        ("input", bounds.max_input_tokens, used.input_tokens, next_input),
+        ("output", bounds.max_output_tokens, used.output_tokens, next_output),
+        ("total", bounds.max_total_tokens, total, next_input + next_output),
+    )
+    for measure, limit, spent, upcoming in figures:
+        if limit is not None and spent + upcoming > limit:
+            return Overrun(
+                bound=Bound.TOKENS, scope=scope, measure=measure, spent=spent, upcoming=upcoming, limit=limit
+            )
+    return None
+
+
+def _cost_over(
+    scope: Scope, bounds: SpendLimits, used: Usage, price: ModelPrice | None, next_input: int, next_output: int
+) -> Overrun | None:
+    limit = bounds.max_cost_usd
+    if limit is None:
+        return None
+    if price is None:  # a bound that cannot be measured is reached: never spend money nobody can count
+        return Overrun(bound=Bound.COST, scope=scope, measure="cost", spent=None, upcoming=0, limit=limit)
+    spent = usage_cost(used, price)
+    upcoming = request_cost(next_input, next_output, price)
+    if spent + upcoming > limit:
+        return Overrun(
+            bound=Bound.COST,
+            scope=scope,
+            measure="cost",
+            spent=spent,
+            upcoming=upcoming,
+            limit=limit,
+            price_source=price.source,
+        )
+    return None
+
+
+def spend_overrun(
+    usage: Usage,
+    limits: TurnLimits,
+    spending: Spending = NO_SPENDING,
+    *,
+    next_input_tokens: int = 0,
+    next_output_tokens: int = 0,
+) -> Overrun | None:
+    """The first token or cost bound ``usage`` (the turn's) passes, or would pass with one more request of
+    ``next_input_tokens`` in and ``next_output_tokens`` out; None when all allow it.
+
+    Passing means exceeding: a request is sent exactly when what was spent plus its estimate and reserve
+    stays within every bound. Order: the turn's token bounds (input, output, total), the session's, then
+    the turn's cost bound, the session's. A cost bound with no known price is always passed.
+    """
+    scopes: list[tuple[Scope, SpendLimits, Usage]] = [("turn", spend_limits(limits), usage)]
+    if spending.session_limits is not None:
+        scopes.append(("session", spending.session_limits, usage_sum(spending.session_before, usage)))
+    for scope, bounds, used in scopes:
+        over = _tokens_over(scope, bounds, used, next_input_tokens, next_output_tokens)
+        if over is not None:
+            return over
+    for scope, bounds, used in scopes:
+        over = _cost_over(scope, bounds, used, spending.price, next_input_tokens, next_output_tokens)
+        if over is not None:
+            return over
+    return None
 
 
 @final
@@ -102,14 +285,22 @@ class TurnBudget:
 
 
 def budget_exhaustion(
-    budget: TurnBudget, limits: TurnLimits, now_ms: int, *, review_waited_ms: int | None = None
+    budget: TurnBudget,
+    limits: TurnLimits,
+    now_ms: int,
+    *,
+    review_waited_ms: int | None = None,
+    usage: Usage | None = None,
+    spending: Spending = NO_SPENDING,
 ) -> Bound | None:
-    """The first exhausted bound (iterations, tool calls, retries, deadline, review timeout), or None.
+    """The first exhausted bound (iterations, tool calls, retries, tokens, cost, deadline, review timeout), or None.
 
     Consulted when an iteration ends, before a retry and when the turn's scope is cancelled; reaching
     a ceiling exactly counts as exhausted, so ``max_iterations = N`` allows exactly N provider requests.
     ``now_ms`` is the turn's machine time (the runner's clock minus the time spent waiting for the
     reviewer); ``review_waited_ms`` is how long the current review has waited, None when none is open.
+    Tokens and cost are checked when ``usage`` (the turn's) is given: exceeded, not merely reached, as
+    `spend_overrun` says.
     """
     if budget.iterations_started >= limits.max_iterations:
         return Bound.ITERATIONS
@@ -117,6 +308,10 @@ def budget_exhaustion(
         return Bound.TOOL_CALLS
     if budget.retries_used >= limits.max_retries_per_turn:
         return Bound.RETRIES
+    if usage is not None:
+        over = spend_overrun(usage, limits, spending)
+        if over is not None:
+            return over.bound
     return timing_exhaustion(budget, limits, now_ms, review_waited_ms=review_waited_ms)
 
 
@@ -168,6 +363,8 @@ _NOTICES: Final = {
     Bound.ITERATIONS: "This turn stopped because it used all of its model steps." + _KEPT,
     Bound.TOOL_CALLS: "This turn stopped because it used all of its tool calls." + _KEPT,
     Bound.RETRIES: "This turn stopped because the provider needed too many retries." + _KEPT,
+    Bound.TOKENS: "This turn stopped at a token bound." + _KEPT,
+    Bound.COST: "This turn stopped at a cost bound." + _KEPT,
     Bound.DEADLINE: "This turn stopped because it ran past its time limit." + _KEPT,
     Bound.REVIEW_TIMEOUT: "This turn stopped because its review cards waited too long for a decision;"
     " the undecided calls were not run." + _KEPT,
@@ -175,5 +372,49 @@ _NOTICES: Final = {
 
 
 def bound_notice(bound: Bound) -> str:
-    """The user-facing notice for a turn settled by ``bound``: what stopped it and what was kept."""
+    """The user-facing notice for a turn settled by ``bound``: what stopped it and what was kept.
+
+    A token or cost bound's notice with its figures is `overrun_notice`'s; this is the short one."""
     return _NOTICES[bound]
+
+
+def _figure(value: int | Decimal) -> str:
+    if isinstance(value, Decimal):
+        return usd_text(value)
+    return f"{value:,}"
+
+
+def usd_text(value: Decimal) -> str:
+    """US dollars as a person reads them: cents always, up to four decimals when a figure is that small."""
+    text = f"{value:,.4f}"
+    while text.endswith("0") and len(text.rsplit(".", 1)[1]) > 2:
+        text = text[:-1]
+    return "$" + text
+
+
+_UNITS: Final = {"input": " input tokens", "output": " output tokens", "total": " tokens", "cost": ""}
+_BOUND_NAMES: Final = {"input": "input-token", "output": "output-token", "total": "token", "cost": "cost"}
+
+
+def overrun_notice(over: Overrun) -> str:
+    """The notice for a turn settled by a token or cost bound, with the figures: what was spent, what the
+    request not sent would have added, the bound, and for money where the price came from."""
+    whose = "its" if over.scope == "turn" else "the session's"
+    name = f"{whose} {_BOUND_NAMES[over.measure]} bound of {_figure(over.limit)}"
+    if over.spent is None:
+        return (
+            f"This turn stopped before its first request: {name} cannot be counted, its model has no known price."
+            + _KEPT
+        )
+    unit = _UNITS[over.measure]
+    if over.upcoming:
+        text = (
+            f"This turn stopped before its next model request: {_figure(over.spent)}{unit} spent, and the request"
+            f" (up to {_figure(over.upcoming)}{unit} more) would pass {name}{unit}."
+        )
+    else:
+        spent, limit = _figure(over.spent), _figure(over.limit)
+        text = f"This turn stopped at {whose} {_BOUND_NAMES[over.measure]} bound: {spent} of {limit}{unit} spent."
+    if over.measure == "cost":
+        text += f" Prices: {over.price_source}."
+    return text + _KEPT

@@ -28,6 +28,7 @@ from trioloop.machine.inputs import (
 )
 from trioloop.machine.limits import Bound, TurnBudget, budget_exhaustion
 from trioloop.machine.on_rules import PERSON, PERSON_DENIED, remember
+from trioloop.machine.on_spend import bounded
 from trioloop.machine.rules import Verdict
 from trioloop.machine.state import (
     CallRecord,
@@ -87,6 +88,7 @@ def on_submit(state: TurnState, cmd: Submit) -> TurnState:
         iteration=1,
         tool_set=cmd.tool_set,
         limits=cmd.limits,
+        spending=cmd.spending,
         budget=TurnBudget(iterations_started=1, started_at_ms=cmd.now_ms),
         base_messages=cmd.base_messages,
         closed_messages=(Message.user(cmd.text),),
@@ -236,9 +238,9 @@ def on_call_settled(state: TurnState, cmd: CallSettled) -> TurnState:
 def on_advance(state: TurnState, cmd: Advance) -> TurnState:
     if state.calls.pending_count or not all(c.is_terminal for c in state.current_calls):
         return state
-    bound = budget_exhaustion(state.budget, state.limits, cmd.now_ms)
+    bound = budget_exhaustion(state.budget, state.limits, cmd.now_ms, usage=state.usage, spending=state.spending)
     if bound is not None:
-        return settle(state, Outcome.BOUNDED, bound=bound)  # closes the draft and answers the calls too
+        return bounded(state, bound)  # closes the draft and answers the calls too
     # Close the draft, answer the calls, then the next iteration, gathered into one state as in settle:
     # this runs once per iteration (the draft is dropped, so only its closed message is kept).
     changes: dict[str, Any] = {}

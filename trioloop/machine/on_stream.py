@@ -14,6 +14,7 @@ from trioloop.machine.grants import Denial
 from trioloop.machine.ids import fresh_call_id
 from trioloop.machine.limits import tool_call_cap
 from trioloop.machine.on_rules import READ_ONLY_POLICY, admit_call
+from trioloop.machine.on_spend import overrun_after_response
 from trioloop.machine.state import (
     CallRecord,
     CallStatus,
@@ -214,6 +215,9 @@ _CALLS_FOLLOW: Final = frozenset({StopReason.TOOL_USE, StopReason.PAUSE_TURN})
 def on_message_stop(state: TurnState, event: MessageStop) -> TurnState:
     reason = event.stop_reason
     if state.current_call_count and reason in _CALLS_FOLLOW:
+        over = overrun_after_response(state, reason)  # a response past a token or cost bound: its calls never run
+        if over is not None:
+            return over
         phase = Phase.AWAITING_APPROVAL if has_pending(state) else Phase.EXECUTING
     elif reason is StopReason.PAUSE_TURN and state.draft is not None and state.draft.message is not None:
         # The server paused its own tools' long turn: the response goes back as it is and the model

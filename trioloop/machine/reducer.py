@@ -27,6 +27,7 @@ from trioloop.machine.inputs import (
     Advance,
     ApproveBatch,
     ApproveCall,
+    BeforeRequest,
     CallSettled,
     Cancel,
     DenyCall,
@@ -54,6 +55,7 @@ from trioloop.machine.on_commands import (
     on_undo_turn,
 )
 from trioloop.machine.on_rules import on_code_verdict, on_forget_rule
+from trioloop.machine.on_spend import on_before_request
 from trioloop.machine.on_stream import (
     on_aborted,
     on_block_complete,
@@ -89,6 +91,7 @@ __all__ = [
     "Advance",
     "ApproveBatch",
     "ApproveCall",
+    "BeforeRequest",
     "CallRecord",
     "CallSettled",
     "CallStatus",
@@ -136,6 +139,7 @@ _HANDLERS: Final[Mapping[InputKind, Handler]] = MappingProxyType(
         _K.CALL_SETTLED: on_call_settled,
         _K.ADVANCE: on_advance,
         _K.RETRY: on_retry,
+        _K.BEFORE_REQUEST: on_before_request,
         _K.CANCEL: on_cancel,
         _K.REVOKE: on_revoke,
         _K.UNDO_TURN: on_undo_turn,

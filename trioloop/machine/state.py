@@ -25,7 +25,7 @@ from trioloop.machine.calls import (
     call_table,
 )
 from trioloop.machine.grants import Denial, Grant
-from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnBudget, TurnLimits
+from trioloop.machine.limits import DEFAULT_TURN_LIMITS, NO_SPENDING, Bound, Spending, TurnBudget, TurnLimits
 from trioloop.machine.persistent import Log, TextRun, cached
 from trioloop.machine.rules import EMPTY_RULES, CodeVerdict, RuleSet
 from trioloop.machine.tools import ToolRegistry, create_tool_registry
@@ -153,6 +153,9 @@ class TurnState:
     base_call_ids: frozenset[str] = frozenset()
     # Where the current iteration's calls begin in ``calls`` (calls are appended in iteration order).
     iteration_first_call: int = 0
+    #: The model's price and the session's bounds the turn was submitted with; the bound that settled it.
+    spending: Spending = NO_SPENDING
+    bound: Bound | None = None
     # A ``needs_approval`` verdict waiting for the call it was given for (the next tool call complete).
     code_verdict: CodeVerdict | None = None
 

@@ -128,8 +128,11 @@ def settle(
     bound: Bound | None = None,
     error: StreamError | None = None,
     stop_reason: StopReason | None = None,
+    notice: str | None = None,
 ) -> TurnState:
-    """End the turn: every call that did not finish is marked not run, every opened call is answered."""
+    """End the turn: every call that did not finish is marked not run, every opened call is answered.
+
+    A ``bound`` adds its notice (``notice``, when given: a token or cost bound's, with its figures)."""
     # Closing the draft (its message joins the turn's messages, never an empty one), answering every
     # call not yet answered (one user message, in emission order) and the notice, in one copy: settling
     # is on the Stop path and ends every turn.
@@ -148,7 +151,8 @@ def settle(
         changes["answered"] = len(calls)
     changes["closed_messages"] = messages
     if bound is not None:
-        changes["notice_log"] = state.notice_log.append(bound_notice(bound))
+        changes["bound"] = bound
+        changes["notice_log"] = state.notice_log.append(bound_notice(bound) if notice is None else notice)
     return state.evolved(**changes)
 
 

@@ -51,6 +51,7 @@ PHASE_TRANSITIONS: Final[Mapping[Phase, Mapping[InputKind, frozenset[Phase]]]] =
                 _K.STREAM_ERROR: _SETTLE,
                 _K.STREAM_NOTICE: _stay(_P.REQUESTING),
                 _K.RETRY: _stay(_P.REQUESTING),
+                _K.BEFORE_REQUEST: frozenset({_P.REQUESTING, _P.SETTLED}),
             },
         ),
         _P.STREAMING: _live(

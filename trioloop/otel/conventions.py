@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, Literal, TypeAlias
 
-from trioloop.machine.limits import Bound, bound_notice
+from trioloop.machine.limits import Bound
 from trioloop.machine.reducer import CallRecord, Outcome, TurnState
 from trioloop.protocol.events import Usage
 from trioloop.providers.anthropic import AnthropicProvider
@@ -19,7 +19,6 @@ TurnEnd: TypeAlias = Literal["settled", "suspended", "abandoned"]
 _Attrs: TypeAlias = dict[str, Any]
 
 _SCOPE: Final = "trioloop"
-_BOUNDS: Final = {bound_notice(bound): bound for bound in Bound}
 
 
 def gen_ai_provider_name(provider: object) -> str:
@@ -63,9 +62,7 @@ _EXTRA_USAGE: Final = (
 
 
 def _bound(state: TurnState) -> Bound | None:
-    if state.outcome is not Outcome.BOUNDED or not len(state.notice_log):
-        return None
-    return _BOUNDS.get(state.notices[-1])
+    return state.bound if state.outcome is Outcome.BOUNDED else None
 
 
 def _review_outcome(state: TurnState) -> str:

@@ -1,4 +1,4 @@
-"""The metric instruments: the two ``gen_ai.client.*`` histograms, the review wait and the call counter, with
+"""The metric instruments: the two ``gen_ai.client.*`` histograms, the review wait, the call and cost counters, with
 their units, descriptions and bucket advice, made once per meter provider (and once for the global one).
 """
 
@@ -28,6 +28,11 @@ class _Instruments:
         self.review = _histogram(meter, "trioloop.review.duration", "s", _REVIEW_BUCKETS)
         self.calls = meter.create_counter(
             "trioloop.calls", unit="{call}", description="Tool calls the model opened, by the status they ended in."
+        )
+        self.cost = meter.create_counter(
+            "trioloop.cost",
+            unit="USD",
+            description="What settled turns' tokens cost at their model's price (turns whose price is known).",
         )
 
 

@@ -13,6 +13,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from trioloop import __version__
+from trioloop.machine.prices import usage_cost
 from trioloop.machine.reducer import CallStatus, Outcome, Phase, TurnState
 from trioloop.otel.content import _messages_json
 from trioloop.otel.conventions import (
@@ -222,6 +223,8 @@ class OtelObserver:
         span = turn.span
         outcome = state.outcome
         error = state.error if outcome is Outcome.FAILED else None
+        price = state.spending.price
+        cost = None if price is None or status != "settled" else usage_cost(state.usage, price)
         if span.is_recording():
             attributes: _Attrs = {
                 "trioloop.turn.status": status,
@@ -240,6 +243,8 @@ class OtelObserver:
             bound = _bound(state)
             if bound is not None:
                 attributes["trioloop.turn.bound"] = bound.value
+            if cost is not None:
+                attributes["trioloop.turn.cost_usd"] = float(cost)
             if error is not None:
                 attributes["error.type"] = error.code.value
                 if self._capture:
@@ -258,6 +263,8 @@ class OtelObserver:
         if error is not None:
             metric["error.type"] = error.code.value
         self._instruments.duration.record((now - turn.start) / 1e9, metric)
+        if cost is not None:
+            self._instruments.cost.add(float(cost), metric)
 
     # -- content (capture_content=True only) -----------------------------------------------------
 

@@ -23,6 +23,7 @@ __all__ = [
     "MESSAGE_OVERHEAD_TOKENS",
     "budget_messages",
     "estimate_message_tokens",
+    "estimate_request_tokens",
     "estimate_text_tokens",
     "estimate_tools_tokens",
     "turn_groups",
@@ -112,3 +113,12 @@ def budget_messages(
     if not kept:
         raise ProtocolError(ProtocolErrorCode.CONTEXT_OVERFLOW, CONTEXT_OVERFLOW_MESSAGE)
     return tuple(m for group in reversed(kept) for m in group)
+
+
+def estimate_request_tokens(system: str, messages: Iterable[Message], tools: Iterable[ToolDefinition]) -> int:
+    """The preflight estimate of a request's input: its system prompt, tool schemas and every message."""
+    return (
+        estimate_text_tokens(system)
+        + estimate_tools_tokens(tools)
+        + sum(estimate_message_tokens(message) for message in messages)
+    )

@@ -77,7 +77,8 @@ class ScriptStep:
     ``status`` other than 200 answers with an error body (``error_body`` or the wire's own shape) and
     ``retry_after`` seconds if set. ``in_stream_error`` names a provider error type (e.g.
     ``rate_limit_error``, ``overloaded_error``) sent after the text in place of the rest of the answer.
-    The delivery knobs are those of ``LoopbackResponse``.
+    The delivery knobs are those of ``LoopbackResponse``. ``input_tokens`` and ``output_tokens`` are the usage
+    the answer reports (None: about a token per four characters of the request body, and of the answer).
     """
 
     text: str = ""
@@ -91,6 +92,8 @@ class ScriptStep:
     delay_between_chunks: float = 0.0
     stall_after_bytes: int | None = None
     disconnect_after_bytes: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 def _retry_after_header(seconds: float) -> str:
@@ -239,8 +242,8 @@ class ScriptedProvider:
                 text=step.text,
                 tool_calls=calls,
                 stop_reason=stop,
-                input_tokens=math.ceil(len(request.body) / 4),
-                output_tokens=math.ceil(produced / 4),
+                input_tokens=math.ceil(len(request.body) / 4) if step.input_tokens is None else step.input_tokens,
+                output_tokens=math.ceil(produced / 4) if step.output_tokens is None else step.output_tokens,
                 error_type=step.in_stream_error,
                 error_message="scripted in-stream error",
             )

@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Final
 
+import attrs
 import trio
 
 from trioloop.machine.inputs import Retry
@@ -21,6 +22,7 @@ from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import is_retriable
 from trioloop.runtime.clock import TurnClock, now_ms
 from trioloop.runtime.inbox import InboxItem, RequestEnded, StreamBatch, StreamItem, TurnView
+from trioloop.runtime.spending import before_request
 from trioloop.runtime.workspace import TurnRequest
 
 __all__ = ["BATCHES_PER_YIELD", "InboxChannel", "ProviderRequests"]
@@ -113,11 +115,9 @@ class ProviderRequests:
         self.nursery: trio.Nursery | None = None  # the request tasks' nursery, outside the turn's scope
 
     def start(self, *, backoff_s: float) -> None:
-        """Open the next attempt: the state's messages, the turn's tools, after ``backoff_s``."""
+        """Open the next attempt: the state's messages, the turn's tools, after ``backoff_s``; unless the request
+        would pass a token or cost bound (`BeforeRequest`): the turn then settles bounded and nothing is sent."""
         asked = self.request
-        self.attempt += 1
-        self.open = True
-        self.saw_first_event = False
         request = ChatRequest(
             model=asked.model,
             system=asked.system,
@@ -126,6 +126,16 @@ class ProviderRequests:
             max_tokens=asked.max_output_tokens,
             caller_retries=True,
         )
+        check = before_request(self.turn.state, request)
+        if check is not None:
+            self.turn.apply(check)
+            if self.turn.state.is_settled:
+                return
+            # Bounded in tokens or money: the model may answer with at most the output the check reserved.
+            request = attrs.evolve(request, max_tokens=min(request.max_tokens, check.output_tokens))
+        self.attempt += 1
+        self.open = True
+        self.saw_first_event = False
         # A child of the request nursery, which is outside the turn's scope: on Stop or the deadline
         # the consumer settles first and then cancels the requests (``Turn.drive``), so the settled state
         # never waits behind a response being torn down. The nursery's deadline is the backstop.

@@ -24,6 +24,7 @@ from trioloop.machine.state import TurnState
 from trioloop.protocol.provider import ChatProvider
 from trioloop.runtime.controls import TurnControls
 from trioloop.runtime.journaling import ResumePoint, TurnJournal
+from trioloop.runtime.spending import check_priced
 from trioloop.runtime.turn import Turn
 from trioloop.runtime.workspace import StateObserver, TurnRequest, Workspace
 
@@ -56,7 +57,12 @@ async def run_turn(
     comes back in its phase, with the machine time it had spent; a call that was running is settled failed
     (never run again), a call whose tool changed is revoked, a request in flight is asked again. A turn
     suspended in review (`TurnControls.suspend`) returns its live state, not settled.
+
+    A cost bound (the turn's, or the session's in ``request.spending``) with no price for the model raises
+    `PriceUnknown` before anything is sent.
     """
+    if resume is None:
+        check_priced(request.model, request.limits, request.spending)
     started_at = trio.current_time() - request.spent_s  # the turn's clock (and its deadline) runs from the call
     if resume is not None:
         started_at -= resume.machine_ms / 1000

@@ -30,7 +30,8 @@ from trioloop.durable.signing import JournalKeys, JournalSigner
 from trioloop.durable.store import JournalStore
 from trioloop.durable.witness import HeadWitness, WitnessedHead
 from trioloop.machine.document import TextDocumentKind
-from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.machine.limits import DEFAULT_TURN_LIMITS, SpendLimits, TurnLimits
+from trioloop.machine.prices import ModelPrice
 from trioloop.machine.questions import AnswerAction
 from trioloop.machine.rules import Always, ApprovalRule
 from trioloop.machine.state import TurnState
@@ -262,6 +263,8 @@ class Session(SessionView[D]):
         max_output_tokens: int = 4096,
         nursery: trio.Nursery | None = None,
         max_bytes: int = MAX_SESSION_BYTES,
+        session_limits: SpendLimits | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
         rules: Iterable[ApprovalRule] = (),
     ) -> Session[D]:
         """A session continued from a file `save` wrote: same conversation, document and undo history,
@@ -284,6 +287,8 @@ class Session(SessionView[D]):
             max_output_tokens=max_output_tokens,
             nursery=nursery,
             source=snapshot.source,
+            session_limits=session_limits,
+            prices=prices,
             rules=rules,
         )
         session._restore(
@@ -345,6 +350,8 @@ class Session(SessionView[D]):
         keys: JournalKeys | None = None,
         witness: HeadWitness | Literal["default"] | None = DEFAULT_WITNESS,
         source: str | None = None,
+        session_limits: SpendLimits | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
         rules: Iterable[ApprovalRule] = (),
     ) -> Session[D]:
         """A session whose every turn is journaled in ``store`` under ``session_id``, taking its lease.
@@ -381,6 +388,8 @@ class Session(SessionView[D]):
             "system_prompt": system_prompt,
             "max_output_tokens": max_output_tokens,
             "nursery": nursery,
+            "session_limits": session_limits,
+            "prices": prices,
             "rules": rules,
         }
         opening = await JournalOpening.acquire(

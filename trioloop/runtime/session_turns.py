@@ -5,7 +5,7 @@ conversation, undo target or suspended turn.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Generic, TypeVar
 
@@ -14,7 +14,8 @@ import trio
 
 from trioloop.durable.session_file import SessionSnapshot
 from trioloop.machine.calls import CallStatus
-from trioloop.machine.limits import TurnLimits
+from trioloop.machine.limits import NO_SPENDING, Spending, SpendLimits, TurnLimits
+from trioloop.machine.prices import ModelPrice
 from trioloop.machine.rules import EMPTY_RULES, SESSION_SOURCE, ApprovalRule, RuleSet
 from trioloop.machine.state import Phase, TurnState
 from trioloop.protocol.events import Usage, usage_sum
@@ -25,6 +26,7 @@ from trioloop.runtime.journaling import ResumePoint
 from trioloop.runtime.publisher import StatePublisher
 from trioloop.runtime.runner import run_turn
 from trioloop.runtime.session_journal import JournalHandle, SessionJournal
+from trioloop.runtime.spending import turn_spending
 from trioloop.runtime.toolsets import Toolsets
 from trioloop.runtime.workspace import TurnRequest, Workspace
 
@@ -53,6 +55,9 @@ class TurnSetup:
     max_output_tokens: int
     #: Who decides, as the journal records each decision.
     actor: str
+    #: The session's token and cost bounds across its turns, and the app's prices (before trioloop's table).
+    session_limits: SpendLimits | None = None
+    prices: Mapping[str, ModelPrice] | None = None
     #: The approval rules the turn decides by (the app's, the files', the session's).
     rules: RuleSet = EMPTY_RULES
 
@@ -161,6 +166,13 @@ class TurnSlot(Generic[D]):
             raise SessionBusy("A turn is already running in this session; wait for it or stop it first.")
         if self.resume is not None:
             raise SessionBusy("A turn suspended in review is waiting: take it up with continue_turn() first.")
+        spending = turn_spending(  # PriceUnknown now, before anything is listed or sent
+            model=setup.model,
+            limits=setup.limits,
+            session_limits=setup.session_limits,
+            prices=setup.prices,
+            session_before=self.usage,
+        )
         controls = TurnControls()
         spent_s = 0.0
         toolsets = self.toolsets
@@ -178,7 +190,7 @@ class TurnSlot(Generic[D]):
                 self.controls = None
             spent_s = trio.current_time() - began
         self.started += 1
-        return await self.run(text, f"turn-{self.started}", setup, None, controls, spent_s)
+        return await self.run(text, f"turn-{self.started}", setup, None, controls, spent_s, spending)
 
     async def continue_turn(self, setup: TurnSetup) -> TurnState:
         if self.controls is not None:
@@ -204,6 +216,7 @@ class TurnSlot(Generic[D]):
         resume: ResumePoint | None,
         controls: TurnControls | None = None,
         spent_s: float = 0.0,
+        spending: Spending = NO_SPENDING,
     ) -> TurnState:
         journal = self.journals.journal
         if journal is not None:
@@ -224,6 +237,7 @@ class TurnSlot(Generic[D]):
             limits=setup.limits,
             max_output_tokens=setup.max_output_tokens,
             spent_s=spent_s,
+            spending=spending,
             rules=setup.rules,
         )
         if journal is not None:

@@ -11,8 +11,9 @@ undo history), `TurnSlot` (the one turn at a time, the conversation, the turn co
 from __future__ import annotations
 
 import getpass
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
+from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
 import trio
@@ -20,7 +21,8 @@ import trio
 from trioloop.durable.journal import JournalIntegrity
 from trioloop.durable.session_file import SessionSnapshot
 from trioloop.machine.document import DocumentKind, document_type_problem
-from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.machine.limits import DEFAULT_TURN_LIMITS, SpendLimits, TurnLimits
+from trioloop.machine.prices import ModelPrice
 from trioloop.machine.questions import Question
 from trioloop.machine.rules import ApprovalRule, RuleSet, app_rules
 from trioloop.machine.state import TurnState
@@ -36,6 +38,7 @@ from trioloop.runtime.session_files import TranscriptError
 from trioloop.runtime.session_journal import JournalHandle
 from trioloop.runtime.session_turns import TurnSetup, TurnSlot
 from trioloop.runtime.session_undo import UndoSteps
+from trioloop.runtime.spending import session_cost
 from trioloop.runtime.toolsets import Toolsets
 from trioloop.runtime.workspace import Workspace
 
@@ -83,6 +86,8 @@ class SessionView(Generic[D]):
         nursery: trio.Nursery | None = None,
         observers: Iterable[TurnObserver] = (),
         source: str | None = None,
+        session_limits: SpendLimits | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
         rules: Iterable[ApprovalRule] = (),
     ) -> None:
         problem = document_type_problem(kind, document)
@@ -96,6 +101,10 @@ class SessionView(Generic[D]):
         self.limits = limits
         self.system_prompt = default_system_prompt(kind.name) if system_prompt is None else system_prompt
         self.max_output_tokens = max_output_tokens
+        #: Token and cost bounds across the session's turns (each turn starts with what the earlier ones spent).
+        self.session_limits = session_limits
+        #: The app's prices by model id, looked up before trioloop's table (`trioloop.PRICE_TABLE`).
+        self.prices = prices
         conversation = tuple(history)
         problems = assert_tool_pairing(conversation)
         if problems:
@@ -171,6 +180,11 @@ class SessionView(Generic[D]):
         return self._turns.usage
 
     @property
+    def cost_usd(self) -> Decimal | None:
+        """What `usage` cost at the model's price (the app's, else trioloop's table); None when it is not known."""
+        return session_cost(self._turns.usage, self.model, self.prices)
+
+    @property
     def busy(self) -> bool:
         """Whether a turn is running now."""
         return self._turns.controls is not None
@@ -218,6 +232,8 @@ class SessionView(Generic[D]):
             limits=self.limits,
             max_output_tokens=self.max_output_tokens,
             actor=self.actor,
+            session_limits=self.session_limits,
+            prices=self.prices,
             rules=self._rule_set(),
         )
 

@@ -175,6 +175,7 @@ class Turn(Generic[D]):
                     tool_set=request.registry,
                     limits=request.limits,
                     now_ms=int(clock.started_at * 1000),
+                    spending=request.spending,
                     rules=request.rules,
                 )
             )

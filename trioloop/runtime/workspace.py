@@ -10,7 +10,7 @@ from typing import Generic, TypeAlias, TypeVar
 import attrs
 
 from trioloop.machine.document import DocumentKind
-from trioloop.machine.limits import DEFAULT_TURN_LIMITS, TurnLimits
+from trioloop.machine.limits import DEFAULT_TURN_LIMITS, NO_SPENDING, Spending, TurnLimits
 from trioloop.machine.rules import EMPTY_RULES, RuleSet
 from trioloop.machine.state import TurnState
 from trioloop.machine.tools import ToolRegistry
@@ -52,5 +52,7 @@ class TurnRequest(Generic[D]):
     #: Seconds of the turn already spent before it was driven (listing a toolset's tools again, say): its
     #: deadline counts them.
     spent_s: float = 0.0
+    #: The model's price and the session's token and cost bounds (`trioloop.runtime.spending.turn_spending`).
+    spending: Spending = NO_SPENDING
     #: The approval rules the turn decides by (the app's, the files', the session's).
     rules: RuleSet = EMPTY_RULES

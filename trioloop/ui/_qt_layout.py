@@ -55,8 +55,8 @@ QScrollArea#cardArea { border: none; }
 
 
 class PanelLayout(QWidget):
-    """The panel's widgets: a header (document title, phase), the document's counts, the answer, the notice,
-    the cards with "Approve all safe", and the prompt with Send, Stop, Undo and Redo."""
+    """The panel's widgets: a header (document title, tokens and cost, phase), the document's counts, the answer,
+    the notice, the cards with "Approve all safe", and the prompt with Send, Stop, Undo and Redo."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -64,6 +64,8 @@ class PanelLayout(QWidget):
         self.title_label = plain_label(object_name="documentTitle")
         self.stats_label = plain_label(object_name="documentStats")
         self.phase_label = plain_label(object_name="phase")
+        self.usage_label = plain_label(object_name="usage")
+        self.usage_label.setToolTip("Tokens (in + out) and their cost, at the model's price when it is known")
         self.answer_view = QPlainTextEdit()
         self.answer_view.setObjectName("answer")
         self.answer_view.setReadOnly(True)
@@ -102,6 +104,7 @@ class PanelLayout(QWidget):
         header = QHBoxLayout()
         header.addWidget(self.title_label)
         header.addStretch(1)
+        header.addWidget(self.usage_label)
         header.addWidget(self.phase_label)
         cards_header = QHBoxLayout()
         cards_header.addWidget(self.cards_title)

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, Final, final
 
 from PySide6.QtCore import QCoreApplication, QEvent, QPoint, Qt, Signal
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QWidget
 
+from trioloop.machine.limits import usd_text
 from trioloop.machine.preview import preview_call
 from trioloop.machine.questions import AnswerAction
 from trioloop.machine.reducer import CallStatus, Outcome, Phase, TurnState
+from trioloop.protocol.events import Usage
 from trioloop.protocol.messages import JsonValue, ToolCallBlock, flatten_text
 from trioloop.runtime.session import Session
+from trioloop.runtime.spending import turn_cost
 from trioloop.ui._qt_cards import CallCard
 from trioloop.ui._qt_layout import PanelLayout
 from trioloop.ui._qt_questions import QuestionCard
@@ -404,6 +408,7 @@ class PanelView(PanelLayout):
         for card in self._cards.values():
             card.show_call(card.call, reviewable=serving and live)
         self.phase_label.setText(self._phase_text(state))
+        self.usage_label.setText(usage_line(state, self._session.usage, self._session.cost_usd))
         if self._history_notice:
             self._set_notice(NoticeKind.INFO, self._history_notice)
         elif state is not None:
@@ -411,6 +416,21 @@ class PanelView(PanelLayout):
         if busy is not self._busy_shown:
             self._busy_shown = busy
             self.busy_changed.emit(busy)
+
+
+def _tokens_and_cost(usage: Usage, cost: Decimal | None) -> str:
+    text = f"{usage.input_tokens + usage.output_tokens:,} tokens"
+    return text if cost is None else f"{text}, {usd_text(cost)}"
+
+
+def usage_line(state: TurnState | None, session_usage: Usage, session_cost: Decimal | None) -> str:
+    """The header's tokens and cost: the turn's (the running one, or the last), then the session's settled turns'."""
+    if state is None or state.phase is Phase.IDLE:
+        return "" if not session_usage.input_tokens else f"Session: {_tokens_and_cost(session_usage, session_cost)}"
+    return (
+        f"Turn: {_tokens_and_cost(state.usage, turn_cost(state))} · "
+        f"Session: {_tokens_and_cost(session_usage, session_cost)}"
+    )
 
 
 def _settle_layout() -> None:

@@ -46,6 +46,8 @@ from trioloop import (
 )
 from trioloop.durable.store import MemoryJournalStore
 from trioloop.lowlevel import Submit, reduce_turn
+from trioloop.machine.conditions import Condition
+from trioloop.machine.rules import ApprovalRule
 from trioloop.otel import OtelObserver, gen_ai_provider_name, instrument
 from trioloop.protocol.events import MessageStart, MessageStop, StopReason, StreamEvent, TextDelta, Usage
 from trioloop.protocol.messages import ToolCallBlock
@@ -272,6 +274,8 @@ async def test_a_completed_turn_with_a_read_and_an_approved_mutation(telemetry: 
         "trioloop.call.destructive": False,
         "trioloop.call.input_digest": state.calls[1].input_digest,
         "trioloop.call.iteration": 1,
+        "trioloop.call.decided_by": "person",
+        "trioloop.call.decider": "approved by the person",
         "trioloop.call.status": "succeeded",
         "trioloop.call.ran": True,
     }
@@ -749,3 +753,81 @@ async def test_a_priced_turn_counts_its_cost_and_a_token_bound_is_named(telemetr
     assert turn["trioloop.turn.cost_usd"] == pytest.approx(0.003)  # 1,000 in at $2 and 100 out at $10 a million
     (counted,) = telemetry.metrics()["trioloop.cost"]
     assert counted.value == pytest.approx(0.003) and counted.attributes["gen_ai.request.model"] == "scripted-1"
+
+
+# -- who decided each call (issue 50) ----------------------------------------------------------------------
+
+
+async def rules_turn(telemetry: Telemetry, *, capture_content: bool) -> TurnState:
+    """A turn whose calls are decided by an app rule (allow, deny), the person and the read-only policy."""
+    rules = [
+        ApprovalRule(tool="append_line", verdict="allow", when=(Condition.prefix("/line", "RULE-SECRET"),)),
+        ApprovalRule(tool="append_line", verdict="deny", when=(Condition.equals("/line", "no"),), reason="never"),
+    ]
+    calls = [
+        call("a", "append_line", line="RULE-SECRET 1"),
+        call("b", "append_line", line="no"),
+        call("c", "append_line", line="asked"),
+        call("r", "read_note"),
+    ]
+    async with ScriptedProvider([ScriptStep(tool_calls=calls), ScriptStep(text="Done.")]) as provider:
+        session = Session(document="", kind=NOTE, provider=provider, model="scripted-1", tools=TOOLS, rules=rules)
+        instrument(
+            session,
+            tracer_provider=telemetry.tracer_provider,
+            meter_provider=telemetry.meter_provider,
+            capture_content=capture_content,
+        )
+        async with session, trio.open_nursery() as nursery:
+            nursery.start_soon(decide, session)
+            state = await session.send("go")
+            nursery.cancel_scope.cancel()
+    return state
+
+
+def deciders(telemetry: Telemetry) -> dict[str, tuple[str, str]]:
+    return {
+        str(attrs_of(s)["gen_ai.tool.call.id"]): (
+            attrs_of(s)["trioloop.call.decided_by"],
+            attrs_of(s)["trioloop.call.decider"],
+        )
+        for s in telemetry.named("execute_tool")
+    }
+
+
+async def test_each_tool_span_says_who_decided_the_call(telemetry: Telemetry) -> None:
+    state = await rules_turn(telemetry, capture_content=False)
+    denied_call = state.call("b")
+    assert denied_call is not None and denied_call.status is CallStatus.DENIED
+    assert deciders(telemetry) == {
+        "a": ("rule", "approved by app rule 1"),
+        "b": ("rule", "denied by app rule 2"),
+        "c": ("person", "approved by the person"),
+        "r": ("read_only_policy", "approved by the read-only policy"),
+    }
+    denied = attrs_of(next(s for s in telemetry.named("execute_tool") if attrs_of(s)["gen_ai.tool.call.id"] == "b"))
+    assert denied["trioloop.call.denial_reason"] == "rule_denied" and not denied["trioloop.call.ran"]
+    # What a rule says of the input is content: without capture the span names the rule, not its conditions.
+    assert "RULE-SECRET" not in telemetry.exported_text()
+
+
+async def test_the_rules_conditions_are_recorded_when_content_is_captured(telemetry: Telemetry) -> None:
+    await rules_turn(telemetry, capture_content=True)
+    found = deciders(telemetry)
+    assert found["a"] == ("rule", "approved by app rule 1: append_line line starts with RULE-SECRET")
+    assert found["b"] == ("rule", 'denied by app rule 2: append_line line = "no"')
+
+
+async def test_a_card_still_open_when_the_turn_stopped_names_the_rule_that_asked_for_it(telemetry: Telemetry) -> None:
+    steps = [ScriptStep(tool_calls=[call("m1", "append_line", line="x")]), ScriptStep(text="never")]
+    async with ScriptedProvider(steps) as provider:
+        ask = [ApprovalRule(tool="append_line", verdict="ask")]
+        session = Session(document="", kind=NOTE, provider=provider, model="scripted-1", tools=TOOLS, rules=ask)
+        instrument(session, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider)
+        async with session, trio.open_nursery() as nursery:
+            nursery.start_soon(session.send, "go")
+            await wait_for(session, lambda s: s.phase is Phase.AWAITING_APPROVAL)
+            assert session.stop()
+    tool = attrs_of(telemetry.one("execute_tool append_line"))
+    assert tool["trioloop.call.denial_reason"] == "turn_cancelled"
+    assert (tool["trioloop.call.decided_by"], tool["trioloop.call.decider"]) == ("rule", "asked by app rule 1")

@@ -10,6 +10,8 @@ from typing import Any, Final, Literal, TypeAlias
 
 from trioloop.machine.limits import Bound
 from trioloop.machine.reducer import CallRecord, Outcome, TurnState
+from trioloop.machine.rules import Decider
+from trioloop.machine.untrusted_text import sanitize_scalar
 from trioloop.protocol.events import Usage
 from trioloop.providers.anthropic import AnthropicProvider
 from trioloop.providers.openai import OpenAIProvider
@@ -19,6 +21,8 @@ TurnEnd: TypeAlias = Literal["settled", "suspended", "abandoned"]
 _Attrs: TypeAlias = dict[str, Any]
 
 _SCOPE: Final = "trioloop"
+#: The longest ``trioloop.call.decider`` text, in code points (a longer one is cut, ending in "…").
+DECIDER_TEXT_MAX: Final = 256
 
 
 def gen_ai_provider_name(provider: object) -> str:
@@ -88,3 +92,18 @@ def _call_error(call: CallRecord, state: TurnState, ran: bool) -> str:
     if not call.input_digest:
         return "invalid_input"
     return "tool_error" if ran else "not_run"
+
+
+def _decider_attributes(decider: Decider | None, *, capture: bool) -> _Attrs:
+    """Who decided a call (for a call whose card was still open when the turn ended: the rule or function that
+    asked for it): ``trioloop.call.decided_by``, the kind (person, read_only_policy, rule, code), and
+    ``trioloop.call.decider``, its `Decider.describe` text, sanitized and capped. What a rule says of the input
+    (``write_file path docs/**``; a person's "always with this input" quotes the whole input) and a reviewer's name
+    are content: without ``capture`` the text names the rule only (``approved by rule 3 of .trioloop/rules.toml``)
+    and the person as "the person"."""
+    if decider is None:
+        return {}
+    if not capture:
+        decider = Decider(kind=decider.kind, verdict=decider.verdict, source=decider.source, number=decider.number)
+    text, _ = sanitize_scalar(decider.describe(), DECIDER_TEXT_MAX)
+    return {"trioloop.call.decided_by": decider.kind.value, "trioloop.call.decider": text}

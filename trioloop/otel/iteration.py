@@ -20,6 +20,7 @@ from trioloop.otel.conventions import (
     TurnEnd,
     _Attrs,
     _call_error,
+    _decider_attributes,
     _request_outcome,
     _usage_attributes,
     _usage_minus,
@@ -243,6 +244,7 @@ class _Spans:
             "trioloop.call.destructive": call.destructive,
             "trioloop.call.input_digest": call.input_digest,
             "trioloop.call.iteration": call.iteration,
+            **_decider_attributes(call.decided_by, capture=self._capture),
         }
         return self._tracer.start_span(
             f"execute_tool {call.tool_name}",

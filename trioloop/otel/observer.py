@@ -44,9 +44,11 @@ class OtelObserver:
     ``tracer_provider`` and ``meter_provider`` default to the global ones. ``capture_content=True`` adds the
     prompts, completions, tool inputs and results, call summaries and the reviewer's words (``gen_ai.input
     .messages``, ``gen_ai.output.messages``, ``gen_ai.system_instructions``, ``gen_ai.tool.call.arguments``,
-    ``gen_ai.tool.call.result``, ``trioloop.call.summary``, ``trioloop.review.denials``); leave it off
-    wherever telemetry may not hold what users write. ``clock`` gives span timestamps in ns since the epoch.
-    One observer serves one session: turns are told apart by their id.
+    ``gen_ai.tool.call.result``, ``trioloop.call.summary``, ``trioloop.review.denials``, and in
+    ``trioloop.call.decider`` what the deciding rule says of the input); leave it off wherever telemetry may not
+    hold what users write. Each ``execute_tool`` span says who decided its call: ``trioloop.call.decided_by``
+    (person, read_only_policy, rule, code) and ``trioloop.call.decider`` ("approved by app rule 1"). ``clock``
+    gives span timestamps in ns since the epoch. One observer serves one session: turns are told apart by their id.
     """
 
     def __init__(

@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 from trioloop.machine.reducer import DENY_REASON_MAX, CallRecord, CallStatus, DenialReason
 from trioloop.machine.untrusted_text import sanitize_scalar
 from trioloop.ui._qt_plain_text import OneLineLabel, input_text, plain_label, shown_reason
+from trioloop.ui._qt_rules import AlwaysChoices, decider_text, decision_status
 
 __all__ = ["CallCard", "call_status_text"]
 
@@ -54,7 +55,7 @@ def call_status_text(call: CallRecord) -> str:
     if status is CallStatus.PENDING:
         return "Waiting for your review"
     if status is CallStatus.APPROVED:
-        return "Approved" if call.effect == "mutate" else "Allowed (read-only)"
+        return decision_status(call) or ("Approved" if call.effect == "mutate" else "Allowed (read-only)")
     if status is CallStatus.RUNNING:
         return "Running…"
     if status is CallStatus.SUCCEEDED:
@@ -68,6 +69,8 @@ def call_status_text(call: CallRecord) -> str:
         return "Not run: the turn ended first"
     if reason is DenialReason.LIMIT_EXCEEDED:
         return "Not run: tool-call limit reached"
+    if reason is DenialReason.RULE_DENIED:
+        return decision_status(call) or "Denied by a rule"
     return "Declined"
 
 
@@ -97,10 +100,15 @@ class CallCard(QFrame):
     ``approve_clicked`` carries the call id and, when the user changed the input in the card's editor,
     the edited input (a dict; None otherwise). ``deny_clicked`` carries the call id and the reason typed
     on the card ("" for none), which the model receives as the user's words and the card keeps showing.
+    ``approve_always_clicked`` also carries what the person chose to allow from now on ("input" or "tool"), and
+    ``deny_always_clicked`` (id, reason) denies the tool from now on: the card's **Always…** menu (`always`).
+    ``decider_label`` says which rule or function asked for the card, or decided the call without the person.
     """
 
     approve_clicked = Signal(str, object)
     deny_clicked = Signal(str, str)
+    approve_always_clicked = Signal(str, object, str)
+    deny_always_clicked = Signal(str, str)
 
     def __init__(self, call: CallRecord, raw_input: Any = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -127,6 +135,9 @@ class CallCard(QFrame):
             self.summary_label = plain_label(call.summary, object_name="callSummary", wrap=True)
             self.summary_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.result_label = plain_label(object_name="callResult", wrap=True)
+        self.decider_label = plain_label(object_name="callDecider", wrap=True)
+        self.always = AlwaysChoices(call.destructive)
+        self.always.chosen.connect(self._on_always)
         self.reason_label = plain_label(object_name="declinedReason", wrap=True)
         self.reason_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.progress_bar = QProgressBar()
@@ -165,8 +176,8 @@ class CallCard(QFrame):
         self.edit_button.toggled.connect(self.input_editor.setVisible)
         self.keys_label = plain_label(object_name="cardKeys")
         self.keys_label.setVisible(False)
-        self.approve_button.clicked.connect(self._on_approve)
-        self.deny_button.clicked.connect(self._on_deny)
+        self.approve_button.clicked.connect(lambda: self._on_approve())  # not given the button's checked flag
+        self.deny_button.clicked.connect(lambda: self._on_deny())
         for control in (*self._review_controls, self.keys_label):
             # A decided card keeps the buttons' room, so nothing moves under the pointer after a click.
             policy = control.sizePolicy()
@@ -222,6 +233,7 @@ class CallCard(QFrame):
         buttons.addWidget(self.reason_edit, 2)
         buttons.addWidget(self.deny_button)
         buttons.addWidget(self.approve_button)
+        buttons.addWidget(self.always)
         outer = QHBoxLayout(self)
         outer.setContentsMargins(3, 4, 10, 4)  # the mark, then the content 10 px in as before
         outer.setSpacing(3)
@@ -233,6 +245,7 @@ class CallCard(QFrame):
         body.addLayout(header)
         if not self.compact:
             body.addWidget(self.summary_label)
+        body.addWidget(self.decider_label)
         body.addWidget(self.result_label)
         body.addWidget(self.reason_label)
         body.addWidget(self.details_label)
@@ -285,6 +298,8 @@ class CallCard(QFrame):
         preview = _result_preview(call)
         self.result_label.setText(preview)
         self.result_label.setVisible(bool(preview) and preview != call.summary)
+        self.decider_label.setText(decider_text(call))
+        self.decider_label.setVisible(bool(self.decider_label.text()))
         reason = self.declined_reason
         self.reason_label.setText(f"Your reason: {reason}" if reason else "")
         self.reason_label.setVisible(bool(reason))
@@ -422,7 +437,7 @@ class CallCard(QFrame):
 
     @property
     def _review_controls(self) -> tuple[QWidget, ...]:
-        return (self.approve_button, self.deny_button, self.reason_edit, self.edit_button)
+        return (self.approve_button, self.deny_button, self.reason_edit, self.edit_button, self.always)
 
     def edited_input(self) -> dict[str, Any] | None:
         """The input in the editor when the user changed it (None when unchanged or the editor is closed);
@@ -447,7 +462,7 @@ class CallCard(QFrame):
             control.setEnabled(False)
         self.keys_label.setVisible(False)
 
-    def _on_approve(self) -> None:
+    def _on_approve(self, always: str = "") -> None:
         try:
             edited = self.edited_input()
         except ValueError as exc:  # nothing is approved: the card stays open for a fix or a denial
@@ -456,9 +471,20 @@ class CallCard(QFrame):
             return
         self.edit_error.setVisible(False)
         self._decided()
-        self.approve_clicked.emit(self.call_id, edited)
+        if always:
+            self.approve_always_clicked.emit(self.call_id, edited, always)
+        else:
+            self.approve_clicked.emit(self.call_id, edited)
 
-    def _on_deny(self) -> None:
+    def _on_deny(self, always: bool = False) -> None:
         self._decided()
         self._typed_reason = self.reason_edit.text()
-        self.deny_clicked.emit(self.call_id, self._typed_reason)
+        (self.deny_always_clicked if always else self.deny_clicked).emit(self.call_id, self._typed_reason)
+
+    def _on_always(self, choice: str) -> None:
+        if not self.approve_button.isEnabled():
+            return  # a late pick from a menu left open on a decided card does nothing
+        if choice == "never":
+            self._on_deny(always=True)
+        else:
+            self._on_approve(always=choice)

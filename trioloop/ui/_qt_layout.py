@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 
 from trioloop.ui._qt_plain_text import plain_label
 from trioloop.ui._qt_questions import QUESTION_STYLE
+from trioloop.ui._qt_rules import RULES_STYLE, RulesList
 
 __all__ = ["PanelLayout"]
 
@@ -56,7 +57,8 @@ QScrollArea#cardArea { border: none; }
 
 class PanelLayout(QWidget):
     """The panel's widgets: a header (document title, tokens and cost, phase), the document's counts, the answer,
-    the notice, the cards with "Approve all safe", and the prompt with Send, Stop, Undo and Redo."""
+    the notice, the cards with "Approve all safe", the approval rules in effect (folded), and the prompt with Send,
+    Stop, Undo and Redo."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -89,6 +91,7 @@ class PanelLayout(QWidget):
         self.card_area.setObjectName("cardArea")
         self.card_area.setWidgetResizable(True)
         self.card_area.setWidget(self._card_box)
+        self.rules_list = RulesList()
         self.prompt_input = QLineEdit()
         self.prompt_input.setObjectName("prompt")
         self.prompt_input.setPlaceholderText("Ask about the threat model or request a change…")
@@ -123,5 +126,6 @@ class PanelLayout(QWidget):
         root.addWidget(self.notice_frame)
         root.addLayout(cards_header)
         root.addWidget(self.card_area, 3)
+        root.addWidget(self.rules_list)
         root.addLayout(controls)
-        self.setStyleSheet(_STYLE + QUESTION_STYLE)
+        self.setStyleSheet(_STYLE + QUESTION_STYLE + RULES_STYLE)

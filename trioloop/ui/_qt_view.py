@@ -134,8 +134,11 @@ class PanelView(PanelLayout):
         @property
         def current_card(self) -> CallCard | None: ...
         def _keys_hint(self) -> str: ...
-        def _on_approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> None: ...
-        def _on_deny(self, call_id: str, reason: str = "") -> None: ...
+        def _on_approve(
+            self, call_id: str, edited_input: dict[str, Any] | None = None, always: str | None = None
+        ) -> None: ...
+        def _on_deny(self, call_id: str, reason: str = "", always: str | None = None) -> None: ...
+        def _on_deny_always(self, call_id: str, reason: str) -> None: ...
         def _on_answer(self, question_id: str, action: AnswerAction, values: dict[str, Any] | None) -> None: ...
 
     def __init__(self, session: Session[Any], parent: QWidget | None = None) -> None:
@@ -291,6 +294,8 @@ class PanelView(PanelLayout):
                 card.progress_source = self._session.call_progress
                 card.approve_clicked.connect(self._on_approve)
                 card.deny_clicked.connect(self._on_deny)
+                card.approve_always_clicked.connect(self._on_approve)
+                card.deny_always_clicked.connect(self._on_deny_always)
                 self._card_layout.insertWidget(self._card_layout.count() - 1, card)
                 card.show()  # now, not on Qt's queued show: a call can arrive already awaiting review
                 self._cards[call.id] = card
@@ -407,6 +412,7 @@ class PanelView(PanelLayout):
         self.approve_safe_button.setEnabled(serving and any(True for _ in self._pending_safe_cards()))
         for card in self._cards.values():
             card.show_call(card.call, reviewable=serving and live)
+        self.rules_list.show_rules(self._session.rules, removable=serving)
         self.phase_label.setText(self._phase_text(state))
         self.usage_label.setText(usage_line(state, self._session.usage, self._session.cost_usd))
         if self._history_notice:

@@ -2,8 +2,8 @@
 
 The panel shows what the session's turns do (streamed answer, a card per tool call, the outcome) and
 turns clicks into the session's review commands. It decides nothing itself: a click becomes one
-``approve`` / ``approve_batch`` / ``deny`` / ``stop`` / ``undo_step`` / ``redo_last_undo`` call, made
-from a Trio task so the reducer sees it in order with everything else. Every string that came from the
+``approve`` / ``approve_batch`` / ``deny`` / ``stop`` / ``undo_step`` / ``redo_last_undo`` / ``remove_rule``
+call, made from a Trio task so the reducer sees it in order with everything else. Every string that came from the
 user, the model, a tool or the document is displayed as plain text.
 
 Needs the ``trioloop[qt]`` extra (PySide6) and, on Linux, the system libraries Qt links to; importing
@@ -76,8 +76,16 @@ __all__ = [
 _Action = Callable[[], object]
 
 #: The panel's keyboard shortcuts: approve the current card, deny it (the first press opens its reason field,
-#: Enter or a second press denies), move to the next card, stop the turn (in a reason field: back to the card).
-SHORTCUTS: Final = {"approve": "Alt+A", "deny": "Alt+D", "next": "Alt+N", "stop": "Esc"}
+#: Enter or a second press denies), move to the next card, stop the turn (in a reason field: back to the card),
+#: open the current card's Always… menu (approve or deny and add a session rule), open the rules list.
+SHORTCUTS: Final = {
+    "approve": "Alt+A",
+    "deny": "Alt+D",
+    "next": "Alt+N",
+    "stop": "Esc",
+    "always": "Alt+R",
+    "rules": "Alt+L",
+}
 
 
 def qt_application(argv: Sequence[str] | None = None) -> QApplication:
@@ -105,6 +113,10 @@ class ReviewPanel(PanelView):
     Redo applies again what Undo took back, while nothing newer was committed (``redo_last_undo``).
     The header and the notice describe the document as it is: after Undo of the shown turn they say
     it was undone (not how it ended), after Redo how it ended again and that Redo applied it.
+
+    Each card's **Always…** menu (Alt+R on the current card) approves it and allows its tool with this input, or
+    its tool, from now on, or denies it and its tool from now on (a session rule; a destructive card offers only
+    the denial). ``rules_list`` shows the rules in effect (Alt+L opens it), with Remove on the session's own.
 
     The keyboard works on the current card (``current_card``): the card list scrolls to it when it
     becomes current and keeps it in view as later cards arrive, and it is marked (a blue bar, a tint,
@@ -142,6 +154,9 @@ class ReviewPanel(PanelView):
         self.shortcuts["deny"].activated.connect(lambda: self._decide_current(approve=False))
         self.shortcuts["next"].activated.connect(self._on_next)
         self.shortcuts["stop"].activated.connect(self._on_escape)
+        self.shortcuts["always"].activated.connect(self._on_always_key)
+        self.shortcuts["rules"].activated.connect(self._on_rules_key)
+        self.rules_list.remove_clicked.connect(self._on_remove_rule)
         self._show_document()
         self._refresh_controls()
 
@@ -324,13 +339,24 @@ class ReviewPanel(PanelView):
         self.redo_button.setEnabled(False)
         self._post(self._redo)
 
-    def _on_approve(self, call_id: str, edited_input: dict[str, Any] | None = None) -> None:
-        self._post(lambda: self._session.approve(call_id, edited_input))
+    def _on_approve(self, call_id: str, edited_input: dict[str, Any] | None = None, always: str | None = None) -> None:
+        self._post(lambda: self._session.approve(call_id, edited_input, always=always or None))
         self._card_decided(call_id)
 
-    def _on_deny(self, call_id: str, reason: str = "") -> None:
-        self._post(lambda: self._session.deny(call_id, reason))
+    def _on_deny(self, call_id: str, reason: str = "", always: str | None = None) -> None:
+        self._post(lambda: self._session.deny(call_id, reason, always=always or None))
         self._card_decided(call_id)
+
+    def _on_deny_always(self, call_id: str, reason: str) -> None:
+        self._on_deny(call_id, reason, "tool")
+
+    def _on_remove_rule(self, number: int) -> None:
+        def remove() -> None:
+            self._session.remove_rule(number)  # False for a rule already gone: the list shows what is left
+            self._refresh_controls()
+
+        if not self._post(remove):
+            self._refresh_controls()
 
     def _on_answer(self, question_id: str, action: AnswerAction, values: dict[str, Any] | None) -> None:
         def answer() -> None:
@@ -356,6 +382,22 @@ class ReviewPanel(PanelView):
             card.deny_button.click()
         else:
             card.start_deny()
+
+    def _on_always_key(self) -> None:
+        card = self.current_card
+        if card is None or not card.approve_button.isEnabled():
+            return
+        if not self._in_view(card):
+            self._reveal(card)  # as for Alt+A: the card is shown before anything on it is decided
+            return
+        card.always.open_menu()
+
+    def _on_rules_key(self) -> None:
+        rules = self.rules_list
+        rules.toggle.setChecked(True)
+        first = next(iter(rules.remove_buttons.values()), None)
+        target = first if first is not None and first.isEnabled() else rules.toggle
+        target.setFocus(Qt.FocusReason.ShortcutFocusReason)
 
     def _on_next(self) -> None:
         self._next_card()

@@ -250,6 +250,14 @@ def spend_overrun(
     stays within every bound. Order: the turn's token bounds (input, output, total), the session's, then
     the turn's cost bound, the session's. A cost bound with no known price is always passed.
     """
+    if (
+        spending.session_limits is None
+        and limits.max_input_tokens is None
+        and limits.max_output_tokens is None
+        and limits.max_total_tokens is None
+        and limits.max_cost_usd is None
+    ):
+        return None  # no token or cost bound: nothing to compare (every iteration asks twice)
     scopes: list[tuple[Scope, SpendLimits, Usage]] = [("turn", spend_limits(limits), usage)]
     if spending.session_limits is not None:
         scopes.append(("session", spending.session_limits, usage_sum(spending.session_before, usage)))

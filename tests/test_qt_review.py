@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from trioloop.machine.tool_input import tool_field
 from trioloop.machine.tools import PreparedCall, ToolOutcome, ToolRegistry, create_tool_registry
 from trioloop.protocol.messages import ToolResultBlock
 from trioloop.providers.scripted import ScriptedCall, ScriptedProvider, ScriptStep
+from trioloop.runtime.session import Session
 from trioloop.runtime.tools import ToolExecutionContext, define_executable_tool
 from trioloop.threatmodel import ThreatModel, load_thf, threat_model_session
 from trioloop.threatmodel.demo import DEMO_LIMITS, DEMO_PROMPT, DEMO_SCRIPT
@@ -286,22 +287,26 @@ def review_panel(
     *,
     registry: ToolRegistry | None = None,
     limits: TurnLimits = DEFAULT_TURN_LIMITS,
+    make: Callable[[ScriptedProvider], Awaitable[Session[ThreatModel]]] | None = None,
 ) -> Iterator[Running]:
-    """A ReviewPanel over a scripted session, served by a Trio guest run; closed and finished on exit."""
+    """A ReviewPanel over a scripted session (the one ``make`` opens on the provider, when given), served by a Trio
+    guest run; closed and finished on exit."""
     running = Running(app=app, host=TrioGuestHost(app), original=document)
 
     async def main() -> None:
-        async with (
-            ScriptedProvider(steps) as provider,
-            threat_model_session(
-                document=document, provider=provider, model="scripted-1", tools=registry, limits=limits
-            ) as session,
-        ):
-            panel = ReviewPanel(session)
-            panel.resize(760, 820)
-            panel.show()
-            running._panel = panel
-            await panel.serve()
+        async with ScriptedProvider(steps) as provider:
+            if make is None:
+                session = threat_model_session(
+                    document=document, provider=provider, model="scripted-1", tools=registry, limits=limits
+                )
+            else:
+                session = await make(provider)
+            async with session:
+                panel = ReviewPanel(session)
+                panel.resize(760, 820)
+                panel.show()
+                running._panel = panel
+                await panel.serve()
 
     running.host.start(main)
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -30,7 +30,7 @@ from test_qt_review import (
     document_fixture,  # noqa: F401 -- a fixture, shared
     metadata_tools,
     pending_call,
-    run_until,
+    review_panel,
 )
 
 from trioloop.durable.store import MemoryJournalStore
@@ -42,7 +42,7 @@ from trioloop.runtime.session import Session
 from trioloop.threatmodel import ThreatModel
 from trioloop.threatmodel.kind import THREAT_MODEL
 from trioloop.ui._qt_rules import AlwaysChoices, RulesList
-from trioloop.ui.qt import CallCard, ReviewPanel, TrioGuestHost, call_status_text
+from trioloop.ui.qt import CallCard, call_status_text
 
 MakeSession = Callable[[ScriptedProvider], Awaitable[Session[ThreatModel]]]
 
@@ -77,38 +77,11 @@ def journaled_session(store: MemoryJournalStore, document: ThreatModel) -> MakeS
     return make
 
 
-@contextlib.contextmanager
 def panel_on(
     app: QApplication, steps: Sequence[ScriptStep], document: ThreatModel, make: MakeSession
-) -> Iterator[Running]:
+) -> contextlib.AbstractContextManager[Running]:
     """A ReviewPanel over the session ``make`` opens, served by a Trio guest run; closed and finished on exit."""
-    running = Running(app=app, host=TrioGuestHost(app), original=document)
-
-    async def main() -> None:
-        async with ScriptedProvider(steps) as provider:
-            session = await make(provider)
-            async with session:
-                panel = ReviewPanel(session)
-                panel.resize(760, 820)
-                panel.show()
-                running._panel = panel
-                await panel.serve()
-
-    running.host.start(main)
-    try:
-        running.until(lambda: running._panel is not None and running._panel.is_serving, "the panel to serve")
-        yield running
-    finally:
-        if running._panel is not None:
-            running._panel.close()
-        try:
-            run_until(app, lambda: running.host.is_done, "the Trio run to finish after closing the panel")
-        finally:
-            running.host.cancel()
-            running.host.process_events_until_done()
-            if running._panel is not None:
-                running._panel.deleteLater()
-    running.host.result()
+    return review_panel(app, steps, document, make=make)
 
 
 def renames(*titles: tuple[str, str]) -> list[ScriptStep]:

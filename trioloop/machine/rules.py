@@ -47,6 +47,7 @@ __all__ = [
     "numbered",
     "resolve_pointer",
     "rule_decider",
+    "rule_label",
 ]
 
 #: The source of rules given in the app's code (``Session(rules=...)``) and of rules added from a card.
@@ -61,6 +62,15 @@ class Verdict(enum.StrEnum):
     ALLOW = "allow"
     ASK = "ask"
     DENY = "deny"
+
+
+def rule_label(source: str, number: int) -> str:
+    """How a rule is named: ``rule 3 of .trioloop/rules.toml``, ``session rule 2``, ``app rule 1``."""
+    if source == SESSION_SOURCE:
+        return f"session rule {number}"
+    if source == APP_SOURCE:
+        return f"app rule {number}"
+    return f"rule {number} of {source}"
 
 
 def _verdict(value: Any) -> Verdict:
@@ -137,11 +147,7 @@ class ApprovalRule:
     @property
     def label(self) -> str:
         """Where the rule is: ``rule 3 of .trioloop/rules.toml``, ``session rule 2``, ``app rule 1``."""
-        if self.source == SESSION_SOURCE:
-            return f"session rule {self.number}"
-        if self.source == APP_SOURCE:
-            return f"app rule {self.number}"
-        return f"rule {self.number} of {self.source}"
+        return rule_label(self.source, self.number)
 
     def describe(self) -> str:
         """What the rule says: ``write_file path docs/**`` (its tool, then each condition)."""
@@ -340,7 +346,7 @@ class Decider:
             return f"{done} by the read-only policy"
         if self.kind is DeciderKind.CODE:
             return f"{done} by {self.source}" + (f": {self.detail}" if self.detail else "")
-        where = ApprovalRule(tool="x", verdict=self.verdict, source=self.source, number=self.number).label
+        where = rule_label(self.source, self.number)
         return f"{done} by {where}" + (f": {self.detail}" if self.detail else "")
 
     def to_json(self) -> dict[str, Any]:

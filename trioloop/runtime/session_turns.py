@@ -100,6 +100,7 @@ class TurnSlot(Generic[D]):
         self.usage = Usage()  # every settled turn's tokens (those of a saved or journaled session included)
         #: The session's own rules (a person's "always" from a card), as the last turn left them.
         self.session_rules: tuple[ApprovalRule, ...] = ()
+        self.running = ""  # the id of the turn running now (its states carry the rules it decides by)
 
     def restore(
         self, *, started: int, last_turn_id: str | None, usage: Usage, rules: tuple[ApprovalRule, ...] = ()
@@ -109,9 +110,11 @@ class TurnSlot(Generic[D]):
         self.session_rules = rules
 
     def live_rules(self) -> RuleSet | None:
-        """The rules of the turn running or suspended now (a person's "always" changes them mid-turn), or None."""
-        if self.controls is not None and self.publisher.state is not None:
-            return self.publisher.state.rules
+        """The rules of the turn running or suspended now (a person's "always" changes them mid-turn), or None
+        (between turns, or a turn not yet submitted: it decides by the session's)."""
+        if self.controls is not None:
+            state = self.publisher.state
+            return state.rules if state is not None and state.turn_id == self.running else None
         if self.resume is not None:
             return self.resume.state.rules
         return None
@@ -124,8 +127,8 @@ class TurnSlot(Generic[D]):
         if not any(r.source == SESSION_SOURCE and r.number == number for r in rules):
             return False
         controls = self.deciding()
-        if live is not None:
-            return controls is not None and controls.forget_rule(number)
+        if controls is not None:  # a turn runs (or waits, suspended): its reducer forgets it, journaled
+            return controls.forget_rule(number)
         self.session_rules = tuple(r for r in self.session_rules if r.number != number)
         journal = self.journals.journal
         if journal is not None:
@@ -223,6 +226,7 @@ class TurnSlot(Generic[D]):
             journal.check()
         nursery = self.nursery()
         publisher = self.publisher
+        self.running = turn_id
         controls = controls or TurnControls()
         controls.on_questions = publisher.questions_changed
         self.controls = controls

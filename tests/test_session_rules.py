@@ -117,19 +117,25 @@ async def test_always_from_a_card_survives_a_reopening_and_can_be_forgotten() ->
     await again.aclose()
 
 
-async def test_always_survives_a_session_file(tmp_path: Path) -> None:
-    steps = [calls(("a", "one")), ScriptStep(text="Done.")]
+async def test_a_session_file_restores_its_deny_rules_and_its_allow_rules_only_when_trusted(tmp_path: Path) -> None:
+    steps = [calls(("a", "one"), ("b", "two")), ScriptStep(text="Done.")]
     async with ScriptedProvider(steps) as provider:
         session = Session(document="", kind=NOTE, provider=provider, model="m", tools=TOOLS)
         async with session, trio.open_nursery() as nursery:
             nursery.start_soon(session.send, "first")
             await wait_for_review(session)
             assert session.approve("a", always="input")
+            assert session.deny("b", "no", always="tool")
         session.save(tmp_path / "s.json")
+        # A session file is not signed: anyone who can write it could add an allow rule, so by default only its
+        # deny (and ask) rules come back.
         resumed = Session.resume(tmp_path / "s.json", kind=NOTE, provider=provider, tools=TOOLS)
-    assert [(r.label, r.describe()) for r in resumed.rules] == [
-        ("session rule 1", 'append_line input = {"line": "one"}')
-    ]
+        trusted = Session.resume(tmp_path / "s.json", kind=NOTE, provider=provider, tools=TOOLS, trust_allow_rules=True)
+    assert [(r.label, r.verdict.value) for r in resumed.rules] == [("session rule 2", "deny")]
+    assert [r.describe() for r in resumed.withheld_rules] == ['append_line input = {"line": "one"}']
+    described = [(r.label, r.describe()) for r in trusted.rules]
+    assert described == [("session rule 1", 'append_line input = {"line": "one"}'), ("session rule 2", "append_line")]
+    assert trusted.withheld_rules == ()
 
 
 async def test_a_forget_while_a_turn_waits_applies_to_the_rest_of_it() -> None:

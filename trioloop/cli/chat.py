@@ -14,7 +14,7 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
-from trioloop.cli.chat_rules import RULES_HELP, load_chat_rules, rules_command
+from trioloop.cli.chat_rules import RULES_HELP, load_chat_rules, rules_command, withheld_notice
 from trioloop.cli.common import (
     Saver,
     error,
@@ -266,6 +266,7 @@ async def chat_session(
                 error(f"error: {session_file} cannot be resumed: {exc}")
                 return EXIT_USAGE
             assert restored is not None
+            withheld_notice(console, restored, session_file)
             if not check_resumed(restored, path, loaded, out, session_file, saver, console):
                 return EXIT_USAGE
         else:

@@ -16,7 +16,7 @@ from trioloop.machine.untrusted_text import sanitize_scalar
 from trioloop.runtime.rule_files import load_rules
 from trioloop.runtime.session import Session
 
-__all__ = ["RULES_HELP", "load_chat_rules", "rule_line", "rules_command"]
+__all__ = ["RULES_HELP", "load_chat_rules", "rule_line", "rules_command", "withheld_notice"]
 
 RULES_HELP: Final = (
     "  /rules        the approval rules in effect: files, app, and this session's (always / never on a card)\n"
@@ -48,6 +48,19 @@ def load_chat_rules(console: Console, document: Path) -> tuple[ApprovalRule, ...
     for notice in loaded.notices:
         console.print(Text(f"! {notice}", style="yellow"))
     return loaded.rules
+
+
+def withheld_notice(console: Console, session: Session[Any], file: Path) -> None:
+    """Say which allow rules a resumed session file's rules had that were not restored (the file is not signed)."""
+    count = len(session.withheld_rules)
+    if count:
+        console.print(
+            Text(
+                f"! {count} allow rule(s) of {file} not restored: a session file is not signed, so only its deny and "
+                "ask rules come back (answer always on a card again to allow)",
+                style="yellow",
+            )
+        )
 
 
 def rules_command(console: Console, session: Session[Any], name: str, argument: str) -> bool:

@@ -266,11 +266,17 @@ class Session(SessionView[D]):
         session_limits: SpendLimits | None = None,
         prices: Mapping[str, ModelPrice] | None = None,
         rules: Iterable[ApprovalRule] = (),
+        trust_allow_rules: bool = False,
     ) -> Session[D]:
         """A session continued from a file `save` wrote: same conversation, document and undo history,
         turn ids continuing after the saved ones. A file that is not a valid session (too large, not
         UTF-8 JSON, wrong shape, an unpairable conversation, a document ``kind.load`` refuses) raises
-        `SessionFileError`; reading stops after ``max_bytes``, so memory stays bounded."""
+        `SessionFileError`; reading stops after ``max_bytes``, so memory stays bounded.
+
+        The file's session rules (a person's "always" and "never") come back too, but a session file is not signed:
+        anyone who can write it could add an allow rule. So its deny and ask rules are restored, and its allow rules
+        only with ``trust_allow_rules=True`` (the file is the app's own, kept where no one else writes);
+        `withheld_rules` lists those left out. A journal (`Session.open`) proves its entries and restores them all."""
         snapshot = session_files.read_session_file(path, kind, max_bytes)
         chosen = model if model is not None else snapshot.model
         if chosen is None:
@@ -291,12 +297,9 @@ class Session(SessionView[D]):
             prices=prices,
             rules=rules,
         )
+        kept, session.withheld_rules = session_files.restorable_rules(snapshot.rules, trust_allow_rules)
         session._restore(
-            snapshot.undo_history(),
-            snapshot.turns_started(),
-            snapshot.last_turn_id,
-            snapshot.usage,
-            rules=snapshot.rules,
+            snapshot.undo_history(), snapshot.turns_started(), snapshot.last_turn_id, snapshot.usage, rules=kept
         )
         return session
 

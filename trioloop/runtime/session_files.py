@@ -19,7 +19,7 @@ from trioloop.durable.session_file import (
     encode_session,
 )
 from trioloop.machine.document import DocumentKind, TextDocumentKind
-from trioloop.machine.rules import ApprovalRule
+from trioloop.machine.rules import ApprovalRule, Verdict
 from trioloop.protocol.events import Usage
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.serialization import SerializationError, messages_from_json, messages_to_json
@@ -29,6 +29,7 @@ __all__ = [
     "TranscriptError",
     "load_transcript",
     "read_session_file",
+    "restorable_rules",
     "save_snapshot",
     "save_transcript",
     "snapshot_of",
@@ -122,3 +123,14 @@ def load_transcript(path: str | os.PathLike[str]) -> tuple[Message, ...]:
         first = problems[0]
         raise TranscriptError(f"The transcript is not pairable: {first.kind.value} for call {first.call_id!r}.")
     return messages
+
+
+def restorable_rules(
+    rules: tuple[ApprovalRule, ...], trust_allow: bool
+) -> tuple[tuple[ApprovalRule, ...], tuple[ApprovalRule, ...]]:
+    """A session file's session rules as `Session.resume` restores them, and those it withholds: an unsigned file's
+    allow rules only when the app trusts the file (its deny and ask rules can only make the review stricter)."""
+    if trust_allow:
+        return rules, ()
+    allows = tuple(rule for rule in rules if rule.verdict is Verdict.ALLOW)
+    return tuple(rule for rule in rules if rule.verdict is not Verdict.ALLOW), allows

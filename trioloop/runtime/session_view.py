@@ -128,6 +128,8 @@ class SessionView(Generic[D]):
         self.actor = _default_actor()
         #: The app's rules (numbered "app rule N") and the files' (as loaded: each names its file and line).
         self._rules = app_rules(rules)
+        #: The allow rules of a session file `Session.resume` did not restore (an unsigned file proves nothing).
+        self.withheld_rules: tuple[ApprovalRule, ...] = ()
         #: Where the document lives, as the app names it (the CLI: the file's absolute path); session files and
         #: journal snapshots record it, so a reopened session says which document it belongs to.
         self.source = source

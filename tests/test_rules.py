@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from trioloop.machine.authorization import authorize_start
 from trioloop.machine.conditions import Condition, RuleError, glob_regex, json_equal
+from trioloop.machine.globs import Glob
 from trioloop.machine.inputs import CodeVerdict, ForgetRule
 from trioloop.machine.reducer import (
     Advance,
@@ -413,3 +414,24 @@ _INPUTS = st.one_of(
 def test_the_planned_decision_is_the_plain_one(rules: list[ApprovalRule], canonical: Any, tool: str) -> None:
     made = RuleSet(numbered(rules))
     assert made.deciding(tool, canonical) is made.deciding_plainly(tool, canonical)
+
+
+# -- globs: linear time, the regular expression's meaning -------------------------------------------------------------
+
+_GLOB_PARTS = st.sampled_from(["a", "b", "/", "*", "**", "?", "\\*", "\\?"])
+_TEXTS = st.text(alphabet="ab/*?", max_size=12)
+
+
+@given(pattern=st.lists(_GLOB_PARTS, max_size=8).map("".join), text=_TEXTS)
+def test_a_glob_matches_what_its_regular_expression_matches(pattern: str, text: str) -> None:
+    assert Glob(pattern).matches(text) is (glob_regex(pattern).fullmatch(text) is not None)
+
+
+def test_a_glob_with_many_stars_never_backtracks() -> None:
+    # A regular expression for this pattern takes time exponential in its stars on a text that nearly matches; a rule
+    # file from a repository must not be able to stall the turn with one. This returns at once (it hung before).
+    hostile = Condition.glob("/path", "**a**a**a**a**a**a**a**a**b")
+    assert not hostile.holds({"path": "a" * 5_000})
+    assert hostile.holds({"path": "a" * 5_000 + "b"})
+    rules = RuleSet(numbered([ApprovalRule(tool="write_file", verdict="deny", when=(hostile,))]))
+    assert rules.deciding("write_file", {"path": "a" * 5_000}) is None

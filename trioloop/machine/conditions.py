@@ -12,6 +12,8 @@ from typing import Any, Final, final
 
 import attrs
 
+from trioloop.machine.globs import Glob, glob_regex
+
 __all__ = ["Condition", "Match", "RuleError", "glob_regex", "json_equal", "resolve_pointer"]
 
 
@@ -87,31 +89,6 @@ def json_equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """``pattern`` as a compiled regular expression matching whole strings: ``**`` any run of characters,
-    ``*`` any run without ``/``, ``?`` one character other than ``/``, ``\\`` before a character makes it literal;
-    everything else literally."""
-    parts = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**", i):
-            parts.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            parts.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            parts.append("[^/]")
-            i += 1
-        elif pattern[i] == "\\" and i + 1 < len(pattern):
-            parts.append(re.escape(pattern[i + 1]))
-            i += 2
-        else:
-            parts.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(parts), re.DOTALL)
-
-
 def _json_value(value: Any, where: str) -> Any:
     """``value`` if it is a JSON value (lists for arrays), else `RuleError`; tuples become lists."""
     if value is None or type(value) in (bool, int, str):
@@ -151,7 +128,7 @@ class Condition:
     match: Match
     value: Any
     _tokens: tuple[str, ...] = attrs.field(init=False, repr=False, eq=False)
-    _regex: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
+    _glob: Glob | None = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         try:
@@ -161,7 +138,7 @@ class Condition:
         object.__setattr__(self, "match", match)
         object.__setattr__(self, "_tokens", _pointer_tokens(self.pointer))
         where = f'condition on "{self.pointer}"'
-        regex = None
+        glob = None
         value = self.value
         if match is Match.EQUALS:
             value = _json_value(value, where)
@@ -173,7 +150,7 @@ class Condition:
             if type(value) is not str:
                 raise RuleError(f"{where}: {match.value} needs a string")
             if match is Match.GLOB:
-                regex = glob_regex(value)
+                glob = Glob(value)
         else:
             if type(value) not in (list, tuple) or len(value) != 2:
                 raise RuleError(f"{where}: range needs [min, max] (either may be null)")
@@ -184,7 +161,7 @@ class Condition:
                 raise RuleError(f"{where}: range min {low} is above max {high}")
             value = (low, high)
         object.__setattr__(self, "value", value)
-        object.__setattr__(self, "_regex", regex)
+        object.__setattr__(self, "_glob", glob)
 
     @classmethod
     def equals(cls, pointer: str, value: Any) -> Condition:
@@ -225,7 +202,7 @@ class Condition:
         if match is Match.ONE_OF:
             return any(json_equal(field, v) for v in self.value)
         if match is Match.GLOB:
-            return type(field) is str and self._regex is not None and self._regex.fullmatch(field) is not None
+            return type(field) is str and self._glob is not None and self._glob.matches(field)
         if match is Match.PREFIX:
             return type(field) is str and field.startswith(self.value)
         if type(field) not in (int, float):
@@ -244,7 +221,8 @@ class Condition:
         many such conditions on one field with one match (`trioloop.machine.rule_index`)."""
         match, value = self.match, self.value
         if match is Match.GLOB:
-            return None if self._regex is None else str(self._regex.pattern)
+            glob = self._glob
+            return None if glob is None or glob.regex is None else str(glob.regex.pattern)  # one star at most
         if match is Match.PREFIX:
             return re.escape(str(value)) + ".*"
         if match is Match.EQUALS and type(value) is str:

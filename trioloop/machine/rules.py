@@ -23,6 +23,7 @@ from typing import Any, Final, final
 import attrs
 
 from trioloop.machine.conditions import Condition, Match, RuleError, glob_regex, resolve_pointer
+from trioloop.machine.globs import Glob
 from trioloop.machine.rule_index import RulePlan, plan_rules
 
 __all__ = [
@@ -111,14 +112,14 @@ class ApprovalRule:
     source: str = APP_SOURCE
     number: int = 0
     line: int | None = None
-    _tool_regex: re.Pattern[str] | None = attrs.field(init=False, repr=False, eq=False)
+    _tool_glob: Glob | None = attrs.field(init=False, repr=False, eq=False)
     _decider: Any = attrs.field(init=False, repr=False, eq=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         if type(self.reason) is not str or type(self.source) is not str or type(self.number) is not int:
             raise RuleError("a rule's reason and source must be strings, its number an int")
         literal = not any(ch in self.tool for ch in "*?\\")
-        object.__setattr__(self, "_tool_regex", None if literal else glob_regex(self.tool))
+        object.__setattr__(self, "_tool_glob", None if literal else Glob(self.tool))
 
     @property
     def decider(self) -> Decider:
@@ -137,8 +138,8 @@ class ApprovalRule:
 
     def names_tool(self, name: str) -> bool:
         """Whether this rule's tool pattern names the tool ``name``."""
-        regex = self._tool_regex
-        return name == self.tool if regex is None else regex.fullmatch(name) is not None
+        glob = self._tool_glob
+        return name == self.tool if glob is None else glob.matches(name)
 
     def holds(self, canonical: Any) -> bool:
         """Whether every condition holds on ``canonical`` (a rule without conditions always does)."""

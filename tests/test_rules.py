@@ -435,3 +435,28 @@ def test_a_glob_with_many_stars_never_backtracks() -> None:
     assert hostile.holds({"path": "a" * 5_000 + "b"})
     rules = RuleSet(numbered([ApprovalRule(tool="write_file", verdict="deny", when=(hostile,))]))
     assert rules.deciding("write_file", {"path": "a" * 5_000}) is None
+
+
+def test_equality_on_a_very_deep_input_never_raises() -> None:
+    deep: Any = "x"
+    for _ in range(5_000):
+        deep = [deep]
+    assert not Condition.equals("/v", "x").holds({"v": deep})
+    assert json_equal({"v": deep}, {"v": deep}) and not json_equal({"v": deep}, {"v": [deep]})
+    with pytest.raises(RuleError, match="nested too deeply"):
+        Condition.equals("", {"v": deep})
+
+
+def test_always_on_an_input_too_deep_to_bind_adds_no_rule_and_says_so() -> None:
+    deep: Any = "x"
+    for _ in range(5_000):
+        deep = {"k": deep}
+    state = start(rules(), call("c1"))
+    assert state.call("c1") is not None
+    # The machine cannot build an equality on an input it cannot walk: the approval stands, no rule, a notice.
+    record = state.call("c1")
+    assert record is not None and record.prepared is not None
+    object.__setattr__(record.prepared, "canonical", {"path": deep})
+    state = run([ApproveCall(call_id="c1", always="input")], state)
+    assert state.call("c1").status is CallStatus.APPROVED
+    assert len(state.rules) == 0 and "No rule was added" in state.notices[-1]

@@ -77,16 +77,35 @@ def _is_number(value: object) -> bool:
 
 def json_equal(a: Any, b: Any) -> bool:
     """JSON equality: numbers by value (1 == 1.0, as canonical JSON writes both "1"), booleans only equal to
-    booleans, objects by keys and values, arrays in order. Never raises for JSON values."""
-    if _is_number(a) and _is_number(b):
-        return bool(a == b)
-    if type(a) is not type(b):
-        return False
-    if type(a) is dict:
-        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
-    if type(a) is list:
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
+    booleans, objects by keys and values, arrays in order. Never raises for JSON values, however deep (it walks
+    them with a stack of its own, not by recursion)."""
+    pending = [(a, b)]
+    while pending:
+        x, y = pending.pop()
+        if _is_number(x) and _is_number(y):
+            if x != y:
+                return False
+        elif type(x) is not type(y):
+            return False
+        elif type(x) is dict:
+            if x.keys() != y.keys():
+                return False
+            pending.extend((x[key], y[key]) for key in x)
+        elif type(x) is list:
+            if len(x) != len(y):
+                return False
+            pending.extend(zip(x, y, strict=True))
+        elif x != y:
+            return False
+    return True
+
+
+def _checked_json(value: Any, where: str) -> Any:
+    """`_json_value`, with a value nested too deeply to walk refused as a `RuleError` (never a RecursionError)."""
+    try:
+        return _json_value(value, where)
+    except RecursionError:
+        raise RuleError(f"{where}: the value is nested too deeply") from None
 
 
 def _json_value(value: Any, where: str) -> Any:
@@ -141,11 +160,11 @@ class Condition:
         glob = None
         value = self.value
         if match is Match.EQUALS:
-            value = _json_value(value, where)
+            value = _checked_json(value, where)
         elif match is Match.ONE_OF:
             if type(value) not in (list, tuple) or not value:
                 raise RuleError(f"{where}: one_of needs a non-empty list of values")
-            value = tuple(_json_value(v, where) for v in value)
+            value = tuple(_checked_json(v, where) for v in value)
         elif match in (Match.GLOB, Match.PREFIX):
             if type(value) is not str:
                 raise RuleError(f"{where}: {match.value} needs a string")

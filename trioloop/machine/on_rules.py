@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from trioloop.machine.authorization import grant_by_policy
+from trioloop.machine.conditions import RuleError
 from trioloop.machine.inputs import ForgetRule
 from trioloop.machine.rules import (
     SESSION_SOURCE,
@@ -111,7 +112,10 @@ def remember(state: TurnState, call_id: str, verdict: Verdict, always: Always, r
     call = state.call(call_id)
     if call is None:
         return state
-    made = _rule_for(call, verdict, always, reason)
+    try:
+        made = _rule_for(call, verdict, always, reason)
+    except RuleError as exc:  # an input nested too deeply to bind: the decision stands, no rule is added
+        made = str(exc)
     if isinstance(made, str):
         return with_notice(state, f"No rule was added: {made}.")
     rule = ApprovalRule(

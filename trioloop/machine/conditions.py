@@ -100,12 +100,31 @@ def json_equal(a: Any, b: Any) -> bool:
     return True
 
 
+#: The deepest value a condition may compare with: a rule is journaled with every turn, and a journal's entries
+#: are read back only up to a depth of their own (`trioloop.durable.journal.MAX_ENTRY_DEPTH`).
+MAX_VALUE_DEPTH: Final = 64
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests (a scalar: 0), walked with a stack of its own, stopping past `MAX_VALUE_DEPTH`."""
+    deepest = 0
+    pending = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if type(item) in (dict, list, tuple):
+            depth += 1
+            deepest = max(deepest, depth)
+            if depth > MAX_VALUE_DEPTH:
+                return depth
+            pending.extend((child, depth) for child in (item.values() if type(item) is dict else item))
+    return deepest
+
+
 def _checked_json(value: Any, where: str) -> Any:
-    """`_json_value`, with a value nested too deeply to walk refused as a `RuleError` (never a RecursionError)."""
-    try:
-        return _json_value(value, where)
-    except RecursionError:
-        raise RuleError(f"{where}: the value is nested too deeply") from None
+    """`_json_value`, for a value nested no deeper than `MAX_VALUE_DEPTH` (deeper: `RuleError`)."""
+    if _depth(value) > MAX_VALUE_DEPTH:
+        raise RuleError(f"{where}: the value is nested too deeply (more than {MAX_VALUE_DEPTH} levels)")
+    return _json_value(value, where)
 
 
 def _json_value(value: Any, where: str) -> Any:

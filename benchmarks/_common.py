@@ -25,6 +25,8 @@ from typing import Any
 
 import trio
 
+from benchmarks._load import load_line as _load_line
+from benchmarks._load import run_info
 from trioloop.protocol.events import Aborted, StopReason, StreamEvent, is_terminal
 from trioloop.protocol.messages import JsonValue, Message, ToolCallBlock, ToolResultBlock
 from trioloop.protocol.provider import send_events
@@ -38,6 +40,7 @@ __all__ = [
     "case_record",
     "emit",
     "iteration_of",
+    "load_line",
     "machine",
     "percentile",
     "print_profile",
@@ -99,10 +102,12 @@ def _loadavg() -> str:
 
 
 def machine() -> dict[str, Any]:
-    """Where the figures came from: core count, CPU model, OS, Python, load average, date (UTC).
+    """Where the figures came from: core count, CPU model, OS, Python, load average, date (UTC), and the run's
+    own circumstances (`benchmarks._load.run_info`): others' CPU during the run where the benchmark sampled it
+    (``load_during_run``), the processes it measured in, the helpers it started, the priority in effect.
 
-    The load average matters: a wall-clock window longer than a scheduler time slice on a busy machine
-    stretches by the competing load, which is why the scripts report CPU time beside wall time.
+    The load matters: a wall-clock window longer than a scheduler time slice on a busy machine stretches by the
+    competing load, which is why the scripts report CPU time beside wall time.
     """
     return {
         "nproc": os.cpu_count(),
@@ -111,7 +116,13 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "loadavg": _loadavg(),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        **run_info(),
     }
+
+
+def load_line() -> str:
+    """The load line of a summary table: others' CPU during the run (mean / max), load average, cores, priority."""
+    return _load_line(_loadavg())
 
 
 def versions(*extra: str) -> dict[str, str]:

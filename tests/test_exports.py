@@ -104,6 +104,7 @@ TOP_LEVEL = [
     "ChatProvider",
     "ChatRequest",
     "Condition",
+    "DataDocumentKind",
     "Decider",
     "DeciderKind",
     "DocumentKind",

@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
     from trioloop.machine.card import CardDetails, one_line
     from trioloop.machine.conditions import Condition, RuleError
     from trioloop.machine.document import (
+        DataDocumentKind,
         DocumentKind,
         SimpleDocumentKind,
         TextDocumentKind,
@@ -206,6 +207,7 @@ _HOMES: Final[dict[str, str]] = {
     "TextBlock": "trioloop.protocol",
     "TextDelta": "trioloop.protocol",
     "TextDocumentKind": "trioloop.machine.document",
+    "DataDocumentKind": "trioloop.machine.document",
     "ThfError": "trioloop.threatmodel",
     "ThreatModel": "trioloop.threatmodel",
     "ToolCallBlock": "trioloop.protocol",
@@ -279,6 +281,7 @@ __all__ = [
     "ChatProvider",
     "ChatRequest",
     "Condition",
+    "DataDocumentKind",
     "Decider",
     "DeciderKind",
     "DocumentKind",

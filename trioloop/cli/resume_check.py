@@ -93,7 +93,9 @@ def _replayed(stored: Sequence[StoredEntry], session_id: str, given: JournalKeys
     keys = given if own is None else own.keys if given is None else own.keys | given
     entries = decode_entries(stored)
     verify_journal(entries, session_id=session_id, keys=keys)
-    replayed = replay_journal(entries, load_document=THREAT_MODEL.load, registry=create_ai_tool_registry())
+    replayed = replay_journal(
+        entries, load_document=THREAT_MODEL.load, registry=create_ai_tool_registry(), load_data=THREAT_MODEL.from_data
+    )
     return JournaledChat(session_id=session_id, source=replayed.source, document=replayed.document, undo=replayed.undo)
 
 

@@ -104,12 +104,13 @@ def _describe(entry: JournalEntry) -> list[str]:
             return ["session snapshot (not readable)"]
         document = session.get("document")
         sha = document_digest(document)[:16] if isinstance(document, str) else ""
+        form = " (its data form)" if session.get("document_form") == "json" else ""
         messages = session.get("messages")
         count = len(messages) if isinstance(messages, list) else 0
         of = f" of the {_show(session['kind'])}" if isinstance(session.get("kind"), str) else ""
         source = f" ({_show(session['source'])})" if isinstance(session.get("source"), str) else ""
         turns = _show(session.get("turn_count"))
-        return [f"session snapshot{of}{source}: {count} messages, {turns} turns, document sha256 {sha}…"]
+        return [f"session snapshot{of}{source}: {count} messages, {turns} turns, document sha256 {sha}…{form}"]
     if kind == "submit":
         tools = ", ".join(_show(t) for t in data.get("tools") or ())
         return [f"turn {_show(data.get('turn_id'))} starts: {_show(data.get('text'))}", f"  tools offered: {tools}"]
@@ -169,7 +170,8 @@ def _describe(entry: JournalEntry) -> list[str]:
         committed = ""
         if isinstance(document, str):
             digest = document_digest(document)[:16]
-            committed = f", committed the document (sha256 {digest}…)"
+            form = "its data form, " if data.get("document_form") == "json" else ""
+            committed = f", committed the document ({form}sha256 {digest}…)"
         return [f"call {_show(data.get('call_id'))} {status}{committed}: {_show(data.get('result'))}"]
     if kind == "advance":
         return ["iteration done: the model is asked again (or the turn ends at a limit)"]

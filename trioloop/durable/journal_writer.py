@@ -9,6 +9,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from trioloop.durable.document_form import DATA_FORM, TEXT_FORM, DocumentCodec
 from trioloop.durable.journal import document_digest, encode_entry, entry_hash
 from trioloop.durable.session_file import SessionSnapshot, session_to_json
 from trioloop.durable.signing import SEAL_VERSION, JournalSigner, head_message
@@ -42,6 +43,10 @@ __all__ = ["JournalWriter", "call_card"]
 _AUTOMATIC: Final = frozenset({DeciderKind.RULE, DeciderKind.CODE})
 #: Documents a writer keeps in text form (the live one, the undo history's, a few more).
 _DUMP_CACHE: Final = 64
+
+
+def _no_load(text: str) -> Any:
+    raise TypeError("a JournalWriter never reads a document back")
 
 
 def _wall_ms() -> int:
@@ -80,7 +85,8 @@ class JournalWriter:
         *,
         last_seq: int,
         last_hash: str,
-        dump_document: Callable[[Any], str],
+        dump_document: Callable[[Any], str] | None = None,
+        codec: DocumentCodec[Any] | None = None,
         clock: Callable[[], int] = _wall_ms,
         session_id: str = "",
         signer: JournalSigner | None = None,
@@ -95,13 +101,17 @@ class JournalWriter:
         self._compact = compact
         self._last_seal = last_seal  # the last seal's bytes: a snapshot that follows it names it
         self._journal_id = journal_id  # which journal this is, whatever store it is in (a witness's key)
-        self._dump = dump_document
+        if codec is None:
+            if dump_document is None:
+                raise TypeError("a JournalWriter needs dump_document or codec")
+            codec = DocumentCodec(dump_document, _no_load)
+        self._codec = codec
         self._clock = clock
         self._ready: list[StoredEntry] = []
-        # Documents already in their text form, by identity (the runner never changes a live document in
+        # Documents already in their journal form, by identity (the runner never changes a live document in
         # place: a commit swaps in another object): a snapshot after a turn that only read, and the undo
-        # history's documents, cost no second dump. Most recent last; bounded.
-        self._dumped: OrderedDict[int, tuple[Any, str]] = OrderedDict()
+        # history's documents, cost no second encoding. Most recent last; bounded.
+        self._dumped: OrderedDict[int, tuple[Any, tuple[str, str]]] = OrderedDict()
         self._commit_pending = False
         self._submit_pending = False
         self._since_snapshot = 0  # bytes written since the last snapshot
@@ -181,18 +191,19 @@ class JournalWriter:
         most about one snapshot's worth of entries."""
         return self._since_snapshot >= self._snapshot_size
 
-    def dump(self, document: Any) -> str:
-        """``document`` in its text form, from the cache when this very object was dumped before."""
+    def dump(self, document: Any) -> tuple[str, str]:
+        """``document``'s journal form and text (`DocumentCodec.encode`), from the cache when this very object
+        was encoded before."""
         key = id(document)
         cached = self._dumped.get(key)
         if cached is not None and cached[0] is document:
             self._dumped.move_to_end(key)
             return cached[1]
-        text = self._dump(document)
-        self._dumped[key] = (document, text)
+        encoded = self._codec.encode(document)
+        self._dumped[key] = (document, encoded)
         if len(self._dumped) > _DUMP_CACHE:
             self._dumped.popitem(last=False)
-        return text
+        return encoded
 
     def _flush_stream(self, state: TurnState | None) -> None:
         self._join_text()
@@ -296,7 +307,7 @@ class JournalWriter:
                 and after is not None
                 and after.changed_document
             )
-            dumped = self.dump(document) if committed else None
+            form, dumped = self.dump(document) if committed else (TEXT_FORM, None)
             self.add(
                 "settled",
                 {
@@ -307,6 +318,7 @@ class JournalWriter:
                     "now_ms": item.now_ms,
                     "document": dumped,
                     "document_digest": None if dumped is None else document_digest(dumped),
+                    **({} if form == TEXT_FORM else {"document_form": form}),
                 },
             )
         elif isinstance(item, Advance):
@@ -332,12 +344,24 @@ class JournalWriter:
         seal = self._last_seal
         after = seal.decode("ascii") if seal is not None and entry_hash(seal) == self._prev else None
         data = {
-            "session": session_to_json(snapshot, dump_document=self.dump),
+            "session": self._session_json(snapshot),
             "journal": self._journal_id,
             "compact": self._compact,
             "after": after,
         }
         self.add("snapshot", data)
+
+    def _session_json(self, snapshot: SessionSnapshot[Any]) -> dict[str, Any]:
+        """The snapshot's session, its documents all in one form: the data form when every one has it."""
+        documents = [snapshot.document, *(record.document for record in snapshot.undo)]
+        encoded = {id(document): self.dump(document) for document in documents}
+        if all(form == DATA_FORM for form, _ in encoded.values()):
+            return session_to_json(snapshot, dump_document=lambda d: encoded[id(d)][1], document_form=DATA_FORM)
+        texts: dict[int, str] = {}
+        for document in documents:
+            form, value = encoded[id(document)]
+            texts[id(document)] = value if form == TEXT_FORM else self._codec.encode_text(document)
+        return session_to_json(snapshot, dump_document=lambda d: texts[id(d)])
 
 
 _COMMANDS: Final[frozenset[type]] = frozenset(

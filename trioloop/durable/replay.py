@@ -11,6 +11,7 @@ from typing import Any, Final, Generic, TypeVar, final
 
 import attrs
 
+from trioloop.durable.document_form import TEXT_FORM, DocumentCodec, DocumentFormError
 from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, document_digest, verify_chain
 from trioloop.durable.session_file import (
     SessionFileError,
@@ -129,13 +130,15 @@ def _always(data: Mapping[str, Any], seq: int) -> Always | None:
     return Always(value)
 
 
-def _document(load: Callable[[str], D], text: Any, seq: int, digest: Any = None) -> D:
+def _document(codec: DocumentCodec[D], form: Any, text: Any, seq: int, digest: Any = None) -> D:
     if type(text) is not str:
         raise JournalError(f"journal entry {seq} lacks the committed document", seq=seq)
     if digest is not None and digest != document_digest(text):  # absent in journals written before it was recorded
         raise JournalError(f"journal entry {seq} holds a document whose digest is not the one it records", seq=seq)
     try:
-        return load(text)
+        return codec.decode(form, text)
+    except DocumentFormError as exc:
+        raise JournalError(f"journal entry {seq} holds a document that does not load: {exc}", seq=seq) from None
     except Exception:
         raise JournalError(f"journal entry {seq} holds a document that does not load", seq=seq) from None
 
@@ -175,28 +178,36 @@ def replay_journal(
     load_document: Callable[[str], D],
     registry: ToolRegistry[D],
     verify_from_genesis: bool = True,
+    load_data: Callable[[Any], D] | None = None,
 ) -> Replayed[D]:
     """Fold ``entries`` (a whole journal, or from a compaction on) into the session they record.
 
     The chain is verified first (from the genesis hash when the journal starts at entry 1), then the
     entries from the last snapshot on go through `reduce_turn` as the live session fed them. Anything
-    that does not verify or decode raises `JournalError` naming the entry; nothing runs.
+    that does not verify or decode raises `JournalError` naming the entry; nothing runs. Documents journaled in
+    their data form (`trioloop.durable.document_form`) are read with ``load_data`` (the kind's ``from_data``);
+    a journal holding one is refused without it.
     """
     if not entries:
         raise JournalError("the journal is empty")
     starts_at_one = entries[0].seq == 1
     verify_chain(entries, first_prev=GENESIS if (starts_at_one and verify_from_genesis) else None)
     start = replay_start(entries)
-    folder = _Folder(load_document, registry)
+    codec = DocumentCodec(_no_dump, load_document, None, load_data)
+    folder = _Folder(codec, registry)
     for entry in entries[start:]:
         folder.apply(entry)
     last = entries[-1]
     return folder.result(last.seq, last.hash, len(entries) - start)
 
 
+def _no_dump(document: Any) -> str:
+    raise TypeError("replay never writes a document")
+
+
 class _Folder(Generic[D]):
-    def __init__(self, load: Callable[[str], D], registry: ToolRegistry[D]) -> None:
-        self.load = load
+    def __init__(self, codec: DocumentCodec[D], registry: ToolRegistry[D]) -> None:
+        self.codec = codec
         self.registry = registry
         self.snapshot: SessionSnapshot[D] | None = None
         self.messages: tuple[Any, ...] = ()
@@ -316,7 +327,9 @@ class _Folder(Generic[D]):
 
     def restore(self, entry: JournalEntry) -> None:
         try:
-            snapshot = session_from_json(entry.data.get("session"), load_document=self.load)
+            decode = self.codec.decode
+            session = entry.data.get("session")
+            snapshot = session_from_json(session, load_document=partial(decode, TEXT_FORM), decode_document=decode)
         except SessionFileError as exc:
             detail = f"journal entry {entry.seq} holds a session that is not valid: {exc}"
             raise JournalError(detail, seq=entry.seq) from None
@@ -387,7 +400,8 @@ class _Folder(Generic[D]):
             if top is None or top.turn_id != turn_id:
                 assert self.document is not None
                 self.undo = self.undo.push(UndoEntry(turn_id=turn_id, document=self.document))
-            self.document = _document(self.load, data.get("document"), seq, data.get("document_digest"))
+            form = data.get("document_form", TEXT_FORM)
+            self.document = _document(self.codec, form, data.get("document"), seq, data.get("document_digest"))
         outcome: ToolOutcome[Any] = (
             ToolOutcome(ok=ok, result=result) if result is not None else ToolOutcome(ok=False, result=None)  # type: ignore[arg-type]
         )

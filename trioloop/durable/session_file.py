@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Final, Generic, TypeVar, final
 
 import attrs
@@ -85,7 +86,7 @@ _KEYS_V1: Final = frozenset(
 )
 _KEYS: Final = _KEYS_V1 | {"kind", "source"}
 #: Keys a version 2 file may hold or leave out (written since they were added; a file without them still reads).
-_OPTIONAL_KEYS: Final = frozenset({"usage", "rules"})
+_OPTIONAL_KEYS: Final = frozenset({"usage", "rules", "document_form"})
 _USAGE_FIELDS: Final = (
     "input_tokens",
     "output_tokens",
@@ -157,12 +158,16 @@ def encode_session(snapshot: SessionSnapshot[D], *, dump_document: Callable[[D],
     return (json.dumps(value, ensure_ascii=True, allow_nan=False, indent=1) + "\n").encode("ascii")
 
 
-def session_to_json(snapshot: SessionSnapshot[D], *, dump_document: Callable[[D], str]) -> dict[str, Any]:
-    """The session file's JSON object (a journal's snapshot entry holds it as it is)."""
+def session_to_json(
+    snapshot: SessionSnapshot[D], *, dump_document: Callable[[D], str], document_form: str | None = None
+) -> dict[str, Any]:
+    """The session file's JSON object (a journal's snapshot entry holds it as it is). ``document_form`` names the
+    form ``dump_document`` writes the documents in when it is not the kind's text form (a journal's data form:
+    `trioloop.durable.document_form`)."""
     problems = assert_tool_pairing(snapshot.messages)
     if problems:
         raise SessionFileError(f"the conversation is not pairable: {problems[0].kind.value}")
-    return {
+    value = {
         "format": SESSION_FORMAT,
         "version": SESSION_VERSION,
         "kind": snapshot.kind,
@@ -177,6 +182,9 @@ def session_to_json(snapshot: SessionSnapshot[D], *, dump_document: Callable[[D]
         "usage": {name: getattr(snapshot.usage, name) for name in _USAGE_FIELDS},
         "rules": [rule.to_json() for rule in snapshot.rules],
     }
+    if document_form is not None:
+        value["document_form"] = document_form
+    return value
 
 
 def decode_session(
@@ -191,8 +199,12 @@ def decode_session(
     return session_from_json(value, load_document=load_document)
 
 
-def session_from_json(value: Any, *, load_document: Callable[[str], D]) -> SessionSnapshot[D]:
-    """A session from its parsed JSON object (every check of `decode_session` but the parse)."""
+def session_from_json(
+    value: Any, *, load_document: Callable[[str], D], decode_document: Callable[[str, str], D] | None = None
+) -> SessionSnapshot[D]:
+    """A session from its parsed JSON object (every check of `decode_session` but the parse). Documents in a
+    form other than the text form (``document_form``: a journal's data form) go to ``decode_document(form,
+    text)``; without it, such a session is refused."""
     if not isinstance(value, dict):
         raise SessionFileError("the session file is not a JSON object")
     if value.get("format") != SESSION_FORMAT:
@@ -219,6 +231,11 @@ def session_from_json(value: Any, *, load_document: Callable[[str], D]) -> Sessi
         raise SessionFileError("turn_count must be a whole number, 0 or more")
     last_turn_id = _optional_text(value["last_turn_id"], "last_turn_id")
     records = _undo_records(value["undo"], undo_max)
+    form = value.get("document_form", "text")
+    if form != "text":
+        if decode_document is None or type(form) is not str:
+            raise SessionFileError(f"the documents are in a form this reader does not take: {form!r}")
+        load_document = partial(decode_document, form)
     document = _document(value["document"], "document", load_document)
     undo = tuple(
         UndoRecord(turn_id=turn_id, document=_document(text, f"undo[{i}].document", load_document))

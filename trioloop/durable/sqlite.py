@@ -134,7 +134,8 @@ class SQLiteJournalStore(SqlJournals):
         if self._read_only:
             await trio.lowlevel.checkpoint()
             raise JournalStoreError(f"the SQLite journal store {self._path} is open read-only: it grants no lease")
-        await self._run("opening the database", lambda connection: None)
+        if self._connection is None:  # opened apart, so the first lease's wait does not count the opening
+            await self._run("opening the database", lambda connection: None)
 
         async def try_once() -> _SQLiteLease | None:
             asked_at = trio.current_time()

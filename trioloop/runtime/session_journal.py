@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from trioloop.durable._store_thread import AppendsThen
+from trioloop.durable.document_form import DocumentCodec
 from trioloop.durable.journal import (
     GENESIS,
     JournalEntry,
@@ -278,7 +279,7 @@ class JournalOpening:
         writer = JournalWriter(
             last_seq=0,
             last_hash=GENESIS,
-            dump_document=kind.dump,
+            codec=DocumentCodec.of(kind),
             session_id=self.session_id,
             signer=key,
             compact=compact,
@@ -314,9 +315,12 @@ class JournalOpening:
         key, keys = self.key, self.keys
         verifying = None if key is None else key.keys if keys is None else key.keys | keys
         outline = getattr(self.lease, "outline", None)
+        outlined = None
         if verifying is not None and outline is not None:  # judged by position and length before it is read
-            refuse_unsigned_tail(await outline(), session_id=self.session_id, keys=verifying)
-        stored = await self.lease.entries()
+            outlined = await outline()
+            refuse_unsigned_tail(outlined, session_id=self.session_id, keys=verifying)
+        # No entry in the outline: none to read (the lease is held, so nobody appends meanwhile).
+        stored = () if outlined is not None and not outlined else await self.lease.entries()
         if not stored:
             check_witnessed((), witnessed)  # an emptied session is refused: it never starts afresh unasked
             return None
@@ -331,7 +335,8 @@ class JournalOpening:
         missing = tools_used(entries) - set(registry.names)
         if missing:
             raise ToolsMissing(missing)
-        replayed = replay_journal(entries, load_document=kind.load, registry=registry)
+        load_data = getattr(kind, "from_data", None)
+        replayed = replay_journal(entries, load_document=kind.load, registry=registry, load_data=load_data)
         if replayed.kind not in (None, kind.name):
             raise DocumentMismatch("kind", replayed.kind, kind.name)
         if source is not None and replayed.source not in (None, source):
@@ -347,7 +352,7 @@ class JournalOpening:
         writer = JournalWriter(
             last_seq=replayed.last_seq,
             last_hash=replayed.last_hash,
-            dump_document=kind.dump,
+            codec=DocumentCodec.of(kind),
             session_id=self.session_id,
             signer=self.key,
             compact=compact,

@@ -187,8 +187,40 @@ def type_label(value: Any) -> str:
     return "a value of an unsupported YAML type"
 
 
+class _NotPlain(Exception):
+    pass
+
+
+def _plain_copy(value: Any) -> Any:
+    """`plain_data` without the path its messages name: `_NotPlain` for anything it would refuse."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is dict:
+        result: dict[str, Any] = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _NotPlain
+            result[key] = _plain_copy(item)
+        return result
+    if kind is list:
+        return [_plain_copy(item) for item in value]
+    if kind is float and math.isfinite(value):
+        return value
+    raise _NotPlain  # a subclass, a tuple, a non-finite number: the full walk decides and names the place
+
+
 def plain_data(value: Any, where: str = "") -> Any:
     """Copy loaded YAML into alias-free plain data, refusing types a `.thf` document cannot hold."""
+    if not where:
+        try:
+            return _plain_copy(value)
+        except _NotPlain:
+            pass
+    return _plain_walk(value, where)
+
+
+def _plain_walk(value: Any, where: str) -> Any:
     if isinstance(value, str | bool | int) or value is None:
         return value
     if isinstance(value, float):
@@ -196,14 +228,14 @@ def plain_data(value: Any, where: str = "") -> Any:
             raise InvalidShape(f"{where.lstrip('.') or 'the document'}: numbers must be finite (no .nan or .inf)")
         return value
     if isinstance(value, list | tuple):
-        return [plain_data(item, f"{where}[{index}]") for index, item in enumerate(value)]
+        return [_plain_walk(item, f"{where}[{index}]") for index, item in enumerate(value)]
     if isinstance(value, dict):
         result: dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 shown = where.lstrip(".") or "the top level"
                 raise InvalidShape(f"{shown}: mapping keys must be text, found {type_label(key)} key {quote(str(key))}")
-            result[key] = plain_data(item, where + _key_segment(key))
+            result[key] = _plain_walk(item, where + _key_segment(key))
         return result
     raise InvalidShape(f"{where.lstrip('.') or 'the document'}: holds a value of a type a .thf file cannot hold")
 

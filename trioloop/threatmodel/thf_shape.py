@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias, final
 
 import attrs
 
@@ -226,8 +226,23 @@ def _read_entity(section: str, index: int, entry: Any) -> Any:
         raise InvalidShape(f"{section}[{index}].id must be text, got {type_label(entity_id)}")
     if not entity_id:
         raise InvalidShape(f"{section}[{index}].id must not be empty")
-    where = f"{section}[{quote(entity_id)}]"
-    return cls(**_read_fields(where, entry, fields), extra=_extra(entry, fields))
+    return cls(**_read_fields(_EntityPlace(section, entity_id), entry, fields), extra=_extra(entry, fields))
+
+
+@final
+class _EntityPlace:
+    """``section["id"]``, for messages: formatted only when one is written (quoting costs more than reading)."""
+
+    __slots__ = ("entity_id", "section")
+
+    def __init__(self, section: str, entity_id: str) -> None:
+        self.section, self.entity_id = section, entity_id
+
+    def __str__(self) -> str:
+        return f"{self.section}[{quote(self.entity_id)}]"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 def _extra(raw: Mapping[str, Any], fields: tuple[_Field, ...]) -> dict[str, Any]:
@@ -235,7 +250,7 @@ def _extra(raw: Mapping[str, Any], fields: tuple[_Field, ...]) -> dict[str, Any]
     return {key: value for key, value in raw.items() if key not in known}
 
 
-def _read_fields(where: str, raw: Mapping[str, Any], fields: tuple[_Field, ...]) -> dict[str, Any]:
+def _read_fields(where: str | _EntityPlace, raw: Mapping[str, Any], fields: tuple[_Field, ...]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for field in fields:
         value = raw.get(field.key)
@@ -243,8 +258,14 @@ def _read_fields(where: str, raw: Mapping[str, Any], fields: tuple[_Field, ...])
             if field.kind in ("id", "str"):
                 raise InvalidShape(f"{where}.{field.key} is missing")
             continue
+        if type(value) is str and field.kind in _TEXT_KINDS:  # the common case, read without naming its place
+            values[field.attr] = value
+            continue
         values[field.attr] = _read_value(f"{where}.{field.key}", field.kind, value)
     return values
+
+
+_TEXT_KINDS: Final = frozenset({"id", "str", "opt_str"})
 
 
 def _read_value(where: str, kind: str, value: Any) -> Any:

@@ -204,6 +204,9 @@ class FileWitness:
         self.folder = Path(folder) if folder is not None else default_witness_path()
         self.signer = signer
         self._files: dict[str, str] = {}  # name -> its file's path (a path built once, not per write)
+        # name -> the file's bytes as last read or written, and what they hold: a write finding them unchanged
+        # reuses the slots' heads instead of decoding and checking both again.
+        self._known: dict[str, tuple[bytes, tuple[int, list[WitnessedHead | None]]]] = {}
 
     def _path(self, name: str, suffix: str = ".head") -> Path:
         return self.folder / (hashlib.sha256(name.encode("utf-8")).hexdigest()[:32] + suffix)
@@ -239,6 +242,16 @@ class FileWitness:
 
     def _slots(self, name: str, data: bytes) -> tuple[int, list[WitnessedHead | None]]:
         """The slot size and the two slots' heads of a witness file's bytes (`JournalError` if it is not one)."""
+        known = self._known.get(name)
+        if known is not None and known[0] == data:
+            return known[1][0], list(known[1][1])
+        slots = self._decode_slots(name, data)
+        if len(self._known) >= 1024:
+            self._known.clear()
+        self._known[name] = (data, (slots[0], list(slots[1])))
+        return slots
+
+    def _decode_slots(self, name: str, data: bytes) -> tuple[int, list[WitnessedHead | None]]:
         path = self._path(name)
         if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + _LENGTH.size:
             raise self._unreadable(name, path)
@@ -319,7 +332,10 @@ class FileWitness:
             if slot is not None and not head.retired and not (newest is not None and newest.retired):
                 # The slot of the older head (an empty or torn one first): the newer one stays whole meanwhile.
                 older = 0 if heads[0] is None or (heads[1] is not None and heads[0].seq < heads[1].seq) else 1
-                os.pwrite(descriptor, slot, len(_MAGIC) + _LENGTH.size + older * size)
+                at = len(_MAGIC) + _LENGTH.size + older * size
+                os.pwrite(descriptor, slot, at)
+                heads[older] = head
+                self._known[name] = (data[:at] + slot + data[at + size :], (size, heads))
                 return
         finally:
             os.close(descriptor)

@@ -10,6 +10,7 @@ undo history), `TurnSlot` (the one turn at a time, the conversation, the turn co
 
 from __future__ import annotations
 
+import functools
 import getpass
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -61,7 +62,9 @@ class SessionClosed(RuntimeError):
     """The session has no nursery: use ``async with session:`` (or pass ``nursery=``) before ``send``."""
 
 
+@functools.cache
 def _default_actor() -> str:
+    # Once per process: without USER or LOGNAME, getuser reads the password database (about 50 us a session).
     try:
         return getpass.getuser()
     except Exception:  # no user name in this environment: decisions are journaled without one

@@ -50,6 +50,10 @@ _HEAD_DOMAIN_V2: Final = b"trioloop journal head v2\x00"
 #: The version of the seals written now: 2 signs the seal's own time too (a seal without ``v`` is version 1).
 SEAL_VERSION: Final = 2
 _SIGNATURE_BYTES: Final = 64
+#: Signatures already verified, by public key, message and signature (a pure function of the three): a journal's
+#: last seal is checked once by position before it is read and once with the chain. Bounded; cleared when full.
+_VERIFIED: Final[set[tuple[bytes, bytes, bytes]]] = set()
+_VERIFIED_MAX: Final = 256
 _WITNESS_MAC_DOMAIN: Final = b"trioloop witness mac v1\x00"
 
 
@@ -294,10 +298,16 @@ class JournalKeys:
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+        seen = (raw, message, decoded)
+        if seen in _VERIFIED:  # opening a journal checks its last seal twice (the unsigned tail, then the chain)
+            return True
         try:
             Ed25519PublicKey.from_public_bytes(raw).verify(decoded, message)
         except InvalidSignature:
             return False
+        if len(_VERIFIED) >= _VERIFIED_MAX:
+            _VERIFIED.clear()
+        _VERIFIED.add(seen)
         return True
 
     def __repr__(self) -> str:

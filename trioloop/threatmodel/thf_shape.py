@@ -233,13 +233,16 @@ def _read_entity(section: str, index: int, entry: Any) -> Any:
 class _EntityPlace:
     """``section["id"]``, for messages: formatted only when one is written (quoting costs more than reading)."""
 
-    __slots__ = ("entity_id", "section")
+    __slots__ = ("entity_id", "section", "shown")
 
     def __init__(self, section: str, entity_id: str) -> None:
         self.section, self.entity_id = section, entity_id
+        self.shown: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.section}[{quote(self.entity_id)}]"
+        if self.shown is None:
+            self.shown = f"{self.section}[{quote(self.entity_id)}]"
+        return self.shown
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
@@ -258,14 +261,21 @@ def _read_fields(where: str | _EntityPlace, raw: Mapping[str, Any], fields: tupl
             if field.kind in ("id", "str"):
                 raise InvalidShape(f"{where}.{field.key} is missing")
             continue
-        if type(value) is str and field.kind in _TEXT_KINDS:  # the common case, read without naming its place
+        kind = field.kind
+        # The common cases, read without naming their place (a message needs it only when one is refused).
+        if type(value) is str and kind in _TEXT_KINDS:
             values[field.attr] = value
-            continue
-        values[field.attr] = _read_value(f"{where}.{field.key}", field.kind, value)
+        elif kind == "strs" and type(value) is list and all(type(item) is str for item in value):
+            values[field.attr] = tuple(value)
+        elif type(value) is bool and kind in _BOOL_KINDS:
+            values[field.attr] = value
+        else:
+            values[field.attr] = _read_value(f"{where}.{field.key}", kind, value)
     return values
 
 
 _TEXT_KINDS: Final = frozenset({"id", "str", "opt_str"})
+_BOOL_KINDS: Final = frozenset({"bool", "opt_bool"})
 
 
 def _read_value(where: str, kind: str, value: Any) -> Any:

@@ -1,9 +1,12 @@
 """The crash torture's worker (``tests/test_torture_crash.py``): a zygote forking one scenario process per kill point.
 
-The harness starts ``python tests/crash_worker.py`` once; this zygote imports Trio and trioloop, never starts Trio
-itself, and reads one JSON command per line on stdin. For each it forks a child that runs the command's scenario
-under ``trio.run`` and leaves with ``os._exit`` (so a child costs a fork, not an interpreter start), waits for it
-(killing it with SIGKILL after ``delay_s``, when given), and answers one JSON line: how the child ended.
+The harness starts ``python tests/crash_worker.py`` once; this zygote imports Trio and trioloop, warms up (runs
+one uncut turn, suspended and resumed, in a scratch folder: what a first run does once per process, lazy imports
+and caches, is then done before the fork, not in every child), freezes its objects out of the garbage collector's
+reach (so a child's collections do not copy the zygote's pages), and reads one JSON command per line on stdin. For
+each it forks a child that runs the command's scenario under ``trio.run`` and leaves with ``os._exit`` (so a child
+costs a fork, not an interpreter start), waits for it (killing it with SIGKILL after ``delay_s``, when given), and
+answers one JSON line: how the child ended.
 
 A child either runs the turn from the start (``original``; ``suspend`` suspends it in review after the batch
 approval) or reopens the journal and drives the turn to its end (``resume``), with an optional kill of itself
@@ -13,12 +16,14 @@ appended to the runs file and fsynced before the tool does anything else, so a r
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
 import signal
 import sqlite3
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -483,7 +488,30 @@ def fork_child(command: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def warm_up() -> None:
+    """Run one turn here, suspended then resumed to its end, in a scratch folder; then reset what it counted."""
+    global APPENDS
+    with tempfile.TemporaryDirectory(prefix="crash-warm-up-") as scratch:
+        for label, mode in (("w0", "suspend"), ("w1", "resume")):
+            command = {
+                "mode": mode,
+                "db": os.path.join(scratch, "journal.db"),
+                "runs": os.path.join(scratch, "runs.txt"),
+                "seen": os.path.join(scratch, "seen.jsonl"),
+                "result": os.path.join(scratch, f"{label}.json"),
+                "label": label,
+                "kill": None,
+            }
+            if child(command) != 0:
+                raise RuntimeError(Path(command["result"] + ".error").read_text(encoding="utf-8"))
+    APPENDS = 0
+    APPEND_TIMES.clear()
+    gc.collect()
+    gc.freeze()
+
+
 def zygote() -> None:
+    warm_up()
     for line in sys.stdin:
         reply = fork_child(json.loads(line))
         sys.stdout.write(json.dumps(reply) + "\n")

@@ -59,6 +59,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+@pytest.mark.usefixtures("young_heap")  # the benchmark collects before every contender's round
 def test_the_summary_prints_each_target_and_the_peers_figures(capsys: pytest.CaptureFixture[str]) -> None:
     records, lines = _run(capsys)
     summary = records["summary"]
@@ -97,6 +98,7 @@ def test_the_summary_prints_each_target_and_the_peers_figures(capsys: pytest.Cap
         assert "postgres" in summary["skipped"] and "skipped" in postgres
 
 
+@pytest.mark.usefixtures("young_heap")
 def test_without_langgraph_or_postgresql_the_rest_runs_and_says_what_it_skipped(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

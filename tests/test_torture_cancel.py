@@ -317,6 +317,8 @@ def test_cut_at_every_checkpoint(wire: str, mode: Literal["stop", "deadline"]) -
 LOOPBACK_BUDGET = 40
 
 
+# A collection after every run (see `run_once`): `young_heap` keeps each one to what the runs made.
+@pytest.mark.usefixtures("young_heap")
 @pytest.mark.parametrize("mode", ["stop", "deadline"])
 def test_cut_at_sampled_checkpoints_over_the_socket(mode: Literal["stop", "deadline"]) -> None:
     reference = run_once("anthropic", mode, None, loopback=True)

@@ -43,6 +43,7 @@ from torture_support import SCALE, record
 
 from trioloop.durable.journal import JournalEntry, decode_entries, verify_chain
 from trioloop.durable.replay import INTERRUPTED_CALL_TEXT, replay_journal
+from trioloop.durable.signing import JournalSigner
 from trioloop.durable.store import StoredEntry
 from trioloop.machine.tools import create_tool_registry
 
@@ -104,6 +105,7 @@ class Zygote:
 @pytest.fixture
 def zygotes(tmp_path: Path) -> Iterator[list[Zygote]]:
     """A few zygotes (the kill points are spread over them; each waits on its children's disk writes at times)."""
+    JournalSigner.default()  # the per-user key, made once here rather than raced for by the zygotes' warm-ups
     started = [Zygote(tmp_path / f"zygote-{i}.log") for i in range(ZYGOTES)]
     try:
         yield started

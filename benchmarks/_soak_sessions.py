@@ -38,9 +38,10 @@ from typing import Any, Final
 import attrs
 import trio
 
+from benchmarks._soak_causes import OVERSHOOT_BOUND_MS, where_tasks
+from benchmarks._soak_person import Person
 from benchmarks._soak_tools import NOTE, SESSION, START_DOCUMENT, Ledger
 from trioloop import (
-    AnswerError,
     CallStatus,
     JournalStoreError,
     Phase,
@@ -76,6 +77,7 @@ class SoakContext:
     open_options: dict[str, Any] = attrs.field(factory=dict)  # signer, keys, witness
     tools: Sequence[RegisteredTool[str]] = ()  # made once for the process (`make_tools`)
     append_times: Any = None  # `benchmarks._soak_wiring.AppendTimes`
+    causes: Any = None  # `benchmarks._soak_causes.Causes`: what a late leg waited for
     turns: tuple[int, int] = (5, 20)
     idle_s: tuple[float, float] = (0.05, 0.5)
     stop_chance: float = 0.06
@@ -121,6 +123,7 @@ class Leg:
     returned_at: float | None = None
     state: TurnState | None = None
     suspended: bool = False
+    late_at: list[str] | None = None  # where its tasks waited when it was still unsettled past its bound
 
     def begin_wait(self, now: float) -> None:
         if self.wait_since is None:
@@ -206,132 +209,6 @@ class Watch:
                 self.ledger.emit("succeeded", sid=self.sid, call=call.id, tool=call.tool_name)
 
 
-class Person:
-    """One simulated person at the session's review panel (see the module docstring)."""
-
-    def __init__(self, rng: random.Random, sid: str, ledger: Ledger, watch: Watch, session: Session[str]) -> None:
-        self.rng = rng
-        self.sid = sid
-        self.ledger = ledger
-        self.watch = watch
-        self.session = session
-        self.reviewed: set[tuple[str, int]] = set()
-        self.answered: set[str] = set()
-        self.gone_calls: list[str] = []
-        self.suspending = False
-        self.suspended = trio.Event()  # set once a suspend the person asked for has returned
-        self.counts: dict[str, int] = {}
-
-    def _count(self, what: str) -> None:
-        self.counts[what] = self.counts.get(what, 0) + 1
-        self.ledger.emit("click", sid=self.sid, what=what)
-
-    def _click(self) -> None:
-        leg = self.watch.leg
-        if leg is not None:
-            leg.last_click = trio.current_time()
-
-    async def run(self) -> None:
-        """Read the cards as they come (and, in a task of its own that never waits, the questions)."""
-        async with trio.open_nursery() as hands:
-            hands.start_soon(self._questions, hands)
-            async for state in self.session.states():
-                if self.suspending:
-                    hands.cancel_scope.cancel()
-                    return
-                for call in state.calls:
-                    if call.is_terminal and call.id not in self.gone_calls:
-                        self.gone_calls.append(call.id)
-                        del self.gone_calls[:-200]
-                key = (state.turn_id, state.iteration)
-                if state.phase is Phase.AWAITING_APPROVAL and key not in self.reviewed:
-                    self.reviewed.add(key)
-                    await self._review(state)
-
-    async def _questions(self, hands: trio.Nursery) -> None:
-        async for _ in self.session.states():
-            for question in self.session.questions:
-                if question.id not in self.answered:
-                    self.answered.add(question.id)
-                    leg = self.watch.leg
-                    if leg is not None:
-                        leg.question_opened(question.id, trio.current_time())
-                    hands.start_soon(self._answer, question.id, leg)
-
-    async def _answer(self, question_id: str, leg: Leg | None) -> None:
-        await trio.sleep(self.rng.uniform(0.0, 0.25))
-        roll = self.rng.random()
-        if roll < 0.1:
-            self._count("question_ignored")  # the review timeout (or Stop, or the turn's end) closes it
-            return
-        action = "accept" if roll < 0.75 else ("decline" if roll < 0.88 else "cancel")
-        content = {"section": self.rng.choice(("top", "end"))} if action == "accept" else None
-        try:
-            answered = self.session.answer(question_id, action, content)
-        except AnswerError:
-            answered = False
-            self._count("question_answer_error")
-        if leg is not None:
-            leg.question_closed(question_id, trio.current_time())
-        self._count(f"question_{action}" if answered else "question_gone")
-        if self.rng.random() < 0.15:
-            late = self.session.answer(question_id, "accept", {"section": "top"})  # the card is gone now
-            self._count("late_answer_taken" if late else "late_answer_refused")
-
-    async def _review(self, seen: TurnState) -> None:
-        await trio.sleep(self.rng.uniform(0.0, 0.3))  # reading the cards
-        state = self.session.state
-        if state is None or state.phase is not Phase.AWAITING_APPROVAL or state.turn_id != seen.turn_id:
-            return
-        roll = self.rng.random()
-        if roll < 0.03:
-            self._count("walk_away")
-            return
-        if roll < 0.08:
-            self._click()
-            self._count("stop_in_review" if self.session.stop() else "stop_refused")
-            return
-        if roll < 0.16:
-            self._click()
-            self.suspending = True
-            self._count("suspend")
-            try:
-                await self.session.suspend()
-            except SessionJournalError:
-                self._count("suspend_journal_error")  # the conversation sees it too, and reopens the journal
-            finally:
-                self.suspended.set()
-            return
-        self.decide(state)
-        if self.gone_calls and self.rng.random() < 0.12:
-            old = self.rng.choice(self.gone_calls)
-            taken = self.session.approve(old)
-            self.ledger.emit("late_click", sid=self.sid, call=old, taken=taken)
-
-    def decide(self, state: TurnState) -> None:
-        """Decide every pending card of ``state`` (the newest state: each card is pending when clicked)."""
-        for call in state.current_calls:
-            if call.status is not CallStatus.PENDING:
-                continue
-            roll = self.rng.random()
-            approve = roll < (0.45 if call.destructive else 0.62)
-            edit = approve and call.tool_name == "append_line" and self.rng.random() < 0.2
-            self._click()
-            if edit:
-                token = f"T-{call.id.removeprefix('toolu_').replace('_', '-')}"
-                taken = self.session.approve(call.id, edited_input={"call": call.id, "line": f"{token} edited"})
-                what = "edit"
-            elif approve:
-                taken = self.session.approve(call.id)
-                what = "approve"
-            else:
-                taken = self.session.deny(call.id, reason=self.rng.choice(("not now", "wrong line", "no")))
-                what = "deny"
-            self._count(what if taken else f"{what}_refused")
-            if taken and what != "deny":
-                self.ledger.emit("approve", sid=self.sid, call=call.id, edited=edit)
-
-
 async def _open(
     ctx: SoakContext, plan: SlotPlan, sid: str, tools: Sequence[RegisteredTool[str]], *, new: bool
 ) -> Session[str]:
@@ -356,6 +233,21 @@ async def _open(
     raise RuntimeError(f"could not open session {sid} after {REOPEN_ATTEMPTS} attempts")
 
 
+async def _late_watch(leg: Leg, task: trio.lowlevel.Task) -> None:
+    """Past the leg's deadline and the bound with no settled state: where ``task`` (the leg's) and its children
+    wait, kept with the leg (a review or a question open moves the deadline: then look again a little later)."""
+    while leg.settled_at is None:
+        if leg.wait_since is not None or leg.question_since is not None:
+            await trio.sleep(0.25)
+            continue
+        at = leg.start + leg.waited[1] + leg.budget[1] + OVERSHOOT_BOUND_MS / 1e3
+        if trio.current_time() < at:
+            await trio.sleep_until(at)
+            continue
+        leg.late_at = where_tasks(task, skip=trio.lowlevel.current_task())
+        return
+
+
 def _emit_leg(ctx: SoakContext, sid: str, store: str, leg: Leg, error: str | None = None) -> None:
     state = leg.state
     outcome = error or ("suspended" if leg.suspended else (_outcome(state) if state is not None else "unsettled"))
@@ -367,8 +259,12 @@ def _emit_leg(ctx: SoakContext, sid: str, store: str, leg: Leg, error: str | Non
     # journal writes covered (the runner awaits a write it has begun before it goes on).
     due = leg.start + leg.waited[1] + leg.budget[1]
     journal_late = 0.0
-    if ctx.append_times is not None and settle is not None and settle > due:
-        journal_late = ctx.append_times.busy(sid, due, settle)
+    causes: dict[str, Any] = {}
+    if settle is not None and settle > due:
+        if ctx.append_times is not None:
+            journal_late = ctx.append_times.busy(sid, due, settle)
+        if ctx.causes is not None:
+            causes = ctx.causes.explain(sid, due, settle)
 
     def ms(value: float | None) -> float | None:
         return None if value is None else round(value * 1e3, 3)
@@ -389,6 +285,8 @@ def _emit_leg(ctx: SoakContext, sid: str, store: str, leg: Leg, error: str | Non
         settle_ms=None if settle is None else ms(settle - leg.start),
         unwind_ms=None if settle is None or leg.returned_at is None else ms(leg.returned_at - settle),
         journal_late_ms=ms(journal_late),
+        **causes,
+        **({"late_at": leg.late_at} if leg.late_at is not None else {}),
     )
 
 
@@ -493,6 +391,7 @@ class Conversation:
         async with trio.open_nursery() as timers:
             if self.rng.random() < self.ctx.stop_chance:
                 timers.start_soon(self._stop_later, session, watch, leg)
+            timers.start_soon(_late_watch, leg, trio.lowlevel.current_task())
             try:
                 state = await call()
             except SessionJournalError:
@@ -534,6 +433,9 @@ class Conversation:
         except (RuntimeError, JournalError) as exc:
             self.ctx.ledger.emit("retire_failed", sid=self.sid, error=f"{type(exc).__name__}: {exc}")
             return
+        finally:
+            if self.ctx.append_times is not None:
+                self.ctx.append_times.forget(self.sid)  # its legs are all written: their writes are of no more use
         async with check:
             document = check.document
         self.ctx.ledger.emit(

@@ -10,7 +10,7 @@ run's folder, so a reopened journal is verified as an app's would be.
 
 from __future__ import annotations
 
-import collections
+from array import array
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import trio
 
+from benchmarks._soak_causes import Causes
 from benchmarks._soak_sessions import SoakContext
 from benchmarks._soak_tools import Event, Ledger, make_tools
 from benchmarks._sse_server import MODEL, TABLE
@@ -29,28 +30,45 @@ from trioloop.stores import PostgresJournalStore, SQLiteJournalStore
 
 class AppendTimes:
     """How long each journal append took, per store (queueing for the store's worker thread included), and each
-    session's last few appends (start, end), so a late turn can be matched with an append in flight."""
+    live session's last few writes (start, end), so a late turn can be matched with a write in flight.
+
+    Floats in arrays, not objects: this bookkeeping adds nothing to the garbage collector's walk (a tuple per
+    write would), and a session's writes go when its conversation retires (`forget`)."""
+
+    KEEP_PER_SESSION = 16
 
     def __init__(self) -> None:
-        self.seconds: dict[str, list[float]] = {}
-        self.recent: dict[str, collections.deque[tuple[float, float]]] = {}
+        self.seconds: dict[str, array[float]] = {}
+        self.recent: dict[str, array[float]] = {}  # session -> start, end, start, end, ...
 
     def add(self, store: str, session: str, started: float, ended: float) -> None:
-        values = self.seconds.setdefault(store, [])
+        values = self.seconds.get(store)
+        if values is None:
+            values = self.seconds[store] = array("d")
         values.append(ended - started)
-        if len(values) > 200_000:
+        if len(values) > 400_000:
             del values[::2]  # bounded: every other one goes (the tail keeps its shape)
         recent = self.recent.get(session)
         if recent is None:
             if len(self.recent) > 10_000:
-                self.recent.clear()
-            recent = self.recent[session] = collections.deque(maxlen=16)
-        recent.append((started, ended))
+                self.recent.clear()  # sessions a killed process never retired
+            recent = self.recent[session] = array("d")
+        recent.extend((started, ended))
+        if len(recent) > 2 * self.KEEP_PER_SESSION:
+            del recent[:2]
+
+    def writes(self, session: str) -> list[tuple[float, float]]:
+        """The session's last few writes: (start, end) on Trio's clock."""
+        recent = self.recent.get(session, ())
+        return [(recent[i], recent[i + 1]) for i in range(0, len(recent), 2)]
+
+    def forget(self, session: str) -> None:
+        self.recent.pop(session, None)
 
     def busy(self, session: str, due: float, settled: float) -> float:
         """How much of ``due`` .. ``settled`` (a deadline and the settle after it) the session's journal writes
         (appends and their witness) covered, from ``due`` on: what the settle may have waited for."""
-        ends = [min(end, settled) - due for start, end in self.recent.get(session, ()) if start < settled and end > due]
+        ends = [min(end, settled) - due for start, end in self.writes(session) if start < settled and end > due]
         return max(ends, default=0.0)
 
 
@@ -67,6 +85,14 @@ class _TimedLease:
             await self._inner.append(entries)
         finally:
             self._times.add(self._name, self._inner.session_id, started, trio.current_time())
+
+    async def discard_before(self, seq: int) -> None:
+        """Compaction, which the session awaits right after the append that made it possible: a journal write."""
+        started = trio.current_time()
+        try:
+            await self._inner.discard_before(seq)
+        finally:
+            self._times.add("discard", self._inner.session_id, started, trio.current_time())
 
 
 class TimedWitness:
@@ -150,7 +176,9 @@ async def opened_context(
             },
             tools=make_tools(ledger),
             append_times=times,
+            causes=Causes(times),
             turns=tuple(config["turns"]),
             idle_s=tuple(config["idle_s"]),
         )
+        stack.callback(ctx.causes.remove)
         yield ctx, stores

@@ -42,6 +42,7 @@ async def main(config: dict[str, Any], worker: int) -> None:
     async with opened_context(config, ledger_path, process=f"w{worker}") as (ctx, stores):
         gc.collect()
         gc.freeze()  # as the soak's own process does: startup's objects leave the collector's generations
+        ctx.causes.install()
         ctx.ledger.emit("worker_start", worker=worker, resumed=sorted(resume.values()))
         async with trio.open_nursery() as outer:
             outer.start_soon(dump_on_signal)

@@ -23,10 +23,19 @@ deadline, resets mid-stream, truncation mid-SSE-event, one byte at a time. The p
 questions, and clicks on cards and questions that are gone.
 
 **What it checks** (`benchmarks._soak_report`): no unauthorized run, no call run twice, no lost commit, every
-turn settled within its deadline + 50 ms (time waiting for the person excluded), and no growth of this
-process's memory, file descriptors or Trio tasks beyond a bound per 1,000 turns. It prints JSON lines (a
-``summary`` record with every figure and the ``verdict``, a ``samples`` record) and a table, and exits 1 when an
-invariant failed. ``--short`` runs a small soak (10 sessions, ~12 s of load, under 30 s in all) for the tests.
+turn settled, and within its deadline + 50 ms (time waiting for the person excluded) unless the machine explains
+why not, and no growth of this process's memory, file descriptors or Trio tasks beyond a bound per 1,000 turns.
+Each leg over the bound gets a cause (`benchmarks._soak_causes`): the process starved of a core, a journal write
+in flight, a garbage collection, or none of these ("ours": trioloop's own work); only the last two fail the run.
+It prints JSON lines (a ``summary`` record with every figure and the ``verdict``, a ``samples`` record), a table
+(`benchmarks._soak_table`) and the worst late leg of each cause, and exits 1 when an invariant failed.
+``--short`` runs a small soak (10 sessions, ~12 s of load, under 30 s in all) for the tests; ``--census``
+counts the objects the garbage collector tracks, per session, and the garbage it finds in cycles per turn
+(`benchmarks._soak_census`).
+
+**The process, as an app would run it.** Before the load it warms up (`warm_up`: a short conversation on each
+store, retired), then collects and freezes (``gc.freeze()``) what start-up and the warm-up made, so a collection
+under load walks only what the load made (see ``docs/howto/reliability.md``).
 """
 
 from __future__ import annotations
@@ -35,7 +44,6 @@ import argparse
 import contextlib
 import gc
 import json
-import os
 import random
 import signal
 import subprocess
@@ -43,7 +51,6 @@ import sys
 import tempfile
 import time
 import traceback
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -51,11 +58,13 @@ from typing import Any, Final
 import attrs
 import trio
 
-from benchmarks._common import case_record, emit, print_table
-from benchmarks._live_sessions import GcPauses
+from benchmarks._soak_census import census_later, left_behind
+from benchmarks._soak_chaos import McpChaos, Workers
 from benchmarks._soak_dump import dump_on_signal, dump_tasks
-from benchmarks._soak_report import OVERSHOOT_BOUND_MS, Tally, growth, verdict
-from benchmarks._soak_sessions import SlotPlan, percentile, run_slot
+from benchmarks._soak_health import Sampler, SlowSteps
+from benchmarks._soak_report import Tally
+from benchmarks._soak_sessions import Conversation, SlotPlan, SoakContext, percentile, run_slot
+from benchmarks._soak_table import report
 from benchmarks._soak_tools import read_events
 from benchmarks._soak_wiring import opened_context
 from trioloop import JournalSigner
@@ -65,7 +74,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.pg_support import find_postgres_bin, running_postgres  # noqa: E402 -- a throwaway server, as the tests
 
-PEERS: Final = ("psutil", "psycopg", "mcp")
+#: Turns of each warm-up conversation, before the load (`warm_up`).
+WARM_UP_TURNS: Final = 2
 
 
 @attrs.define
@@ -90,6 +100,9 @@ class Plan:
     #: A person's pause between two turns (reading the answer, typing the next message).
     idle_s: tuple[float, float] = (2.0, 10.0)
     postgres: bool = True
+    #: Diagnosis (``--census``, `benchmarks._soak_census`): the tracked objects 40% into the load, then the
+    #: cyclic garbage for 30% of it (slow, and its own collections count among the pauses).
+    census: bool = False
 
     @property
     def local_sessions(self) -> int:
@@ -158,210 +171,6 @@ def spawned(module: str, *args: str) -> Iterator[tuple[int, subprocess.Popen[str
             process.wait()
 
 
-# -- this process's health: memory, descriptors, tasks, loop lag ---------------------------------------------
-
-
-def rss_mib() -> float:
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def open_fds() -> int:
-    try:
-        return len(os.listdir("/proc/self/fd"))
-    except OSError:
-        return -1
-
-
-def trio_tasks() -> int:
-    """Every task in this Trio run (walked from the root task through each nursery)."""
-    stack = [trio.lowlevel.current_root_task()]
-    count = 0
-    while stack:
-        task = stack.pop()
-        if task is None:
-            continue
-        count += 1
-        for nursery in task.child_nurseries:
-            stack.extend(nursery.child_tasks)
-    return count
-
-
-class SlowSteps(trio.abc.Instrument):
-    """The longest task steps (the loop held by one task without a checkpoint), by task name: what makes a
-    deadline late when the loop itself is."""
-
-    def __init__(self, keep: int = 8) -> None:
-        self.keep = keep
-        self.started = 0.0
-        self.started_cpu = 0.0
-        self.longest: list[tuple[float, str]] = []
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self.started = time.perf_counter()
-        self.started_cpu = time.thread_time()
-
-    def after_task_step(self, task: trio.lowlevel.Task) -> None:
-        if not self.started:
-            return  # installed in the middle of this step
-        took = time.perf_counter() - self.started
-        if len(self.longest) < self.keep or took > self.longest[-1][0]:
-            cpu = time.thread_time() - self.started_cpu
-            frames = [(f.f_code.co_filename, f.f_code.co_name, line) for f, line in task.iter_await_frames()]
-            # Where the step ended: the innermost frames of ours (trioloop's or the soak's), then the last one.
-            ours = [f"{name}:{line}" for file, name, line in frames if "/trioloop/" in file or "/benchmarks/" in file]
-            last = frames[-1][0].rsplit("/", 1)[-1] + f":{frames[-1][2]}" if frames else "?"
-            where = " > ".join([*ours[-4:], last])
-            self.longest.append((took, f"{task.name} ({cpu * 1e3:.1f} ms CPU) @ {where}"))
-            self.longest.sort(reverse=True)
-            del self.longest[self.keep :]
-
-    def figures(self) -> list[dict[str, Any]]:
-        return [{"ms": round(took * 1e3, 2), "task": name} for took, name in self.longest]
-
-
-class Sampler:
-    """Samples RSS, descriptors, tasks and the turns so far every ``every`` seconds; times the loop's lag."""
-
-    def __init__(self, turns: Any, every: float) -> None:
-        self.turns = turns
-        self.every = every
-        self.samples: list[dict[str, Any]] = []
-        self.lag: list[float] = []
-        self.started = 0.0
-
-    async def run(self) -> None:
-        self.started = trio.current_time()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._lag)
-            while True:
-                self.samples.append(
-                    {
-                        "t": round(trio.current_time() - self.started, 2),
-                        "turns": self.turns(),
-                        "rss_mib": round(rss_mib(), 2),
-                        "fds": open_fds(),
-                        "tasks": trio_tasks(),
-                        "cpu_s": round(time.process_time(), 2),
-                    }
-                )
-                await trio.sleep(self.every)
-
-    async def _lag(self) -> None:
-        while True:
-            asked = trio.current_time()
-            await trio.sleep(0.05)
-            self.lag.append((trio.current_time() - asked - 0.05) * 1e3)
-
-
-# -- chaos ---------------------------------------------------------------------------------------------------
-
-
-class Workers:
-    """The worker processes: started, killed at random (SIGKILL), started again until they end by themselves."""
-
-    def __init__(self, plan: Plan, config_path: Path, folder: Path, problems: list[str]) -> None:
-        self.plan = plan
-        self.config_path = config_path
-        self.folder = folder
-        self.problems = problems
-        self.processes: dict[int, trio.Process] = {}
-        self.kills = 0
-        self.starts = 0
-        self.done = trio.Event()
-
-    async def run(self, end_at: float) -> None:
-        async with trio.open_nursery() as nursery:
-            for worker in range(self.plan.workers):
-                nursery.start_soon(self._keep, worker)
-            nursery.start_soon(self._killer, end_at)
-        self.done.set()
-
-    async def _keep(self, worker: int) -> None:
-        while True:
-            with (self.folder / f"worker-{worker}.err").open("ab") as errors:
-                process = await trio.lowlevel.open_process(
-                    [sys.executable, "-m", "benchmarks._soak_worker", str(self.config_path), str(worker)],
-                    cwd=ROOT,
-                    stderr=errors,
-                )
-            self.starts += 1
-            self.processes[worker] = process
-            try:
-                code = await process.wait()
-            finally:
-                self.processes.pop(worker, None)
-                if process.returncode is None:
-                    process.kill()
-                    with trio.CancelScope(shield=True):
-                        await process.wait()
-            if code == -signal.SIGKILL:
-                continue  # the killer's: start it again, it takes up its sessions
-            if code != 0:
-                self.problems.append(f"worker {worker} exited with status {code} (see worker-{worker}.err)")
-            return
-
-    async def _killer(self, end_at: float) -> None:
-        rng = random.Random(f"{self.plan.seed}/killer")
-        while True:
-            await trio.sleep(rng.uniform(*self.plan.kill_every_s))
-            if time.time() >= end_at:
-                return
-            running = sorted(self.processes)
-            if running:
-                process = self.processes[rng.choice(running)]
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGKILL)
-                    self.kills += 1
-
-
-class McpChaos:
-    """Freezes (SIGSTOP for a while, then SIGCONT) or kills (SIGKILL) the MCP servers' processes at random."""
-
-    def __init__(self, plan: Plan, pids: Path) -> None:
-        self.plan = plan
-        self.pids = pids
-        self.counts: Counter[str] = Counter()
-
-    def _ours(self) -> list[int]:
-        found = []
-        for entry in self.pids.iterdir():
-            with contextlib.suppress(OSError, ValueError):
-                pid = int(entry.name)
-                if b"_soak_mcp_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    found.append(pid)
-        return found
-
-    async def run(self, end_at: float) -> None:
-        rng = random.Random(f"{self.plan.seed}/mcp")
-        while time.time() < end_at:
-            await trio.sleep(rng.uniform(*self.plan.mcp_chaos_every_s))
-            pids = self._ours()
-            if not pids:
-                continue
-            pid = rng.choice(pids)
-            if rng.random() < 0.3:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                    self.counts["mcp_sigkill"] += 1
-                continue
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                continue
-            self.counts["mcp_sigstop"] += 1
-            try:
-                await trio.sleep(rng.uniform(0.3, 3.0))
-            finally:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
-
-
 # -- the run -------------------------------------------------------------------------------------------------
 
 
@@ -412,6 +221,28 @@ async def _trace_memory(duration_s: float) -> None:
                 print("    " + line, file=sys.stderr)
 
 
+async def warm_up(ctx: SoakContext, stores: dict[str, Any], toolset: Any, problems: list[str]) -> None:
+    """Before the load: a conversation of `WARM_UP_TURNS` turns on each store (the SQLite one with the MCP server's
+    tools when some sessions have them), retired and checked like any other, so that what first turns make once
+    (lazily imported modules, caches, the stores' prepared statements) exists before ``gc.freeze()``."""
+    eager = attrs.evolve(ctx, idle_s=(0.0, 0.0))  # the same provider, stores, ledger and instruments, no pauses
+    async with trio.open_nursery() as nursery:
+        for name, store in stores.items():
+            plan = SlotPlan(
+                slot=f"warm-{name}", store=store, store_name=name, toolset=toolset if name == "sqlite" else None
+            )
+            rng = random.Random(f"{ctx.seed}/{plan.slot}")
+            conversation = Conversation(eager, plan, f"{plan.slot}-{rng.getrandbits(32):08x}", rng, WARM_UP_TURNS)
+            nursery.start_soon(_warm, conversation, problems)
+
+
+async def _warm(conversation: Conversation, problems: list[str]) -> None:
+    try:
+        await conversation.run(new=True)
+    except Exception as exc:  # as a slot's: a finding, not the end of the soak
+        problems.append(f"warm-up {conversation.sid} failed: {type(exc).__name__}: {exc}")
+
+
 async def _slot(ctx: Any, plan: SlotPlan, problems: list[str]) -> None:
     try:
         await run_slot(ctx, plan)
@@ -422,7 +253,6 @@ async def _slot(ctx: Any, plan: SlotPlan, problems: list[str]) -> None:
 
 async def soak(plan: Plan, config: dict[str, Any], config_path: Path, folder: Path) -> dict[str, Any]:
     steps = SlowSteps()
-    pauses = GcPauses()
     tally = Tally()
     problems: list[str] = []
     end_at = config["end_at"]
@@ -433,12 +263,16 @@ async def soak(plan: Plan, config: dict[str, Any], config_path: Path, folder: Pa
         workers = Workers(plan, config_path, folder, problems)
         chaos = McpChaos(plan, folder / "pids")
         toolset = _toolset_factory(config)
-        # What a long-running service does once it has started: the objects made so far (modules, classes: most of
-        # the heap) leave the collector's generations, so a full collection walks only what the load made.
+        ctx.causes.install()  # the loop thread's time, each collection: what a late leg waited for
+        await warm_up(ctx, stores, toolset if plan.mcp_sessions else None, problems)
+        # What a long-running service does once it has started and warmed up: the objects made so far (modules,
+        # classes, and what the first turns made once and keep: caches, pools) leave the collector's generations,
+        # so a full collection walks only what the load made. No session is open: none of theirs is frozen.
         gc.collect()
         gc.freeze()
+        ctx.causes.gc.clear()  # the pauses of the load alone (warm-up's and the collection above are not its own)
         trio.lowlevel.add_instrument(steps)  # from here on: the load (startup's imports are not its steps)
-        pauses.__enter__()
+        census: dict[str, Any] = {}
         async with trio.open_nursery() as top:
             top.start_soon(dump_on_signal)
             top.start_soon(sampler.run)
@@ -446,6 +280,11 @@ async def soak(plan: Plan, config: dict[str, Any], config_path: Path, folder: Pa
             top.start_soon(chaos.run, end_at)
             if plan.trace_memory:
                 top.start_soon(_trace_memory, plan.duration_s)
+            if plan.census:
+                shared = [ctx, toolset, *stores.values(), *ctx.tools]
+                top.start_soon(
+                    census_later, plan.duration_s * 0.4, plan.local_sessions, shared, lambda: ctx.live_turns, census
+                )
             grace = (plan.deadline_ms + plan.review_timeout_ms) / 1e3 + (10.0 if plan.duration_s < 60 else 60.0)
             slots_done = trio.Event()
 
@@ -475,8 +314,12 @@ async def soak(plan: Plan, config: dict[str, Any], config_path: Path, folder: Pa
                         process.send_signal(signal.SIGUSR1)
                 await trio.sleep(1.0)
             top.cancel_scope.cancel()
+        if plan.census:  # every session retired: what the load made and left behind (made once, kept for good)
+            census["left_after_the_load"] = left_behind()
         trio.lowlevel.remove_instrument(steps)
-        pauses.__exit__(None, None, None)
+        loop_thread = ctx.causes.run.totals()
+        gc_figures = ctx.causes.gc.summary()
+        ctx.causes.remove()
         ledgers = [folder / "main.jsonl", *sorted(folder.glob("worker-*.jsonl")), folder / "mcp.jsonl"]  # noqa: ASYNC240
         for path in ledgers:  # the load is over: nothing else waits on the loop while they are read
             tally.feed_all(read_events(path))
@@ -490,7 +333,9 @@ async def soak(plan: Plan, config: dict[str, Any], config_path: Path, folder: Pa
         "worker_starts": workers.starts,
         "mcp_chaos": dict(chaos.counts),
         "slow_steps": steps.figures(),
-        "gc": pauses.summary(),
+        "gc": gc_figures,
+        "loop_thread": loop_thread,
+        "census": census,
         "append_ms": {
             store: {
                 "appends": len(values),
@@ -521,21 +366,6 @@ async def _sweep(tally: Tally, stores: dict[str, Any], ctx: Any, problems: list[
         await session.aclose()
 
 
-def _faults(result: dict[str, Any], proxies: dict[str, dict[str, Any]], server: dict[str, Any]) -> dict[str, Any]:
-    tally: Tally = result["tally"]
-    faults: dict[str, Any] = {}
-    for edge, counters in proxies.items():
-        for kind, count in counters.get("fired", {}).items():
-            faults[f"{edge}_{kind}"] = count
-    for kind in ("http_429", "http_529"):
-        faults[f"provider_{kind}"] = server.get(kind, 0)
-    faults["worker_sigkill"] = result["kills"]
-    faults.update(result["mcp_chaos"])
-    for kind, count in tally.mcp_faults.items():
-        faults[f"mcp_server_{kind}"] = count
-    return faults
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sessions", type=int, help="concurrent sessions (default 100; --short: 10)")
@@ -547,9 +377,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--trace-memory", action="store_true", help="diagnosis: print the allocation sites that grew most (slow)"
     )
+    parser.add_argument(
+        "--census", action="store_true", help="diagnosis: the objects the collector tracks, per session (slow, once)"
+    )
     args = parser.parse_args(argv)
     plan = plan_of(args)
     plan.trace_memory = args.trace_memory
+    plan.census = args.census
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         if args.keep:
@@ -602,101 +436,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = trio.run(soak, plan, config, config_path, folder)
         load_s = time.monotonic() - load_started
     return report(plan, result, proxies, server, load_s, time.monotonic() - started)
-
-
-def report(
-    plan: Plan,
-    result: dict[str, Any],
-    proxies: dict[str, dict[str, Any]],
-    server: dict[str, Any],
-    load_s: float,
-    wall_s: float,
-) -> int:
-    tally: Tally = result["tally"]
-    figures = tally.figures()
-    faults = _faults(result, proxies, server)
-    growth_figures = growth(result["samples"], plan.duration_s)
-    lag = sorted(result["lag"])
-    failed = verdict(figures, growth_figures, result["problems"])
-    setup = {
-        "sessions": plan.sessions,
-        "in_process": plan.local_sessions,
-        "in_workers": plan.workers * plan.worker_sessions,
-        "workers": plan.workers,
-        "postgres_sessions": plan.postgres_sessions + (plan.workers if plan.postgres_sessions else 0),
-        "mcp_sessions": plan.mcp_sessions,
-        "minutes": round(plan.duration_s / 60, 2),
-        "seed": plan.seed,
-        "deadline_ms": plan.deadline_ms,
-        "review_timeout_ms": plan.review_timeout_ms,
-        "overshoot_bound_ms": OVERSHOOT_BOUND_MS,
-    }
-    summary = {
-        "setup": setup,
-        **figures,
-        "faults": faults,
-        "faults_total": sum(faults.values()),
-        "worker_starts": result["worker_starts"],
-        "loop_lag_ms": {
-            "p99": round(lag[max(0, int(len(lag) * 0.99) - 1)], 3) if lag else None,
-            "max": round(lag[-1], 3) if lag else None,
-        },
-        "longest_task_steps": result["slow_steps"],
-        "gc": result["gc"],
-        "journal_append_ms": result["append_ms"],
-        "growth": growth_figures,
-        "provider_server": server,
-        "proxy_connections": {edge: counters.get("connections") for edge, counters in proxies.items()},
-        "load_s": round(load_s, 1),
-        "wall_s": round(wall_s, 1),
-        "verdict": failed or "held",
-    }
-    emit(case_record("soak", "summary", PEERS, **summary))
-    emit(case_record("soak", "samples", PEERS, samples=result["samples"]))
-    rows: list[tuple[str, Any]] = [
-        ("turns", figures["turns"]),
-        ("turns/s", round(figures["turns"] / max(load_s, 1e-9), 1)),
-        *((f"legs: {kind}", count) for kind, count in figures["legs_by_kind"].items()),
-        *((f"outcome: {kind}", count) for kind, count in figures["outcomes"].items()),
-        *((f"fault: {kind}", count) for kind, count in sorted(faults.items())),
-        ("max overshoot ms (review excluded)", figures["max_overshoot_ms"]),
-        ("p99 overshoot ms", figures["p99_overshoot_ms"]),
-        ("legs over the bound", figures["legs_over_bound"]),
-        ("  of which journal writes covered all but 50 ms of", figures["legs_over_bound_journal_covered"]),
-        ("max overshoot ms, review ending at the click", figures["max_overshoot_person_ms"]),
-        ("legs over the bound, review ending at the click", figures["legs_over_bound_person"]),
-        ("max overshoot after a crash ms (lower bound)", figures["max_overshoot_after_crash_ms_lower_bound"]),
-        ("p99 settle ms (review excluded)", figures["p99_settle_ms_review_excluded"]),
-        ("max unwind ms (settled -> send returns)", figures["max_unwind_ms"]),
-        ("loop lag ms p99 / max", f"{summary['loop_lag_ms']['p99']} / {summary['loop_lag_ms']['max']}"),
-        ("longest task step ms", result["slow_steps"][0]["ms"] if result["slow_steps"] else None),
-        ("gc: collections / longest pause ms", f"{result['gc']['collections']} / {result['gc']['max_pause_ms']}"),
-        *(
-            (f"journal append ms, {store}: p50 / p99 / max", f"{t['p50']} / {t['p99']} / {t['max']}")
-            for store, t in result["append_ms"].items()
-        ),
-        ("runs / approvals", f"{figures['runs']} / {figures['approvals']}"),
-        ("unauthorized runs", figures["unauthorized_runs"]),
-        ("calls run twice", figures["calls_run_twice"]),
-        ("commits seen / lost", f"{figures['commits_seen']} / {figures['lost_commits']}"),
-        ("conversations / checked", f"{figures['conversations']} / {figures['conversations_checked']}"),
-        ("journal errors / reopens", f"{figures['journal_errors']} / {figures['reopens']}"),
-        ("worker kills / starts", f"{result['kills']} / {result['worker_starts']}"),
-    ]
-    for key in ("rss_mib", "fds", "tasks"):
-        metric = growth_figures[key]
-        judged = "" if growth_figures["judged"] else ", not judged: too few turns"
-        rows.append((f"{key}: first / peak / last", f"{metric['first']} / {metric['peak']} / {metric['last']}"))
-        rows.append(
-            (
-                f"{key}: per 1,000 turns (bound)",
-                f"{metric['per_1000_turns']} ({metric['bound_per_1000_turns']}{judged})",
-            )
-        )
-    rows.append(("verdict", "; ".join(failed) if failed else "every invariant held"))
-    print()
-    print_table(["soak", "value"], rows)
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

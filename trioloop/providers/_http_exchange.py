@@ -11,6 +11,7 @@ import logging
 import math
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Final, cast, final
 
 import httpx
@@ -120,7 +121,9 @@ class _Exchange:
         self._read_timeout = read_timeout
         self._max_bytes = max_bytes
         self.committed = False
-        self._mapper: StreamMapper = wire.new_mapper(scrub=self.scrub)
+        # The mapper scrubs with a function of the key alone, not this exchange's bound method: a reference
+        # cycle would leave every request's exchange, mapper and buffers to the cyclic garbage collector.
+        self._mapper: StreamMapper = wire.new_mapper(scrub=partial(_scrub, key))
         self._scrubber = EventScrubber(key)
         # A consumer that takes batches never waits for its reader (the runner's inbox), so forwarding a
         # read's events cannot eat into the read gap, and the gap's deadline need not be lifted meanwhile.
@@ -143,7 +146,7 @@ class _Exchange:
 
     def scrub(self, text: str) -> str:
         """Remove the literal key from provider text before anything caps or stores it."""
-        return text.replace(self._key, REDACTED) if self._key in text else text
+        return _scrub(self._key, text)
 
     def fail(
         self, code: ProtocolErrorCode, message: str, detail: str | None = None, *, retry_after: float | None = None
@@ -350,6 +353,10 @@ async def _read_tail(chunks: AsyncGenerator[bytes, None]) -> bool:
     return False
 
 
+def _scrub(key: str, text: str) -> str:
+    return text.replace(key, REDACTED) if key in text else text
+
+
 async def _release(response: httpx.Response, chunks: AsyncGenerator[bytes, None]) -> None:
     """Close the response, then run its byte generator to its end.
 
@@ -364,6 +371,9 @@ async def _release(response: httpx.Response, chunks: AsyncGenerator[bytes, None]
                 await chunks.__anext__()
             except (StopAsyncIteration, Exception):
                 break
+    # The response and its stream refer to each other (httpx's BoundAsyncStream): closed, it needs the stream no
+    # more, and without the cycle the request's objects go when the last reference does, not at a collection.
+    response.stream = httpx.ByteStream(b"")
 
 
 _CONTEXT_OVERFLOW_MESSAGE: Final = (

@@ -49,6 +49,9 @@ class Phases(NamedTuple):
     close_cpu: float
     sign_cpu: float = 0.0
     txn_cpu: float = 0.0
+    #: The same session opened again (an existing journal: verified and replayed) and closed, not in the whole.
+    reopen_wall: float = 0.0
+    reopen_cpu: float = 0.0
 
     @property
     def whole_wall(self) -> float:
@@ -139,7 +142,24 @@ async def journaled(
             if workload is not None:
                 workload.phase = "close"
             t2 = _clocks()
-        samples.append(_phases(t0, t1, t2, _clocks()))
+        t3 = _clocks()
+        # Opened again, as an app does on its next start: the journal read, verified and replayed, then closed.
+        again = await Session.open(
+            store,
+            f"bench-{_opened}",
+            kind=THREAT_MODEL,
+            provider=provider,
+            document=session.document,
+            model=model,
+            tools=loop.REGISTRY,
+            limits=loop.LIMITS,
+            system_prompt=THREAT_MODEL_SYSTEM_PROMPT,
+            witness=None if isinstance(store, MemoryJournalStore) else witness,
+        )
+        async with again:
+            pass
+        t4 = _clocks()
+        samples.append(_phases(t0, t1, t2, t3)._replace(reopen_wall=t4[0] - t3[0], reopen_cpu=t4[1] - t3[1]))
         _check(state)
     return samples
 

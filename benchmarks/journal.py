@@ -343,6 +343,7 @@ def _report(
         )
     else:
         print(f"  PostgreSQL durable (reported, no target): skipped ({skipped['postgres']})")
+    _print_open(stats)
     print("\nissue 51: durable overhead (journaled - no store, whole session) / the floor, CPU per iteration:")
     for row in floors:
         print(
@@ -350,6 +351,27 @@ def _report(
             f" {row['floor_cpu_us_per_iteration']} us = {row['value']}x (at most {FLOOR_TARGET:g}x):"
             f" {_verdict(row['met'])}"
         )
+
+
+#: Issue 51: opening a journaled session, new or existing, at most this much CPU beyond a plain one's open and close.
+OPEN_TARGET_MS = 2.0
+
+
+def _print_open(stats: dict[str, Any]) -> None:
+    """Issue 51's cheap open: a journaled session's open and close, new and reopened, beyond a plain session's."""
+    plain = stats["no_store"]["per_session_us"]
+    base = plain["open"]["cpu"]["median"] + plain["close"]["cpu"]["median"]
+    print(f"\nissue 51: opening a journaled session, CPU beyond a plain session's open + close ({base:.0f} us):")
+    for name in ("memory_store", "sqlite_no_fsync", "sqlite_durable", "postgres_durable"):
+        if name not in stats:
+            continue
+        phases = stats[name]["per_session_us"]
+        new = (phases["open"]["cpu"]["median"] + phases["close"]["cpu"]["median"] - base) / 1000
+        line = f"  {name}: new {new:.2f} ms"
+        if "reopen" in phases:
+            line += f", existing {(phases['reopen']['cpu']['median'] - base) / 1000:.2f} ms"
+        met = new <= OPEN_TARGET_MS and ("reopen" not in phases or phases["reopen"]["cpu"]["median"] - base <= 2000)
+        print(f"{line} (at most {OPEN_TARGET_MS:g} ms): {_verdict(met)}")
 
 
 if __name__ == "__main__":

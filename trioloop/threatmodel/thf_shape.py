@@ -248,12 +248,31 @@ class _EntityPlace:
         return format(str(self), spec)
 
 
+@final
+class _FieldPlace:
+    """``place.key``, for messages, formatted only when one is written."""
+
+    __slots__ = ("key", "parent")
+
+    def __init__(self, parent: str | _EntityPlace | _FieldPlace, key: str) -> None:
+        self.parent, self.key = parent, key
+
+    def __str__(self) -> str:
+        return f"{self.parent}.{self.key}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+_Place: TypeAlias = "str | _EntityPlace | _FieldPlace"
+
+
 def _extra(raw: Mapping[str, Any], fields: tuple[_Field, ...]) -> dict[str, Any]:
     known = {field.key for field in fields}
     return {key: value for key, value in raw.items() if key not in known}
 
 
-def _read_fields(where: str | _EntityPlace, raw: Mapping[str, Any], fields: tuple[_Field, ...]) -> dict[str, Any]:
+def _read_fields(where: _Place, raw: Mapping[str, Any], fields: tuple[_Field, ...]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for field in fields:
         value = raw.get(field.key)
@@ -270,7 +289,7 @@ def _read_fields(where: str | _EntityPlace, raw: Mapping[str, Any], fields: tupl
         elif type(value) is bool and kind in _BOOL_KINDS:
             values[field.attr] = value
         else:
-            values[field.attr] = _read_value(f"{where}.{field.key}", kind, value)
+            values[field.attr] = _read_value(_FieldPlace(where, field.key), kind, value)
     return values
 
 
@@ -278,7 +297,7 @@ _TEXT_KINDS: Final = frozenset({"id", "str", "opt_str"})
 _BOOL_KINDS: Final = frozenset({"bool", "opt_bool"})
 
 
-def _read_value(where: str, kind: str, value: Any) -> Any:
+def _read_value(where: _Place, kind: str, value: Any) -> Any:
     if kind in ("id", "str", "opt_str"):
         if not isinstance(value, str):
             raise InvalidShape(f"{where} must be text, got {type_label(value)}")

@@ -10,6 +10,12 @@ objects) is frozen out of the collector's generations (``gc.freeze``): every ful
 test's own ``gc.collect()``, then walks what the tests made since, not that too. It changes what a collection costs,
 never what it finds: what a test makes is collected as before. ``young_heap`` does the same again just before a
 test whose code collects many times (a benchmark's rounds, a collection after every run).
+
+``--dist loadfile`` gives each file whole to one worker, in the order the files come; left to itself, pytest-xdist
+orders them by their number of tests, which puts the files of one or two long tests (the crash torture, the soak,
+the benchmarks' smoke runs) last, where one of them can run alone on a worker while the other has finished.
+`LONG_FILES` (most of a minute down to about ten seconds each) therefore come first, the longest first, and every
+other file after them, most tests first (pyproject's addopts turn xdist's own reordering off).
 """
 
 from __future__ import annotations
@@ -20,6 +26,42 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+
+#: The files that take longest (roughly: a minute down to ten seconds on two cores), the longest first.
+LONG_FILES = (
+    "test_torture_crash.py",
+    "test_snippets.py",
+    "test_cli_exit_status.py",
+    "test_mcp_call_cost.py",
+    "test_leases.py",
+    "test_mcp_toolset.py",
+    "test_cli_pty.py",
+    "test_fuzz_streams.py",
+    "test_soak.py",
+    "test_journal_identity.py",
+    "test_audit_verdicts.py",
+    "test_journal_bench.py",
+    "test_bounded_json.py",
+    "test_provider_responses.py",
+    "test_journal.py",
+    "test_card.py",
+    "test_torture_faults.py",
+    "test_stores.py",
+    "test_mcp_elicitation.py",
+    "test_mcp_bounds.py",
+    "test_fleet_bench.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`LONG_FILES` first, in their order; then every other file, most tests first; each file's tests as they
+    were."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.path.name, []).append(item)
+    rank = {name: n for n, name in enumerate(LONG_FILES)}
+    order = sorted(files, key=lambda name: (rank.get(name, len(rank)), -len(files[name])))
+    items[:] = [item for name in order for item in files[name]]
 
 
 @pytest.fixture(scope="session", autouse=True)

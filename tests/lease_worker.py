@@ -6,9 +6,10 @@ and says so by creating ``DIR/holding``. Then, by MODE:
 
 - ``hold``: it keeps the session open (renewing its lease) until it is killed.
 - ``tool``: it runs a turn whose one call, ``effect``, is approved; right after the journal append that holds
-  the call's ``start`` it creates ``DIR/started`` and waits 2 s without a checkpoint (a blocking sleep: the
-  test freezes it meanwhile, SIGSTOP). Then the turn goes on as the runtime decides. The tool creates
-  ``DIR/effect`` if it ever runs; the worker ends by writing how the turn ended to ``DIR/ended``.
+  the call's ``start`` it creates ``DIR/started`` and stops itself there (SIGSTOP), inside the append, without a
+  checkpoint; the test takes the session over meanwhile and wakes it (SIGCONT). Then the turn goes on as the
+  runtime decides. The tool creates ``DIR/effect`` if it ever runs; the worker ends by writing how the turn ended
+  to ``DIR/ended``.
 - ``spawn`` (``... spawn DIR ROUNDS``): ROUNDS times, on sessions ``SESSION-0``, ``SESSION-1``, ..., with
   ``DIR/N`` for round N, it runs a turn whose response asks for four calls of ``touch`` (an ``async def`` read
   tool: they start together, each in a task of its own). When the first tool task is spawned (before its first
@@ -23,7 +24,6 @@ import os
 import secrets
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from contextlib import aclosing
 from pathlib import Path
@@ -88,7 +88,7 @@ class _FreezeAtSpawn(trio.abc.Instrument):
 
 
 class _PausingLease:
-    """The real lease, pausing (blocking, no checkpoint) right after the append that holds a ``start``."""
+    """The real lease, stopping its process (no checkpoint) right after the append that holds a ``start``."""
 
     def __init__(self, inner: Any, folder: Path) -> None:
         self._inner = inner
@@ -101,7 +101,7 @@ class _PausingLease:
         await self._inner.append(entries)
         if any(b'"kind":"start"' in e.data[:40] for e in entries):
             (self._folder / "started").touch()
-            time.sleep(2.0)  # noqa: ASYNC251 -- blocking on purpose: the test freezes the process in here
+            os.kill(os.getpid(), signal.SIGSTOP)  # frozen in here until the test has taken the session over
 
 
 class _PausingStore:

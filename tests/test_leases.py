@@ -172,7 +172,7 @@ async def test_a_frozen_holder_is_fenced_and_never_runs_the_call_it_had_started(
     worker = _spawn(place, sid, "tool", folder)
     try:
         await _until(lambda: (folder / "started").exists(), "the worker's start append")
-        os.kill(worker.pid, signal.SIGSTOP)  # frozen between its start append and its tool
+        await _until(lambda: _stopped(worker.pid), "the worker to stop itself")  # between its start append and tool
         frozen_at = time.monotonic()
         async with ScriptedProvider([ScriptStep(text="Noted.")]) as provider:
             store = place.store(ttl_s=60)

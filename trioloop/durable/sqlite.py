@@ -26,14 +26,14 @@ import contextlib
 import os
 import sqlite3
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, Final, Protocol, TypeVar, final
 
 import trio
 
 from trioloop.durable._sql import SqlJournals, entries_query, outline_query, outline_rows, stored_entries
-from trioloop.durable._sqlite_locks import lock_offset, try_lock, unlock
+from trioloop.durable._sqlite_locks import lease_row, lock_offset, try_lock, unlock
 from trioloop.durable._store_thread import AppendsThen, StoreThread
 from trioloop.durable._waiting import check_session_id, wait_for_lease
 from trioloop.durable.leases import (
@@ -268,7 +268,7 @@ class SQLiteJournalStore(SqlJournals):
             unlock(keys.pop(epoch), lock_offset(session_id, epoch))
 
         try:
-            with _lease_row(connection, self._durable):
+            with lease_row(connection, self._durable):
                 epoch = _LEASES.claim(connection, session_id, self.lease_ttl_s, hold, unhold)
         except BaseException as exc:
             for held in list(keys):
@@ -286,22 +286,6 @@ class SQLiteJournalStore(SqlJournals):
         if connection is not None:
             with contextlib.suppress(sqlite3.Error):
                 connection.close()
-
-
-@contextlib.contextmanager
-def _lease_row(connection: sqlite3.Connection, durable: bool) -> Iterator[None]:
-    """A lease's row written without its own fsync (``synchronous=NORMAL`` for its statements): in WAL mode the next
-    synced commit (the session's first append, which needs the lease anyway) puts it on disk with it, and a machine
-    that loses power before that has no holder left to fence. A claim and a release each cost a synced transaction
-    before, about as much CPU as an append."""
-    if not durable:
-        yield
-        return
-    connection.execute("PRAGMA synchronous=NORMAL")
-    try:
-        yield
-    finally:
-        connection.execute("PRAGMA synchronous=FULL")
 
 
 def _migrate(connection: sqlite3.Connection) -> None:
@@ -462,7 +446,7 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
             def end(connection: sqlite3.Connection) -> None:
                 nonlocal unlocked
                 try:
-                    with _lease_row(connection, self._durable):
+                    with lease_row(connection, self._durable):
                         _LEASES.end(connection, self._session_id, self._epoch)
                 finally:
                     unlock(self._key, self._offset)  # the registry has its own lock: any thread may

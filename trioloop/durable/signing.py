@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import hmac
 import os
+import secrets
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, final
@@ -136,11 +137,19 @@ class JournalSigner:
         raw = self._key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(_KEY_FILE_PREFIX + base64.b64encode(raw) + b"\n")
-            file.flush()
-            os.fsync(file.fileno())
+        # Written whole under a name of its own, then linked into place: another process that finds the key file
+        # (making its own key at the same moment, say) never reads it half written, and a link never replaces one.
+        temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(_KEY_FILE_PREFIX + base64.b64encode(raw) + b"\n")
+                file.flush()
+                os.fsync(file.fileno())
+            os.link(temporary, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
     @classmethod
     def default(cls, environ: Mapping[str, str] | None = None) -> JournalSigner:

@@ -25,6 +25,7 @@ import json
 import os
 import secrets
 import struct
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, final, runtime_checkable
@@ -184,6 +185,10 @@ def _head_from(value: Any) -> WitnessedHead:
     return head
 
 
+#: How many witness files a `FileWitness` keeps the last bytes of (the sessions of a process writing at once).
+_KNOWN_FILES: Final = 256
+
+
 @final
 class FileWitness:
     """Heads in files, one per name (`witness_name`), in ``folder`` (default: `default_witness_path`), made
@@ -206,7 +211,7 @@ class FileWitness:
         self._files: dict[str, str] = {}  # name -> its file's path (a path built once, not per write)
         # name -> the file's bytes as last read or written, and what they hold: a write finding them unchanged
         # reuses the slots' heads instead of decoding and checking both again.
-        self._known: dict[str, tuple[bytes, tuple[int, list[WitnessedHead | None]]]] = {}
+        self._known: OrderedDict[str, tuple[bytes, tuple[int, list[WitnessedHead | None]]]] = OrderedDict()
 
     def _path(self, name: str, suffix: str = ".head") -> Path:
         return self.folder / (hashlib.sha256(name.encode("utf-8")).hexdigest()[:32] + suffix)
@@ -244,12 +249,19 @@ class FileWitness:
         """The slot size and the two slots' heads of a witness file's bytes (`JournalError` if it is not one)."""
         known = self._known.get(name)
         if known is not None and known[0] == data:
+            self._known.move_to_end(name)
             return known[1][0], list(known[1][1])
         slots = self._decode_slots(name, data)
-        if len(self._known) >= 1024:
-            self._known.clear()
-        self._known[name] = (data, (slots[0], list(slots[1])))
+        self._remember(name, data, slots[0], list(slots[1]))
         return slots
+
+    def _remember(self, name: str, data: bytes, size: int, heads: list[WitnessedHead | None]) -> None:
+        """Keep the last bytes seen of ``name``'s file: the sessions writing now (most recent last; bounded, as a
+        witness serves every journal a process ever opens)."""
+        self._known[name] = (data, (size, heads))
+        self._known.move_to_end(name)
+        while len(self._known) > _KNOWN_FILES:
+            self._known.popitem(last=False)
 
     def _decode_slots(self, name: str, data: bytes) -> tuple[int, list[WitnessedHead | None]]:
         path = self._path(name)
@@ -335,7 +347,7 @@ class FileWitness:
                 at = len(_MAGIC) + _LENGTH.size + older * size
                 os.pwrite(descriptor, slot, at)
                 heads[older] = head
-                self._known[name] = (data[:at] + slot + data[at + size :], (size, heads))
+                self._remember(name, data[:at] + slot + data[at + size :], size, heads)
                 return
         finally:
             os.close(descriptor)

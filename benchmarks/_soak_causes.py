@@ -55,7 +55,7 @@ import trio
 #: How far past its deadline a leg may settle (its budget's end, the runner's account), in ms.
 OVERSHOOT_BOUND_MS: Final = 50.0
 #: Seconds of history kept: far more than a leg's overshoot window (a deadline and the settle after it).
-KEEP_S: Final = 120.0
+KEEP_S: Final = 60.0
 #: A task step this long after the last sample takes a sample of its own.
 SAMPLE_EVERY_S: Final = 0.001
 #: The other threads' figures are read at most this often (each sample of the loop thread's between takes the last).
@@ -90,7 +90,9 @@ class _Series:
         for column, value in zip(self.columns, values, strict=True):
             column.append(value)
         times = self.columns[0]
-        if len(times) % 4096 == 0 and times[-1] - times[0] > 2 * KEEP_S:
+        # Trimmed once a quarter more than kept has piled up: the samples (one around every wait of the loop) are
+        # what this soak itself holds most of, and a late leg is judged when it settles, over seconds at most.
+        if len(times) % 4096 == 0 and times[-1] - times[0] > 1.25 * KEEP_S:
             cut = bisect.bisect_left(times, times[-1] - KEEP_S)
             for column in self.columns:
                 del column[:cut]

@@ -104,6 +104,22 @@ async def plain(
     return samples
 
 
+async def _open(target: Any, store: JournalStore, provider: Any, document: ThreatModel, model: str) -> Any:
+    """The benchmark's session ``bench-N`` (the latest N) in ``target``, new or existing, as `loop` sets it up."""
+    return await Session.open(
+        target,
+        f"bench-{_opened}",
+        kind=THREAT_MODEL,
+        provider=provider,
+        document=document,
+        model=model,
+        tools=loop.REGISTRY,
+        limits=loop.LIMITS,
+        system_prompt=THREAT_MODEL_SYSTEM_PROMPT,
+        witness=None if isinstance(store, MemoryJournalStore) else witness,  # as by default: memory is not
+    )
+
+
 async def journaled(
     document: ThreatModel,
     turns: int,
@@ -122,18 +138,7 @@ async def journaled(
         if workload is not None:
             workload.new_session()
         t0 = _clocks()
-        session = await Session.open(
-            target,
-            f"bench-{_opened}",
-            kind=THREAT_MODEL,
-            provider=provider,
-            document=document,
-            model=model,
-            tools=loop.REGISTRY,
-            limits=loop.LIMITS,
-            system_prompt=THREAT_MODEL_SYSTEM_PROMPT,
-            witness=None if isinstance(store, MemoryJournalStore) else witness,  # as by default: memory is not
-        )
+        session = await _open(target, store, provider, document, model)
         async with session:
             t1 = _clocks()
             if workload is not None:
@@ -144,18 +149,7 @@ async def journaled(
             t2 = _clocks()
         t3 = _clocks()
         # Opened again, as an app does on its next start: the journal read, verified and replayed, then closed.
-        again = await Session.open(
-            store,
-            f"bench-{_opened}",
-            kind=THREAT_MODEL,
-            provider=provider,
-            document=session.document,
-            model=model,
-            tools=loop.REGISTRY,
-            limits=loop.LIMITS,
-            system_prompt=THREAT_MODEL_SYSTEM_PROMPT,
-            witness=None if isinstance(store, MemoryJournalStore) else witness,
-        )
+        again = await _open(store, store, provider, session.document, model)
         async with again:
             pass
         t4 = _clocks()

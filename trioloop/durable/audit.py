@@ -18,6 +18,7 @@ from typing import Any, Literal, final
 
 import attrs
 
+from trioloop.durable.document_form import DATA_FORM
 from trioloop.durable.journal import (
     GENESIS,
     JournalEntry,
@@ -104,7 +105,7 @@ def _describe(entry: JournalEntry) -> list[str]:
             return ["session snapshot (not readable)"]
         document = session.get("document")
         sha = document_digest(document)[:16] if isinstance(document, str) else ""
-        form = " (its data form)" if session.get("document_form") == "json" else ""
+        form = " (its data form)" if session.get("document_form") == DATA_FORM else ""
         messages = session.get("messages")
         count = len(messages) if isinstance(messages, list) else 0
         of = f" of the {_show(session['kind'])}" if isinstance(session.get("kind"), str) else ""
@@ -170,7 +171,7 @@ def _describe(entry: JournalEntry) -> list[str]:
         committed = ""
         if isinstance(document, str):
             digest = document_digest(document)[:16]
-            form = "its data form, " if data.get("document_form") == "json" else ""
+            form = "its data form, " if data.get("document_form") == DATA_FORM else ""
             committed = f", committed the document ({form}sha256 {digest}…)"
         return [f"call {_show(data.get('call_id'))} {status}{committed}: {_show(data.get('result'))}"]
     if kind == "advance":

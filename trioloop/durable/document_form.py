@@ -23,7 +23,7 @@ from trioloop.durable.bounded_json import parse_bounded_json
 from trioloop.durable.journal import MAX_ENTRY_BYTES
 from trioloop.machine.document import TextDocumentKind
 
-__all__ = ["DATA_FORM", "DOCUMENT_FORMS", "TEXT_FORM", "DocumentCodec", "DocumentFormError"]
+__all__ = ["DATA_FORM", "TEXT_FORM", "DocumentCodec", "DocumentFormError"]
 
 D = TypeVar("D")
 
@@ -31,7 +31,6 @@ D = TypeVar("D")
 TEXT_FORM: Final = "text"
 #: The kind's plain data (``to_data`` / ``from_data``) as compact JSON text.
 DATA_FORM: Final = "json"
-DOCUMENT_FORMS: Final = frozenset({TEXT_FORM, DATA_FORM})
 #: How deep a document's data may nest and still be journaled in its data form (read back to this depth).
 MAX_DATA_DEPTH: Final = 128
 
@@ -93,9 +92,9 @@ class DocumentCodec(Generic[D]):
         return cls(kind.dump, kind.load)
 
     @property
-    def has_data_form(self) -> bool:
-        """Whether documents may be journaled as data (the kind gave ``to_data``)."""
-        return self._to_data is not None
+    def from_data(self) -> Callable[[Any], D] | None:
+        """The kind's ``from_data`` when it has a data form (what `replay_journal` reads data-form documents with)."""
+        return self._from_data
 
     def encode(self, document: D) -> tuple[str, str]:
         """``(form, text)``: the data form's JSON text when the kind has one for this document, else the text form."""

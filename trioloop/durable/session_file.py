@@ -50,6 +50,7 @@ from typing import Any, Final, Generic, TypeVar, final
 import attrs
 
 from trioloop.durable.bounded_json import parse_bounded_json
+from trioloop.durable.document_form import TEXT_FORM
 from trioloop.machine.conditions import RuleError
 from trioloop.machine.rules import SESSION_SOURCE, ApprovalRule, RuleSet
 from trioloop.machine.transaction import UndoEntry, UndoHistory
@@ -231,8 +232,8 @@ def session_from_json(
         raise SessionFileError("turn_count must be a whole number, 0 or more")
     last_turn_id = _optional_text(value["last_turn_id"], "last_turn_id")
     records = _undo_records(value["undo"], undo_max)
-    form = value.get("document_form", "text")
-    if form != "text":
+    form = value.get("document_form", TEXT_FORM)
+    if form != TEXT_FORM:
         if decode_document is None or type(form) is not str:
             raise SessionFileError(f"the documents are in a form this reader does not take: {form!r}")
         load_document = partial(decode_document, form)

@@ -335,7 +335,7 @@ class JournalOpening:
         missing = tools_used(entries) - set(registry.names)
         if missing:
             raise ToolsMissing(missing)
-        load_data = getattr(kind, "from_data", None)
+        load_data = DocumentCodec.of(kind).from_data
         replayed = replay_journal(entries, load_document=kind.load, registry=registry, load_data=load_data)
         if replayed.kind not in (None, kind.name):
             raise DocumentMismatch("kind", replayed.kind, kind.name)

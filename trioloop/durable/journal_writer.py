@@ -32,6 +32,7 @@ from trioloop.machine.inputs import (
     UndoTurn,
 )
 from trioloop.machine.limits import NO_SPENDING, TurnLimits
+from trioloop.machine.preview import preview_call
 from trioloop.machine.rules import CodeVerdict, DeciderKind
 from trioloop.machine.state import CallRecord, CallStatus, TurnState
 from trioloop.protocol.events import TextDelta, is_terminal
@@ -69,6 +70,26 @@ def call_card(call: CallRecord) -> dict[str, Any]:
         "destructive": call.destructive,
         "details": [[path, value] for path, value in details],
     }
+
+
+#: A card's preview is journaled up to this many lines of this many characters (a face shows "... more").
+PREVIEW_LINES: Final = 400
+PREVIEW_LINE_CHARS: Final = 2000
+
+
+def shown_card(call: CallRecord, document: Any) -> dict[str, Any]:
+    """`call_card` and what else the person's card shows: the dry run's preview on ``document`` (lines, capped)
+    and, for a call a rule or a function sent to review, who asked."""
+    card = call_card(call)
+    preview = None if call.prepared is None else preview_call(call.prepared, document)
+    if preview is not None:
+        lines = preview.lines()
+        card["preview"] = [line[:PREVIEW_LINE_CHARS] for line in lines[:PREVIEW_LINES]]
+        if len(lines) > PREVIEW_LINES:
+            card["preview"].append(f"... {len(lines) - PREVIEW_LINES} more lines")
+    if call.decided_by is not None:
+        card["asked_by"] = call.decided_by.describe()
+    return card
 
 
 class JournalWriter:
@@ -119,6 +140,7 @@ class JournalWriter:
         self._events: list[dict[str, Any]] = []
         self._text: list[str] = []  # text deltas not yet joined into the last event
         self.actor = ""
+        self._vouchers: dict[str, Mapping[str, Any]] = {}
 
     @property
     def last_seq(self) -> int:
@@ -205,15 +227,18 @@ class JournalWriter:
             self._dumped.popitem(last=False)
         return encoded
 
-    def _flush_stream(self, state: TurnState | None) -> None:
+    def _flush_stream(self, state: TurnState | None, document: Any = None) -> None:
         self._join_text()
         events, self._events = self._events, []
         data: dict[str, Any] = {"events": events}
         if state is not None:
-            # The cards a person reviews, whole; a call approved by the read-only policy is never shown, so
-            # only its digest is kept (a resumed turn still refuses it if its tool changed).
+            # The cards a person reviews, whole (with the dry run's preview and who asked, for a face that reads
+            # them from the journal); a call approved by the read-only policy is never shown, so only its digest is
+            # kept (a resumed turn still refuses it if its tool changed).
             data["cards"] = [
-                call_card(c) if c.status is CallStatus.PENDING else {"call_id": c.id, "digest": c.input_digest}
+                shown_card(c, document)
+                if c.status is CallStatus.PENDING
+                else {"call_id": c.id, "digest": c.input_digest}
                 for c in state.current_calls
                 if not c.is_terminal
             ]
@@ -251,9 +276,26 @@ class JournalWriter:
             self._join_text()
             self._events.append(event_to_json(item))  # type: ignore[arg-type]
             if is_terminal(item):  # type: ignore[arg-type]
-                self._flush_stream(new)
+                self._flush_stream(new, document)
             return
         self._command(item, old, new, document)
+
+    def vouch(self, call_id: str, record: Mapping[str, Any]) -> None:
+        """The signed decision record (`trioloop.durable.decisions`) the next decision on ``call_id`` came from: its
+        journal entry keeps it, so the audit proves who decided again."""
+        self._vouchers[call_id] = record
+
+    def _remote(self, call_id: str, reviewer: str, seen_digest: str) -> dict[str, Any]:
+        """A decision's fields beyond the terminal's: the named reviewer, the digest seen, the signed record."""
+        fields: dict[str, Any] = {}
+        if reviewer:
+            fields["reviewer"] = reviewer
+        if seen_digest:
+            fields["seen_digest"] = seen_digest
+        record = self._vouchers.pop(call_id, None)
+        if record is not None:
+            fields["decision"] = record
+        return fields
 
     def _command(self, item: TurnInput, old: TurnState, new: TurnState, document: Any) -> None:
         by = self.actor
@@ -279,10 +321,11 @@ class JournalWriter:
                 {
                     "call_id": item.call_id,
                     "edited_input": item.edited_input,
-                    "by": by,
+                    "by": item.reviewer or by,
                     "card": None if call is None else call_card(call),
                     "edits": [] if call is None else [list(e) for e in call.edits],
                     "always": None if item.always is None else item.always.value,
+                    **self._remote(item.call_id, item.reviewer, item.seen_digest),
                 },
             )
         elif isinstance(item, ApproveBatch):
@@ -292,7 +335,17 @@ class JournalWriter:
             call = old.call(item.call_id)
             card = None if call is None else call_card(call)
             always = None if item.always is None else item.always.value
-            self.add("deny", {"call_id": item.call_id, "reason": item.reason, "by": by, "card": card, "always": always})
+            self.add(
+                "deny",
+                {
+                    "call_id": item.call_id,
+                    "reason": item.reason,
+                    "by": item.reviewer or by,
+                    "card": card,
+                    "always": always,
+                    **self._remote(item.call_id, item.reviewer, item.seen_digest),
+                },
+            )
         elif isinstance(item, ForgetRule):
             self.add("forget", {"number": item.number, "by": by})
         elif isinstance(item, StartCall):

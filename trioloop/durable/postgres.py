@@ -30,6 +30,7 @@ import trio
 
 from trioloop.durable._sql import SqlJournals, entries_query, outline_query, outline_rows, stored_entries
 from trioloop.durable._waiting import check_session_id, wait_for_lease
+from trioloop.durable.decision_box import PostgresDecisions
 from trioloop.durable.leases import (
     DEFAULT_LEASE_TTL_S,
     LEASE_SCHEMA,
@@ -105,7 +106,7 @@ def _guarded(what: str, work: Callable[[], _T]) -> _T:
 
 
 @final
-class PostgresJournalStore(SqlJournals):
+class PostgresJournalStore(PostgresDecisions, SqlJournals):
     """Journals of any number of sessions in the table ``trioloop_journal`` of the database ``conninfo`` names.
 
     ``conninfo`` is a libpq connection string or ``postgresql://`` URL. Leases exclude each other across

@@ -130,6 +130,14 @@ def _always(data: Mapping[str, Any], seq: int) -> Always | None:
     return Always(value)
 
 
+def _remote(data: Mapping[str, Any], seq: int) -> tuple[str, str]:
+    """A decision's digest seen and reviewer (empty for one made where the session runs)."""
+    seen, reviewer = data.get("seen_digest", ""), data.get("reviewer", "")
+    if type(seen) is not str or type(reviewer) is not str:
+        raise JournalError(f"journal entry {seq} names its reviewer or digest seen wrongly", seq=seq)
+    return seen, reviewer
+
+
 def _document(codec: DocumentCodec[D], form: Any, text: Any, seq: int, digest: Any = None) -> D:
     if type(text) is not str:
         raise JournalError(f"journal entry {seq} lacks the committed document", seq=seq)
@@ -270,7 +278,13 @@ class _Folder(Generic[D]):
             if edited is not None and type(edited) is not dict:
                 raise JournalError(f"journal entry {seq} has an invalid edited input", seq=seq)
             call_id = _need(data, "call_id", str, seq)
-            self.feed(ApproveCall(call_id=call_id, edited_input=edited, always=_always(data, seq)), seq)
+            seen, reviewer = _remote(data, seq)
+            self.feed(
+                ApproveCall(
+                    call_id=call_id, edited_input=edited, always=_always(data, seq), seen_digest=seen, reviewer=reviewer
+                ),
+                seq,
+            )
             card = data.get("card")
             if edited is not None and type(card) is dict and type(card.get("digest")) is str:
                 self.cards[call_id] = card["digest"]
@@ -281,7 +295,11 @@ class _Folder(Generic[D]):
             self.feed(ApproveBatch(call_ids=tuple(ids)), seq)
         elif kind == "deny":
             call_id, reason = _need(data, "call_id", str, seq), _need(data, "reason", str, seq)
-            self.feed(DenyCall(call_id=call_id, reason=reason, always=_always(data, seq)), seq)
+            seen, reviewer = _remote(data, seq)
+            deny = DenyCall(
+                call_id=call_id, reason=reason, always=_always(data, seq), seen_digest=seen, reviewer=reviewer
+            )
+            self.feed(deny, seq)
         elif kind == "forget":
             self.feed(ForgetRule(number=_need(data, "number", int, seq)), seq)
         elif kind == "rules":

@@ -36,6 +36,7 @@ from trioloop.durable._sql import SqlJournals, entries_query, outline_query, out
 from trioloop.durable._sqlite_locks import lease_row, lock_offset, try_lock, unlock
 from trioloop.durable._store_thread import AppendsThen, StoreThread
 from trioloop.durable._waiting import check_session_id, wait_for_lease
+from trioloop.durable.decision_box import SqliteDecisions
 from trioloop.durable.leases import (
     DEFAULT_LEASE_TTL_S,
     LEASE_SCHEMA,
@@ -84,7 +85,7 @@ _LEASES: Final = LeaseSql(p="?", now="((julianday('now') - 2440587.5) * 86400.0)
 
 
 @final
-class SQLiteJournalStore(SqlJournals):
+class SQLiteJournalStore(SqliteDecisions, SqlJournals):
     """Journals of any number of sessions in one SQLite file at ``path`` (created if missing).
 
     Leases exclude each other across processes through ``<path>.lock``; a killed process's leases end with it.

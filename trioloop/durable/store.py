@@ -38,6 +38,8 @@ from typing import Protocol, final, runtime_checkable
 import attrs
 import trio
 
+from trioloop.durable.decision_box import MemoryDecisions
+
 __all__ = [
     "JournalConflict",
     "JournalLease",
@@ -258,7 +260,7 @@ class _MemoryLease:
             await self.release()
 
 
-class MemoryJournalStore:
+class MemoryJournalStore(MemoryDecisions):
     """Journals in this process's memory (lost with it): tests, and an audit trail without persistence.
 
     ``fail_appends`` makes every append raise `JournalStoreError`, as a failing disk would.

@@ -126,11 +126,16 @@ class ApproveCall:
     reducer prepares it with the call's own tool, so validation and limits apply and the grant binds
     the edited input; None approves the input as the model sent it. ``always`` also adds a session rule
     that allows this tool (`Always.TOOL`) or this tool with this very input (`Always.INPUT`) from now on.
+    ``seen_digest``, when given, is the input digest of the card the person decided on: a call whose input is
+    no longer that one is not approved (a decision made elsewhere, on a page that may be stale). ``reviewer``
+    names who decided, when the face knows (the web inbox's reviewer id).
     """
 
     call_id: str = attrs.field(validator=_text)
     edited_input: dict[str, Any] | None = attrs.field(default=None, converter=_edited, validator=_edited_ok)
     always: Always | None = attrs.field(default=None, converter=_always)
+    seen_digest: str = attrs.field(default="", validator=_text)
+    reviewer: str = attrs.field(default="", validator=_text)
 
 
 @final
@@ -145,11 +150,14 @@ class ApproveBatch:
 @attrs.frozen(kw_only=True)
 class DenyCall:
     """The user declined one call; ``reason`` (optional, their own words) reaches the model with the refusal.
-    ``always`` (`Always.TOOL`) also adds a session rule that denies this tool from now on, with that reason."""
+    ``always`` (`Always.TOOL`) also adds a session rule that denies this tool from now on, with that reason.
+    ``seen_digest`` and ``reviewer`` as for `ApproveCall`."""
 
     call_id: str = attrs.field(validator=_text)
     reason: str = attrs.field(default="", validator=_text)
     always: Always | None = attrs.field(default=None, converter=_always)
+    seen_digest: str = attrs.field(default="", validator=_text)
+    reviewer: str = attrs.field(default="", validator=_text)
 
 
 @final

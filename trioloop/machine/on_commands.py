@@ -29,7 +29,7 @@ from trioloop.machine.inputs import (
 from trioloop.machine.limits import Bound, TurnBudget, budget_exhaustion
 from trioloop.machine.on_rules import PERSON, PERSON_DENIED, remember
 from trioloop.machine.on_spend import bounded
-from trioloop.machine.rules import Verdict
+from trioloop.machine.rules import Decider, Verdict
 from trioloop.machine.state import (
     CallRecord,
     CallStatus,
@@ -105,14 +105,27 @@ def on_cancel(state: TurnState, cmd: Cancel) -> TurnState:
     return settle(state, Outcome.CANCELLED)
 
 
-def _approve(state: TurnState, grants: tuple[Grant, ...]) -> TurnState:
+def _person(reviewer: str, decider: Decider) -> Decider:
+    return decider if not reviewer else attrs.evolve(decider, reviewer=reviewer)
+
+
+def _seen_elsewhere(state: TurnState, call_id: str, seen_digest: str) -> bool:
+    """A decision bound to a card's digest that the call no longer has (or a call that is gone): it decides nothing."""
+    if not seen_digest:
+        return False
+    call = state.call(call_id)
+    return call is None or call.input_digest != seen_digest
+
+
+def _approve(state: TurnState, grants: tuple[Grant, ...], reviewer: str = "") -> TurnState:
     if not grants:
         return state
+    decider = _person(reviewer, PERSON)
     changes = []
     for grant in grants:
         position = state.calls.position(grant.call_id)
         if position is not None:
-            changes.append((position, moved_along(state.calls[position], CallStatus.APPROVED, decided_by=PERSON)))
+            changes.append((position, moved_along(state.calls[position], CallStatus.APPROVED, decided_by=decider)))
     calls = state.calls.replaced(changes)
     state = state.evolved(calls=calls, grants=state.grants + grants)
     # A decided iteration: nothing approved starts while another call of the iteration awaits a
@@ -121,6 +134,8 @@ def _approve(state: TurnState, grants: tuple[Grant, ...]) -> TurnState:
 
 
 def on_approve_call(state: TurnState, cmd: ApproveCall) -> TurnState:
+    if _seen_elsewhere(state, cmd.call_id, cmd.seen_digest):
+        return state
     if cmd.edited_input is not None:
         state, valid = _edit_call(state, cmd.call_id, cmd.edited_input)
         if not valid:
@@ -128,7 +143,7 @@ def on_approve_call(state: TurnState, cmd: ApproveCall) -> TurnState:
     grant = grant_for_call(state, cmd.call_id)
     if grant is None:
         return state
-    state = _approve(state, (grant,))
+    state = _approve(state, (grant,), cmd.reviewer)
     return state if cmd.always is None else remember(state, cmd.call_id, Verdict.ALLOW, cmd.always)
 
 
@@ -168,7 +183,7 @@ def on_approve_batch(state: TurnState, cmd: ApproveBatch) -> TurnState:
 
 def on_deny_call(state: TurnState, cmd: DenyCall) -> TurnState:
     call = state.call(cmd.call_id)
-    if call is None or call.status is not CallStatus.PENDING:
+    if call is None or call.status is not CallStatus.PENDING or _seen_elsewhere(state, cmd.call_id, cmd.seen_digest):
         return state
     denied = moved_along(
         call,
@@ -176,7 +191,7 @@ def on_deny_call(state: TurnState, cmd: DenyCall) -> TurnState:
         denial_reason=DenialReason.USER_DECLINED,
         result=declined_text(cmd.reason),
         is_error=True,
-        decided_by=PERSON_DENIED,
+        decided_by=_person(cmd.reviewer, PERSON_DENIED),
     )
     denial = Denial(tool_name=call.tool_name, input_digest=call.input_digest)
     denials = state.denials if denial in state.denials else (*state.denials, denial)

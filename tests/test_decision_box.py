@@ -257,3 +257,15 @@ async def test_a_record_over_the_cap_in_the_database_is_never_read(tmp_path: Pat
 def test_keys_accept_only_what_they_hold() -> None:
     keys = JournalKeys([SIGNER])
     assert SIGNER.key_id in keys.ids and OTHER.key_id not in keys.ids
+
+
+async def test_heads_name_every_journal_and_its_last_entry(box_factory: Callable[[], Any]) -> None:
+    from trioloop.durable.store import StoredEntry
+
+    store = box_factory()
+    assert await store.heads() == {}
+    for session_id, count in (("a", 3), ("b", 1)):
+        lease = await store.acquire(session_id)
+        await lease.append([StoredEntry(n, b"{}") for n in range(1, count + 1)])
+        await lease.release()
+    assert await store.heads() == {"a": 3, "b": 1}

@@ -87,6 +87,13 @@ class SqlJournals:
         )
         return sorted(row[0] for row in rows)
 
+    async def heads(self) -> dict[str, int]:
+        """Every session with a journal and the number of its last entry, in one query: what a face that lists
+        sessions asks to learn which journals changed since it last read them."""
+        sql = "SELECT session_id, max(seq) FROM trioloop_journal GROUP BY session_id"
+        rows = await self._query("listing journal heads", lambda connection: connection.execute(sql).fetchall())
+        return {str(session_id): int(seq) for session_id, seq in rows}
+
     async def read(self, session_id: str) -> Sequence[StoredEntry]:
         """Every entry of ``session_id`` in order, without a lease (for an auditor); `JournalError` naming an
         entry over the size cap, which is never read into memory."""

@@ -310,6 +310,11 @@ class MemoryJournalStore(MemoryDecisions):
         await trio.lowlevel.checkpoint()
         return sorted(k for k, v in self._journals.items() if v)
 
+    async def heads(self) -> dict[str, int]:
+        """Every session with a journal and the number of its last entry."""
+        await trio.lowlevel.checkpoint()
+        return {k: v[-1].seq for k, v in self._journals.items() if v}
+
     async def read(self, session_id: str) -> Sequence[StoredEntry]:
         """Every stored entry of ``session_id``, in order, without a lease."""
         await trio.lowlevel.checkpoint()

@@ -111,7 +111,9 @@ def _card(value: Mapping[str, Any]) -> CardView | None:
 def _model_text(events: object) -> str:
     if type(events) is not list:
         return ""
-    parts = [e["text"] for e in events if type(e) is dict and e.get("type") == "text_delta" and type(e.get("text")) is str]
+    parts = [
+        e["text"] for e in events if type(e) is dict and e.get("type") == "text_delta" and type(e.get("text")) is str
+    ]
     return "".join(parts)[:_TEXT_CHARS]
 
 

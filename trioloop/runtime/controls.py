@@ -50,6 +50,11 @@ class TurnControls:
         ``always`` also allows this tool ("tool") or this tool with this input ("input") for the session."""
         return self.inbox.put(ApproveCall(call_id=call_id, edited_input=edited_input, always=always))
 
+    def decide(self, decision: ApproveCall | DenyCall) -> bool:
+        """Queue a decision made as a whole elsewhere (a reviewer's, from the web inbox: bound to the card's digest
+        and naming the reviewer)."""
+        return self.inbox.put(decision)
+
     def approve_batch(self, call_ids: tuple[str, ...]) -> bool:
         """Approve the listed calls together (an explicit tuple captured at the click; destructive calls never
         included)."""

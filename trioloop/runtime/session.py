@@ -97,6 +97,7 @@ class Session(SessionView[D]):
         self._held = held
         if self._journal.journal is not None:
             self._nursery.start_soon(self._journal.journal.keep_alive, name="trioloop lease renewal")
+        self._listen_for_decisions()
         return self
 
     async def __aexit__(
@@ -327,10 +328,11 @@ class Session(SessionView[D]):
 
     def _attach(self, journal: SessionJournal) -> None:
         """``journal`` is this session's; its lease is renewed in the session's nursery while there is one (else
-        from when the session is entered)."""
+        from when the session is entered), and decisions made elsewhere are listened for."""
         self._journal.journal = journal
         if self._nursery is not None:
             self._nursery.start_soon(journal.keep_alive, name="trioloop lease renewal")
+            self._listen_for_decisions()
 
     @classmethod
     async def open(

@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from trioloop.durable._store_thread import AppendsThen
+from trioloop.durable.decision_box import DecisionBox
 from trioloop.durable.document_form import DocumentCodec
 from trioloop.durable.journal import (
     GENESIS,
@@ -126,6 +127,10 @@ class SessionJournal:
         self._snapshot = replay_from  # the newest snapshot's number
         self._replay_from = replay_from  # the snapshot the last turn started after: where replay starts
         self._discarded_to = replay_from
+        #: The keys the session accepts (`JournalOpening.verifying`): a decision record must be signed by one.
+        self.keys: JournalKeys | None = None
+        #: The store's decision box, if it has one (`trioloop.runtime.remote_review`).
+        self.box: DecisionBox | None = None
 
     async def _append(self, entries: Sequence[StoredEntry]) -> None:
         witness = self.witness
@@ -240,6 +245,8 @@ class JournalOpening:
         self.heads = heads
         self.keys = keys
         self.store = store  # the store's identity (`store_identity`)
+        #: The store's decision box, when it has one: where a reviewer's decisions made elsewhere wait.
+        self.box: DecisionBox | None = None
         #: What the witness keeps this session's heads under: the store and the session, never the journal's say.
         self.name = witness_name(store, session_id)
         self.entries: list[JournalEntry] = []
@@ -261,7 +268,9 @@ class JournalOpening:
         key = await _resolve(signer, keys)
         heads = _witness(witness, key, store)
         lease = await store.acquire(session_id, wait_s=wait_s)
-        return cls(lease, session_id, key, heads, keys, store_identity(store))
+        opening = cls(lease, session_id, key, heads, keys, store_identity(store))
+        opening.box = store if isinstance(store, DecisionBox) else None
+        return opening
 
     async def __aenter__(self) -> JournalOpening:
         await trio.lowlevel.checkpoint()
@@ -271,6 +280,13 @@ class JournalOpening:
         if exc_type is not None:
             with trio.CancelScope(shield=True):
                 await self.lease.release()
+
+    @property
+    def verifying(self) -> JournalKeys | None:
+        """The keys this session accepts (its own and ``keys=``): what verifies its journal and a reviewer's
+        decision record (`trioloop.durable.decisions`); None for an unsigned session, which accepts none."""
+        key, keys = self.key, self.keys
+        return None if key is None else key.keys if keys is None else key.keys | keys
 
     async def start(self, snapshot: SessionSnapshot[Any], kind: TextDocumentKind[Any], compact: bool) -> SessionJournal:
         """A new journal whose first entry is ``snapshot`` (the session as it stands), appended before it returns."""
@@ -293,6 +309,7 @@ class JournalOpening:
         journal = SessionJournal(
             self.lease, writer, compact, integrity, witness=self.heads, journal_id=journal_id, store=self.store
         )
+        journal.keys, journal.box = self.verifying, self.box
         journal.turns.writer.snapshot(snapshot)
         await journal.flush()
         return journal
@@ -312,8 +329,7 @@ class JournalOpening:
         stopped between a commit and its save: the session's is the newer)."""
         heads = self.heads
         witnessed = None if heads is None else await heads.last_head(self.name)
-        key, keys = self.key, self.keys
-        verifying = None if key is None else key.keys if keys is None else key.keys | keys
+        verifying = self.verifying
         outline = getattr(self.lease, "outline", None)
         outlined = None
         if verifying is not None and outline is not None:  # judged by position and length before it is read
@@ -363,6 +379,7 @@ class JournalOpening:
         journal = SessionJournal(
             self.lease, writer, compact, self.integrity, replay_from, self.heads, self.journal_id, self.store
         )
+        journal.keys, journal.box = self.verifying, self.box
         if self.heads is not None:  # a journal written before it had a witness is witnessed from now on
             last = entries[-1]
             await self.heads.witness(

@@ -24,6 +24,7 @@ from trioloop.protocol.provider import ChatProvider
 from trioloop.runtime.controls import TurnControls
 from trioloop.runtime.journaling import ResumePoint
 from trioloop.runtime.publisher import StatePublisher
+from trioloop.runtime.remote_review import RemoteReview
 from trioloop.runtime.runner import run_turn
 from trioloop.runtime.session_journal import JournalHandle, SessionJournal
 from trioloop.runtime.spending import turn_spending
@@ -134,6 +135,34 @@ class TurnSlot(Generic[D]):
         if journal is not None:
             journal.add("rules", {"rules": [r.to_json() for r in self.session_rules], "by": actor})
         return True
+
+    def live_review(self) -> tuple[TurnControls, TurnState, bool] | None:
+        """The controls a decision goes to, the state it is judged against, and whether the turn is suspended;
+        None when no turn is live."""
+        if self.controls is not None:
+            state = self.publisher.state
+            if state is None or state.turn_id != self.running:
+                return None
+            return self.controls, state, False
+        if self.resume is not None and self.pending is not None:
+            return self.pending, self.resume.state, True
+        return None
+
+    def remote_review(self, poll_s: float) -> RemoteReview | None:
+        """The session's decision box judged against its live turn, when its journal's store has one."""
+        journal = self.journals.journal
+        if journal is None or journal.box is None:
+            return None
+        writer = journal.turns.writer
+        return RemoteReview(
+            box=journal.box,
+            session_id=journal.lease.session_id,
+            keys=lambda: journal.keys,
+            live=self.live_review,
+            vouch=writer.vouch,
+            newest=lambda: self.publisher.state,
+            poll_s=poll_s,
+        )
 
     def take_up(self, resume: ResumePoint) -> None:
         """Hold ``resume`` (a live turn read back from a journal) until `continue_turn`."""

@@ -35,6 +35,7 @@ from trioloop.protocol.provider import ChatProvider
 from trioloop.runtime import session_files
 from trioloop.runtime.observer import TurnObserver
 from trioloop.runtime.publisher import StatePublisher
+from trioloop.runtime.remote_review import DEFAULT_POLL_S, RemoteReview, TakenDecision
 from trioloop.runtime.session_files import TranscriptError
 from trioloop.runtime.session_journal import JournalHandle
 from trioloop.runtime.session_turns import TurnSetup, TurnSlot
@@ -127,6 +128,9 @@ class SessionView(Generic[D]):
             history=conversation,
         )
         self._undo: UndoSteps[D] = UndoSteps(workspace=self._workspace, turns=self._turns, journal=self._journal)
+        #: How often an open review asks the store's decision box for reviewers' decisions made elsewhere (seconds).
+        self.decision_poll_s = DEFAULT_POLL_S
+        self._remote: RemoteReview | None = None
         #: Who the person deciding is, as the journal records each decision (the OS user by default).
         self.actor = _default_actor()
         #: The app's rules (numbered "app rule N") and the files' (as loaded: each names its file and line).
@@ -228,6 +232,18 @@ class SessionView(Generic[D]):
     def observe(self, observer: TurnObserver) -> None:
         """Tell ``observer`` of every state published from now on (see `trioloop.runtime.observer`)."""
         self._publisher.observe(observer)
+
+    def _listen_for_decisions(self) -> None:
+        remote = self._remote = self._turns.remote_review(self.decision_poll_s)
+        if remote is not None and self._nursery is not None:
+            self._nursery.start_soon(remote.listen, name="trioloop decisions from the inbox")
+
+    async def take_decisions(self) -> list[TakenDecision]:
+        """Take the reviewers' decisions waiting in the store's decision box now (`trioloop.runtime.remote_review`:
+        each proven, then applied as a click naming its reviewer, or refused; the box says which and why). An open
+        session does it every `decision_poll_s` while a review is open; a worker calls it before `continue_turn`."""
+        remote = self._remote or self._turns.remote_review(self.decision_poll_s)
+        return [] if remote is None else await remote.take()
 
     def _setup(self) -> TurnSetup:
         return TurnSetup(

@@ -1,0 +1,210 @@
+"""Decisions made away from the session's process (the web inbox), proven and fed to its turn (`RemoteReview`).
+
+A record in the store's decision box (`trioloop.durable.decision_box`) decides nothing until the process that
+holds the session has proven it: signed by a key the session accepts (its own or ``keys=``), for this session,
+for the turn that is waiting, for a card that still waits, with the digest of the input the card shows now (a
+changed input, an edit by someone else, a stale page decide nothing), and, for an edited input, an edit the call's
+own tool accepts. Only then does it become the turn's input, as a click would, naming its reviewer; the journal
+entry keeps the signed record, so `trioloop audit` proves it again. Every record is answered in the box: applied,
+or refused with the reason the reviewer reads.
+
+While a review is open the session polls its box (`poll_s`; a store that tells of new records, PostgreSQL,
+answers the same poll: the box is one indexed query), so a decision reaches the turn within about one poll.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any, Final, Literal
+
+import attrs
+import trio
+
+from trioloop.durable.decision_box import DecisionBox
+from trioloop.durable.decisions import DecisionError, PostedDecision, ReviewDecision, open_decision
+from trioloop.durable.signing import JournalKeys
+from trioloop.machine.inputs import ApproveCall, DenyCall
+from trioloop.machine.rules import Verdict
+from trioloop.machine.state import CallStatus, Phase, TurnState
+from trioloop.machine.texts import invalid_edit_text
+from trioloop.machine.tools import PrepareFailure
+from trioloop.runtime.controls import TurnControls
+
+__all__ = ["DEFAULT_POLL_S", "RemoteReview", "TakenDecision"]
+
+#: How often an open review asks its decision box (seconds).
+DEFAULT_POLL_S: Final = 0.05
+#: How long answering a record in the box may take once it was judged.
+_ANSWER_S: Final = 10.0
+#: How long an applied decision may take to show in the running turn's state before it is judged lost.
+_SEEN_S: Final = 5.0
+
+
+@attrs.frozen
+class TakenDecision:
+    """What became of one record: ``applied`` (the turn took it) or not, and the reason the reviewer reads."""
+
+    record_id: int
+    applied: bool
+    note: str
+    decision: ReviewDecision | None = None
+
+
+class RemoteReview:
+    """A session's decision box, judged against its live turn (see the module docstring).
+
+    Given the box and the session id, ``keys()`` (the keys the session accepts, None for none), ``live()`` (the
+    controls that take decisions and the state they are judged against, or None when no review is open),
+    ``vouch(call_id, record)`` (the journal keeps the record with the decision's entry) and ``states()`` (the
+    running turn's states, to see a decision taken)."""
+
+    def __init__(
+        self,
+        *,
+        box: DecisionBox,
+        session_id: str,
+        keys: Callable[[], JournalKeys | None],
+        live: Callable[[], tuple[TurnControls, TurnState, bool] | None],
+        vouch: Callable[[str, dict[str, Any]], None],
+        newest: Callable[[], TurnState | None],
+        poll_s: float = DEFAULT_POLL_S,
+    ) -> None:
+        if not (poll_s > 0 and math.isfinite(poll_s)):
+            raise ValueError("poll_s must be a positive number of seconds")
+        self._box = box
+        self._session_id = session_id
+        self._keys = keys
+        self._live = live
+        self._vouch = vouch
+        self._newest = newest
+        self.poll_s = poll_s
+        self._lock = trio.Lock()
+        #: Every record answered by this process, in order (for the app and its tests).
+        self.taken: list[TakenDecision] = []
+
+    def review_open(self) -> bool:
+        """Whether a turn waits for a person (running in review, or suspended with a card waiting)."""
+        live = self._live()
+        return live is not None and any(call.status is CallStatus.PENDING for call in live[1].current_calls)
+
+    async def listen(self) -> None:
+        """Forever (a task of the session's nursery): while a review is open, take the box's decisions every
+        `poll_s`; otherwise look again each `poll_s` without I/O."""
+        while True:
+            if self.review_open():
+                await self.take()
+            await trio.sleep(self.poll_s)
+
+    async def take(self) -> list[TakenDecision]:
+        """Judge and apply the box's waiting records for this session, in the order they were posted."""
+        async with self._lock:
+            records = await self._box.decisions(self._session_id, waiting_only=True)
+            taken = []
+            for record in records:
+                outcome = await self._judge(record)
+                # Once judged, the answer is written even if the session is closing (bounded: a store that stops
+                # answering holds nothing past it; an unanswered record is judged again, the same way, later).
+                with trio.CancelScope(shield=True), trio.move_on_after(_ANSWER_S):
+                    status: Literal["applied", "refused"] = "applied" if outcome.applied else "refused"
+                    await self._box.answer_decision(record.id, status, outcome.note)
+                self.taken.append(outcome)
+                taken.append(outcome)
+            return taken
+
+    async def _judge(self, record: PostedDecision) -> TakenDecision:
+        try:
+            decision, key_id = open_decision(record.data, self._keys())
+        except DecisionError as exc:
+            return TakenDecision(record.id, False, str(exc))
+        if decision.session_id != self._session_id or record.slot != decision.slot:
+            return TakenDecision(record.id, False, "the decision was made for another session or card", decision)
+        live = self._live()
+        if live is None:
+            return TakenDecision(record.id, False, "no turn of this session waits for a decision", decision)
+        controls, state, suspended = live
+        if _taken_already(decision, state):  # its answer in the box was cut short: it stays applied
+            return TakenDecision(record.id, True, f"{decision.describe()}: applied (key {key_id})", decision)
+        refusal = _refusal(decision, state)
+        if refusal:
+            return TakenDecision(record.id, False, refusal, decision)
+        signed = json.loads(record.data)
+        self._vouch(decision.call_id, signed)
+        if decision.action == "approve":
+            item: ApproveCall | DenyCall = ApproveCall(
+                call_id=decision.call_id,
+                edited_input=decision.edited_input,
+                always=decision.always,
+                seen_digest=decision.digest,
+                reviewer=decision.reviewer,
+            )
+        else:
+            item = DenyCall(
+                call_id=decision.call_id,
+                reason=decision.reason,
+                always=decision.always,
+                seen_digest=decision.digest,
+                reviewer=decision.reviewer,
+            )
+        if not controls.decide(item):
+            return TakenDecision(record.id, False, "the turn ended before the decision reached it", decision)
+        if not suspended:
+            with trio.CancelScope(shield=True):  # bounded by _SEEN_S
+                refusal = await self._seen(decision)
+            if refusal:
+                return TakenDecision(record.id, False, refusal, decision)
+        how = "applied" if not suspended else "applied: the turn goes on when a process takes it up"
+        return TakenDecision(record.id, True, f"{decision.describe()}: {how} (key {key_id})", decision)
+
+    async def _seen(self, decision: ReviewDecision) -> str:
+        """Wait (bounded) for the running turn to take the decision: "" when it did, else why not."""
+        with trio.move_on_after(_SEEN_S):
+            while True:
+                state = self._newest()
+                call = None if state is None else state.call(decision.call_id)
+                if call is None or state is None or state.turn_id != decision.turn_id:
+                    return "the turn it was made for is over"
+                if call.status is not CallStatus.PENDING:
+                    decider = call.decided_by
+                    if decider is not None and decider.reviewer == decision.reviewer:
+                        return ""
+                    who = "someone else" if decider is None else decider.describe()
+                    return f"the card was decided first: {who}"
+                if state.is_settled or state.phase is not Phase.AWAITING_APPROVAL:
+                    return "the turn stopped waiting for this card"
+                await trio.sleep(0.005)
+        return "the turn did not take the decision in time"
+
+
+def _taken_already(decision: ReviewDecision, state: TurnState) -> bool:
+    """Whether the turn shows this very decision taken: the card decided by its reviewer, the same way."""
+    call = state.call(decision.call_id)
+    decider = None if call is None else call.decided_by
+    if decider is None or state.turn_id != decision.turn_id or decider.reviewer != decision.reviewer:
+        return False
+    return (decider.verdict is Verdict.ALLOW) == (decision.action == "approve")
+
+
+def _refusal(decision: ReviewDecision, state: TurnState) -> str:
+    """Why ``decision`` cannot decide anything in ``state`` ("" when it can)."""
+    if state.turn_id != decision.turn_id:
+        return "the turn it was made for is over"
+    call = state.call(decision.call_id)
+    if call is None:
+        return "the turn has no such card"
+    if call.status is not CallStatus.PENDING:
+        who = "" if call.decided_by is None else f": {call.decided_by.describe()}"
+        return f"the card was already decided{who}"
+    if call.input_digest != decision.digest:
+        return "the card's input changed since the page showed it: nothing was decided"
+    if decision.always is not None and decision.action == "approve" and call.destructive:
+        return "a rule never approves a destructive call: approve it without 'always'"
+    if decision.edited_input is not None:
+        tool = state.tool_set.get(call.tool_name)
+        if tool is None:
+            return "the card's tool is not offered any more"
+        prepared = tool.prepare(decision.edited_input)
+        if isinstance(prepared, PrepareFailure):
+            return invalid_edit_text(call.tool_name, prepared)
+    return ""

@@ -303,3 +303,38 @@ async def test_for_all_byte_changes_a_record_runs_no_tool_it_did_not_prove(data:
         assert not any(t.applied for t in taken)
         assert all(c.status.value == "pending" for c in session.state.current_calls)
     assert RUNS == []
+
+
+async def test_the_audit_names_the_reviewer_and_proves_their_record() -> None:
+    import attrs
+
+    from trioloop.durable.audit import audit_lines, verify_decision_entries, verify_session
+    from trioloop.durable.journal import JournalError
+
+    store = MemoryJournalStore()
+    steps = [_step(("c1", "append_line", {"line": "one"})), ScriptStep(text="Done.")]
+    await _suspend_with_cards(store, steps)
+    view = await _waiting(store)
+    await store.post_decision("s1", decision_slot(view.turn_id, "c1"), _record(view, "c1", always="input"))
+    async with ScriptedProvider(steps[1:]) as provider, await _open(store, provider) as session:
+        await session.take_decisions()
+        await session.continue_turn()
+    stored = await store.read("s1")
+    lines = list(audit_lines(stored))
+    said = f"decided in the web inbox by reviewer Ada (ada), record signed by key {SERVER.key_id}"
+    assert any(line.strip() == said for line in lines), lines
+    _, verdict = await verify_session(store, "s1", keys=APP.keys | SERVER.keys, witness=None)
+    assert verdict.verdict == "verified", verdict.describe()
+    _, verdict = await verify_session(store, "s1", keys=APP.keys, witness=None)  # the server's key not accepted
+    assert verdict.verdict == "refused" and "not proven" in verdict.error
+    entries = decode_entries(stored)
+    keys = APP.keys | SERVER.keys
+    assert list(verify_decision_entries(entries, session_id="s1", keys=keys).values()) == [SERVER.key_id]
+    at = next(i for i, e in enumerate(entries) if e.kind == "approve")
+    for change in ({"by": "mallory", "reviewer": "mallory"}, {"call_id": "c2"}, {"always": None}, {"seen_digest": ""}):
+        forged = [*entries]
+        forged[at] = attrs.evolve(entries[at], data={**entries[at].data, **change})
+        with pytest.raises(JournalError, match="says other than"):
+            verify_decision_entries(forged, session_id="s1", keys=keys)
+    with pytest.raises(JournalError, match="says other than"):
+        verify_decision_entries(entries, session_id="s2", keys=keys)

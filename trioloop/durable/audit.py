@@ -18,6 +18,7 @@ from typing import Any, Literal, final
 
 import attrs
 
+from trioloop.durable.decisions import DecisionError, open_decision
 from trioloop.durable.document_form import DATA_FORM
 from trioloop.durable.journal import (
     GENESIS,
@@ -34,9 +35,19 @@ from trioloop.durable.journal import (
 from trioloop.durable.signing import JournalKeys
 from trioloop.durable.store import JournalStore, StoredEntry, outline_of, store_identity
 from trioloop.durable.witness import HeadWitness, check_witnessed, witness_name
+from trioloop.machine.canonical import canonical_json
 from trioloop.machine.untrusted_text import sanitize_scalar
 
-__all__ = ["AuditVerdict", "audit_lines", "audit_records", "audit_session", "verified_entries", "verify_session"]
+__all__ = [
+    "AuditVerdict",
+    "audit_lines",
+    "audit_records",
+    "audit_session",
+    "recorded_decision",
+    "verified_entries",
+    "verify_decision_entries",
+    "verify_session",
+]
 
 _VALUE_MAX = 200
 
@@ -95,6 +106,54 @@ def _card_lines(card: Any, indent: str) -> list[str]:
     return lines
 
 
+def recorded_decision(entry: JournalEntry) -> dict[str, Any] | None:
+    """The signed record an ``approve`` or ``deny`` entry keeps (a decision made in the web inbox), or None."""
+    if entry.kind not in ("approve", "deny"):
+        return None
+    record = entry.data.get("decision")
+    return record if type(record) is dict else None
+
+
+def verify_decision_entries(entries: Sequence[JournalEntry], *, session_id: str, keys: JournalKeys) -> dict[int, str]:
+    """Prove every decision made in the inbox that ``entries`` record: its signed record verifies with ``keys`` and
+    says what the entry says (this session, the call, approve or deny, the reviewer, the edited input or reason).
+    The signing key's id per entry number; `JournalError` naming the first entry that does not hold."""
+    signed_by: dict[int, str] = {}
+    for entry in entries:
+        record = recorded_decision(entry)
+        if record is None:
+            continue
+        try:
+            decision, key_id = open_decision(canonical_json(record).encode("utf-8"), keys)
+        except DecisionError as exc:
+            message = f"journal entry {entry.seq} keeps a decision that is not proven: {exc}"
+            raise JournalError(message, seq=entry.seq) from None
+        data = entry.data
+        said = (
+            decision.session_id == session_id
+            and decision.call_id == data.get("call_id")
+            and decision.action == ("approve" if entry.kind == "approve" else "deny")
+            and decision.reviewer == data.get("reviewer") == data.get("by")
+            and decision.digest == data.get("seen_digest")
+            and (decision.edited_input == data.get("edited_input") if entry.kind == "approve" else True)
+            and (decision.reason == data.get("reason") if entry.kind == "deny" else True)
+            and decision.always == data.get("always")
+        )
+        if not said:
+            raise JournalError(f"journal entry {entry.seq} says other than the decision it keeps", seq=entry.seq)
+        signed_by[entry.seq] = key_id
+    return signed_by
+
+
+def _inbox_lines(entry: JournalEntry) -> list[str]:
+    """Who decided in the web inbox, and the key that signed their record (proven by `verify_session`)."""
+    record = recorded_decision(entry)
+    if record is None:
+        return []
+    name = f"{_show(record.get('reviewer_name'))} ({_show(record.get('reviewer'))})"
+    return [f"  decided in the web inbox by reviewer {name}, record signed by key {_show(record.get('key_id'))}"]
+
+
 def _describe(entry: JournalEntry) -> list[str]:
     data = entry.data
     kind = entry.kind
@@ -145,7 +204,7 @@ def _describe(entry: JournalEntry) -> list[str]:
     if kind == "approve":
         always = data.get("always")
         remembered = f", and always for this session ({_show(always)})" if always else ""
-        lines = [f"approved {_show(data.get('call_id'))}{by}{remembered}"]
+        lines = [f"approved {_show(data.get('call_id'))}{by}{remembered}", *_inbox_lines(entry)]
         lines.extend(_card_lines(data.get("card"), "  "))
         for edit in data.get("edits") or ():
             if isinstance(edit, list) and len(edit) == 3:
@@ -161,6 +220,7 @@ def _describe(entry: JournalEntry) -> list[str]:
         reason = data.get("reason")
         always = ", and always for this session" if data.get("always") else ""
         lines = [f"declined {_show(data.get('call_id'))}{by}{always}" + (f": {_show(reason)}" if reason else "")]
+        lines.extend(_inbox_lines(entry))
         lines.extend(_card_lines(data.get("card"), "  "))
         return lines
     if kind == "start":
@@ -315,6 +375,8 @@ async def verify_session(
             refuse_unsigned_tail(outline_of(stored), session_id=session_id, keys=keys)
         entries = decode_entries(stored)
         integrity = verify_journal(entries, session_id=session_id, keys=keys)
+        if keys is not None:  # every decision made in the web inbox: its reviewer's signed record, proven
+            verify_decision_entries(entries, session_id=session_id, keys=keys)
         journal_id = journal_id_of(entries, session_id)
         if head is None and witness is not None:  # a head an earlier version kept under the journal's own id
             legacy = await witness.last_head(journal_id)

@@ -78,10 +78,12 @@ def _backend(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Backe
         return Backend("sqlite", lambda: SQLiteJournalStore(path), str(path))
     url: str = request.getfixturevalue("postgres_url")
     _drop_table(url)  # each test starts from no table at all, which also checks the store creates it
+    if kind == "postgres_group":  # the same promises with the leases' appends committed together
+        return Backend("postgres_group", lambda: PostgresJournalStore(url, group_commit=True), url)
     return Backend("postgres", lambda: PostgresJournalStore(url), url)
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+@pytest.fixture(params=["memory", "sqlite", "postgres", "postgres_group"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     return _backend(request.param, request, tmp_path)
 
@@ -705,16 +707,18 @@ async def _wait_for_a_lock_wait(url: str) -> None:
             await trio.sleep(0.02)
 
 
-async def test_postgres_lease_whose_connection_dies_stops_writing(pg_url: str) -> None:
+@pytest.mark.parametrize("group_commit", [False, True])
+async def test_postgres_lease_whose_connection_dies_stops_writing(pg_url: str, group_commit: bool) -> None:
     import psycopg
 
-    async with PostgresJournalStore(pg_url) as store:
+    async with PostgresJournalStore(pg_url, group_commit=group_commit) as store:
         lease = await store.acquire("s")
         await lease.append(batch(1))
 
         def terminate() -> None:
             with psycopg.connect(pg_url, autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+                admin.execute("SELECT pg_sleep(0.2)")  # the server has ended the backend and freed its locks
 
         await trio.to_thread.run_sync(terminate)
         with pytest.raises(JournalStoreError):

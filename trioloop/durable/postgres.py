@@ -9,11 +9,10 @@ process's lease ends as soon as the server sees its connection close (at once wh
 socket; for a machine that vanished, after the server's TCP keepalive), and a frozen one's when its time to
 live runs out. The store keeps one more connection for `session_ids` and for creating the tables.
 
-An append is one transaction: read the last number, `check_batch`, insert. Should a second writer ever read
-the same last number (the lease makes that a bug, not a race), the primary key stops it: its insert waits for
-the first commit, then fails, and it gets `JournalConflict` with nothing written.
-
-psycopg is imported only when a store is made: ``pip install "trioloop[postgres]"``.
+An append is one transaction (with group commit, a savepoint in one shared with others): read the last number,
+`check_batch`, insert. Should a second writer ever read the same last number (the lease makes that a bug, not a
+race), the primary key stops it: its insert waits for the first commit, then fails: `JournalConflict`. psycopg is
+imported only when a store is made: ``pip install "trioloop[postgres]"``.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
 
+from trioloop.durable._pg_appends import PostgresAppends, check_alive
 from trioloop.durable._sql import SqlJournals, entries_query, outline_query, outline_rows, stored_entries
 from trioloop.durable._waiting import check_session_id, wait_for_lease
 from trioloop.durable.decision_box import PostgresDecisions
@@ -36,6 +36,7 @@ from trioloop.durable.leases import (
     LEASE_SCHEMA,
     ExpiringLease,
     LeaseClock,
+    LeaseLost,
     LeaseSql,
     check_ttl,
 )
@@ -113,7 +114,9 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
     processes and machines; a killed process's leases end when the server notices its connection closed.
     ``close()`` (or the end of ``async with``) releases the leases this store granted. ``lease_ttl_s`` is a lease's
     time to live (`trioloop.durable.leases`); ``timeout_s`` bounds each call of a lease (an append, a read, a
-    renewal): past it the connection is given up and the call raises `JournalStoreError`.
+    renewal): past it the connection is given up and the call raises `JournalStoreError`. With ``group_commit`` the
+    appends of all its leases go through one more connection, and those queued together commit in one transaction
+    (`trioloop.durable._pg_appends`): a process holding many sessions (a worker) pays one flush for them.
     """
 
     _PLACEHOLDER = "%s"
@@ -125,6 +128,7 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
         read_only: bool = False,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        group_commit: bool = False,
     ) -> None:
         _require_psycopg()
         self.lease_ttl_s = check_ttl(lease_ttl_s)
@@ -139,6 +143,9 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
         self._admin_lock = trio.Lock()
         self._closed = False
         self._leases: dict[int, _PostgresLease] = {}
+        #: The appends of every lease of this store, committed together (`trioloop.durable._pg_appends`); None: each
+        #: lease appends on its own connection, one transaction per append.
+        self._appends = PostgresAppends(self._append_connection, self.timeout_s) if group_commit else None
 
     @property
     def identity(self) -> str:
@@ -179,6 +186,7 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
                     limiter=self._limiter,
                     closed=self._is_closed,
                     forget=self._forget,
+                    appends=self._appends,
                 )
                 lease.clock.granted(asked_at)
                 self._leases[id(lease)] = lease
@@ -196,6 +204,8 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
             for lease in list(self._leases.values()):
                 await lease.release()
             self._closed = True
+            if self._appends is not None:
+                await self._appends.close()
             async with self._admin_lock:
                 admin, self._admin = self._admin, None
                 if admin is not None:
@@ -242,6 +252,14 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
             connection.close()
             raise
         self._admin = connection
+        return connection
+
+    def _append_connection(self) -> psycopg.Connection[tuple[Any, ...]]:
+        """The connection appends share: like a lease's, it never keeps rows locked past a lease's time to live."""
+        connection = self._connect()
+        idle_ms = str(max(int(self.lease_ttl_s * 1000), 1))
+        connection.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (idle_ms,))
+        connection.execute("SELECT set_config('lock_timeout', %s, false)", (str(LOCK_WAIT_MS),))
         return connection
 
     def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
@@ -312,7 +330,10 @@ class _PostgresLease(ExpiringLease):
         limiter: trio.CapacityLimiter,
         closed: Callable[[], bool],
         forget: Callable[[_PostgresLease], None],
+        appends: PostgresAppends | None = None,
     ) -> None:
+        self._appends = appends
+        self._backend = connection.info.backend_pid
         self._session_id = session_id
         self._connection = connection
         self._epoch = epoch
@@ -404,17 +425,33 @@ class _PostgresLease(ExpiringLease):
         batch = tuple(entries)
 
         def write(connection: psycopg.Connection[tuple[Any, ...]]) -> None:
-            with connection.transaction():
-                _LEASES.check(connection, self._session_id, self._epoch)
-                check_batch(_last_seq(connection, self._session_id), batch)
-                if batch:
-                    with connection.cursor() as cursor:
-                        cursor.executemany(
-                            "INSERT INTO trioloop_journal (session_id, seq, data) VALUES (%s, %s, %s)",
-                            [(self._session_id, entry.seq, entry.data) for entry in batch],
-                        )
+            if connection is not self._connection:  # the shared connection: the lease's own must still hold its lock
+                check_alive(connection, self._backend, _epoch_key(self._session_id, self._epoch), self._session_id)
+            _LEASES.check(connection, self._session_id, self._epoch)
+            check_batch(_last_seq(connection, self._session_id), batch)
+            if batch:
+                with connection.cursor() as cursor:
+                    cursor.executemany(
+                        "INSERT INTO trioloop_journal (session_id, seq, data) VALUES (%s, %s, %s)",
+                        [(self._session_id, entry.seq, entry.data) for entry in batch],
+                    )
 
-        await self._run("appending to", write)
+        if self._appends is not None:  # in a transaction shared with the store's other appends (group commit)
+            if self._released or self._store_closed():
+                await trio.lowlevel.checkpoint()
+                raise JournalStoreError("this lease was released" if self._released else "the store is closed")
+            try:
+                await self._appends.append(f"appending to session {self._session_id!r}", write)
+            except LeaseLost as exc:  # no longer this holder's: nothing more goes through this lease
+                self._broken = str(exc)
+                raise
+            return
+
+        def alone(connection: psycopg.Connection[tuple[Any, ...]]) -> None:
+            with connection.transaction():
+                write(connection)
+
+        await self._run("appending to", alone)
 
     async def discard_before(self, seq: int) -> None:
         await self._run(

@@ -11,16 +11,20 @@ _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 _SQLITE_SCHEME = "sqlite://"
 
 
-def open_store(target: str, *, read_only: bool = False) -> SQLiteJournalStore | PostgresJournalStore:
+def open_store(
+    target: str, *, read_only: bool = False, group_commit: bool = False
+) -> SQLiteJournalStore | PostgresJournalStore:
     """The store ``target`` names: a ``postgresql://`` / ``postgres://`` URL, ``sqlite:///PATH`` or a file path.
 
     As in SQLAlchemy, ``sqlite:///journal.db`` is relative and ``sqlite:////var/lib/app/journal.db``
     absolute: the path is what follows the third slash. Nothing is opened until the store is first used.
-    ``read_only=True`` opens it as an auditor does: nothing written, no lease granted.
+    ``read_only=True`` opens it as an auditor does: nothing written, no lease granted. ``group_commit=True`` (a
+    process that holds many sessions: a worker) has a PostgreSQL store commit its leases' appends together (a SQLite
+    store always does, in its one thread).
     """
     lowered = target.lower()
     if lowered.startswith(_POSTGRES_SCHEMES):
-        return PostgresJournalStore(target, read_only=read_only)
+        return PostgresJournalStore(target, read_only=read_only, group_commit=group_commit)
     if lowered.startswith(_SQLITE_SCHEME):
         rest = target[len(_SQLITE_SCHEME) :]
         if not rest.startswith("/") or rest == "/":

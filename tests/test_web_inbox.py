@@ -313,7 +313,7 @@ def test_trioloop_serve_as_a_process(tmp_path: Path) -> None:
     with serve_process(str(journal), people.path, keys, tmp_path / "inbox-key") as served:
         assert served.public_key.endswith(JournalSigner.load(tmp_path / "inbox-key").public_key_text)
         with httpx.Client(base_url=served.base, timeout=10) as client:
-            link = served.links["bob"]
+            link = served.links["bob"][0]
             confirm = client.get(link)
             assert confirm.status_code == 200 and "Log in as Bob" in confirm.text
             assert "content-security-policy" in confirm.headers

@@ -214,7 +214,7 @@ def free_port() -> int:
 @attrs.frozen
 class Served:
     base: str
-    links: dict[str, str]
+    links: dict[str, list[str]]  # each reviewer's one-time links, in the order printed
     public_key: str
     process: subprocess.Popen[str]
 
@@ -229,7 +229,7 @@ def serve_process(store: str, reviewers: Path, keys: Path, key: Path, *extra: st
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
         assert process.stdout is not None
-        links: dict[str, str] = {}
+        links: dict[str, list[str]] = {}
         public_key = ""
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -237,7 +237,7 @@ def serve_process(store: str, reviewers: Path, keys: Path, key: Path, *extra: st
             if not line:
                 raise AssertionError(f"trioloop serve ended: {process.stderr.read() if process.stderr else ''}")
             if match := re.match(r"one-time login for (\S+) \(15 minutes\): (\S+)", line):
-                links[match[1]] = match[2]
+                links.setdefault(match[1], []).append(match[2])
             if match := re.match(r"decisions are signed with the inbox key (\S+ \S+)", line):
                 public_key = match[1]
             if line.startswith("Ctrl-C stops it.") and _accepting(port):

@@ -338,3 +338,49 @@ async def test_the_audit_names_the_reviewer_and_proves_their_record() -> None:
             verify_decision_entries(forged, session_id="s1", keys=keys)
     with pytest.raises(JournalError, match="says other than"):
         verify_decision_entries(entries, session_id="s2", keys=keys)
+
+
+async def test_postgres_announces_a_decision_so_a_live_review_takes_it_without_waiting_for_a_poll(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trioloop.runtime import remote_review
+
+    monkeypatch.setattr(remote_review, "_NOTIFIED_POLL_S", 600.0)  # only the NOTIFY can wake the session in time
+    url: str = request.getfixturevalue("postgres_url")
+    steps = [_step(("c1", "append_line", {"line": "hi"})), ScriptStep(text="Done.")]
+    async with PostgresJournalStore(url) as store, PostgresJournalStore(url) as server:
+        session_id = "notified"
+        async with (
+            ScriptedProvider(steps) as provider,
+            await _open(store, provider, session_id) as session,
+            trio.open_nursery() as nursery,
+        ):
+            done: list[Any] = []
+            settled = trio.Event()
+
+            async def drive() -> None:
+                done.append(await session.send("add hi"))
+                settled.set()
+
+            nursery.start_soon(drive)
+            async with aclosing(session.states()) as states:
+                async for state in states:
+                    if state.phase is Phase.AWAITING_APPROVAL:
+                        break
+            reads = 0
+            read_box = store.decisions
+
+            async def counted(*args: Any, **kw: Any) -> Any:
+                nonlocal reads
+                reads += 1
+                return await read_box(*args, **kw)
+
+            monkeypatch.setattr(store, "decisions", counted)
+            await trio.sleep(0.5)  # the session read its (empty) box and waits for a notice, not polling
+            assert reads <= 1
+            view = await _waiting(server, session_id)
+            await server.post_decision(session_id, decision_slot(view.turn_id, "c1"), _record(view, "c1"))
+            with trio.fail_after(30):
+                await settled.wait()
+            assert reads <= 2
+        assert done[0].outcome is Outcome.COMPLETED and RUNS == ["hi"]

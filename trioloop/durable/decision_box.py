@@ -20,6 +20,8 @@ reported as refused, never read.
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -276,7 +278,34 @@ _PG_BOX_KEY = 0x74726C6F6F706463  # "trloopdc"
 
 class PostgresDecisions(SqlDecisions):
     """The decision box in PostgreSQL: writers serialized by a transaction-scoped advisory lock, and every post
-    announced with ``NOTIFY trioloop_decisions`` (payload: the session id) for listeners."""
+    announced with ``NOTIFY trioloop_decisions`` (payload: the session id), which `decision_posted` waits for."""
+
+    _decision_listener: _Listener | None = None
+
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    async def decision_posted(self, session_id: str, armed: trio.Event | None, timeout_s: float) -> None:
+        """Return once a decision for ``session_id`` was announced since ``armed`` was taken (`arm_decisions`), or
+        after ``timeout_s`` (a notice can be lost with a connection: the caller reads the box either way)."""
+        with trio.move_on_after(timeout_s):
+            if armed is not None:
+                await armed.wait()
+            else:
+                await trio.sleep_forever()
+
+    def arm_decisions(self, session_id: str) -> trio.Event | None:
+        """An event set when the next decision for ``session_id`` is announced (take it before reading the box, so
+        a notice that comes while reading is not missed); None when the listener cannot run."""
+        listener = self._decision_listener
+        if listener is None or listener.stopped:
+            listener = self._decision_listener = _Listener(self._connect)
+        return listener.arm(session_id)
+
+    async def _stop_listening(self) -> None:
+        listener, self._decision_listener = self._decision_listener, None
+        if listener is not None:
+            await listener.stop()
 
     def _create_decisions(self, connection: Any) -> None:
         with connection.transaction():
@@ -292,3 +321,53 @@ class PostgresDecisions(SqlDecisions):
 
     def _notify(self, connection: Any, session_id: str) -> None:
         connection.execute("SELECT pg_notify('trioloop_decisions', %s)", (session_id[:7000],))
+
+
+class _Listener:
+    """One connection that ``LISTEN``s for the box's notices, in a thread of its own; it sets the armed events of the
+    sessions named (from the Trio run that armed them). Started on first use; a lost connection is made again."""
+
+    def __init__(self, connect: Callable[[], Any]) -> None:
+        self._connect = connect
+        self._token = trio.lowlevel.current_trio_token()
+        self._armed: dict[str, trio.Event] = {}
+        self._lock = threading.Lock()
+        self.stopped = False
+        self._thread = threading.Thread(target=self._run, name="trioloop decision notices", daemon=True)
+        self._thread.start()
+
+    def arm(self, session_id: str) -> trio.Event:
+        with self._lock:
+            event = self._armed.get(session_id)
+            if event is None:
+                event = self._armed[session_id] = trio.Event()
+            return event
+
+    def _announce(self, session_id: str) -> None:
+        with self._lock:
+            event = self._armed.pop(session_id, None)
+        if event is not None:
+            event.set()
+
+    def _run(self) -> None:
+        while not self.stopped:
+            try:
+                connection = self._connect()
+            except Exception:
+                time.sleep(1.0)
+                continue
+            try:
+                connection.execute("LISTEN trioloop_decisions")
+                while not self.stopped:
+                    for notice in connection.notifies(timeout=0.5):
+                        with contextlib.suppress(trio.RunFinishedError):
+                            self._token.run_sync_soon(self._announce, notice.payload)
+            except Exception:
+                time.sleep(0.2)  # the connection broke: make it again (the box is polled meanwhile)
+            finally:
+                with contextlib.suppress(Exception):
+                    connection.close()
+
+    async def stop(self) -> None:
+        self.stopped = True
+        await trio.to_thread.run_sync(self._thread.join, 2.0)

@@ -9,10 +9,9 @@ process's lease ends as soon as the server sees its connection close (at once wh
 socket; for a machine that vanished, after the server's TCP keepalive), and a frozen one's when its time to
 live runs out. The store keeps one more connection for `session_ids` and for creating the tables.
 
-An append is one transaction (with group commit, a savepoint in one shared with others): read the last number,
-`check_batch`, insert. Should a second writer ever read the same last number (the lease makes that a bug, not a
-race), the primary key stops it: its insert waits for the first commit, then fails: `JournalConflict`. psycopg is
-imported only when a store is made: ``pip install "trioloop[postgres]"``.
+An append is one transaction (with group commit, a savepoint in one shared): read the last number, `check_batch`,
+insert; a second writer reading the same number (a bug, not a race) meets the primary key: `JournalConflict`.
+psycopg is imported only when a store is made: ``pip install "trioloop[postgres]"``.
 """
 
 from __future__ import annotations
@@ -204,6 +203,7 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
             for lease in list(self._leases.values()):
                 await lease.release()
             self._closed = True
+            await self._stop_listening()  # the box's notices (`decision_posted`), if anyone listened
             if self._appends is not None:
                 await self._appends.close()
             async with self._admin_lock:

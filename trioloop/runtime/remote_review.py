@@ -36,6 +36,8 @@ __all__ = ["DEFAULT_POLL_S", "RemoteReview", "TakenDecision"]
 
 #: How often an open review asks its decision box (seconds).
 DEFAULT_POLL_S: Final = 0.05
+#: How often a store that announces decisions is asked anyway (a notice is lost with its connection).
+_NOTIFIED_POLL_S: Final = 1.0
 #: How long answering a record in the box may take once it was judged.
 _ANSWER_S: Final = 10.0
 #: How long an applied decision may take to show in the running turn's state before it is judged lost.
@@ -91,11 +93,20 @@ class RemoteReview:
 
     async def listen(self) -> None:
         """Forever (a task of the session's nursery): while a review is open, take the box's decisions every
-        `poll_s`; otherwise look again each `poll_s` without I/O."""
+        `poll_s` (a store that announces them, PostgreSQL, wakes it at once and is asked every `_NOTIFIED_POLL_S`
+        besides); otherwise look again each `poll_s` without I/O."""
+        arm = getattr(self._box, "arm_decisions", None)
+        posted = getattr(self._box, "decision_posted", None)
         while True:
-            if self.review_open():
-                await self.take()
-            await trio.sleep(self.poll_s)
+            if not self.review_open():
+                await trio.sleep(self.poll_s)
+                continue
+            armed = None if arm is None else arm(self._session_id)  # before reading: no notice falls between
+            await self.take()
+            if posted is not None and armed is not None:
+                await posted(self._session_id, armed, _NOTIFIED_POLL_S)
+            else:
+                await trio.sleep(self.poll_s)
 
     async def take(self) -> list[TakenDecision]:
         """Judge and apply the box's waiting records for this session, in the order they were posted."""

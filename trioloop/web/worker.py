@@ -60,7 +60,8 @@ _LOCKED_RETRY_S: Final = 0.5
 #: A session whose carrying failed is tried again after this long, doubled each failure, at most `_ERROR_MAX_S`.
 _ERROR_RETRY_S: Final = 2.0
 _ERROR_MAX_S: Final = 60.0
-#: An open session's own listener is kept quiet (the worker takes decisions itself, when it can act on them).
+#: An open session's own poll is kept quiet: the worker takes decisions itself, when it acts on them (a store that
+#: announces decisions, PostgreSQL, still wakes the session's listener; it then takes them under the same lock).
 _QUIET_POLL_S: Final = 1e6
 #: Journal entries that say where the last turn stands: started or taken up (in flight, or settled without a
 #: snapshot), suspended in review, or over (a snapshot follows a settled turn, or starts the journal).

@@ -1,8 +1,9 @@
-"""The review inbox (`trioloop serve`): a web face that lists the reviews waiting in a journal store and posts
-reviewers' signed decisions to its decision box.
+"""The web faces: the review inbox (`trioloop serve`), which lists the reviews waiting in a journal store and posts
+reviewers' signed decisions to its decision box, and the worker fleet (`trioloop worker`).
 
 An optional extra (``pip install "trioloop[web]"``: Starlette, Hypercorn, Jinja2); the core never imports it. The
-modules, from the top: `serve` (the command: Hypercorn's Trio worker), `app` (the Starlette app and its pages),
-`reviewers` (who may decide: the reviewers file, logins, cookies, CSRF, rate limits) and `inbox` (what waits, read
-from the store and verified).
+inbox's modules, from the top: `serve` (the command, on Hypercorn's Trio worker), `app` (the Starlette app: routes,
+checks, decisions), `pages` (what each page shows), `events` (live updates), `inbox` (what waits, read from the
+store and verified), `reviewers` (who may decide: the reviewers file, logins, cookies, CSRF, rate limits) and
+`display` (untrusted text made visible and bounded).
 """

@@ -293,6 +293,7 @@ def test_version_matches_the_project_metadata() -> None:
         "trioloop.threatmodel",
         "trioloop.stores",
         "trioloop.audit",
+        "trioloop.inbox",
         "trioloop.tools",
         "trioloop.providers",
     ],

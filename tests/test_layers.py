@@ -117,7 +117,7 @@ def test_no_arrow_points_up_or_sideways(package: str) -> None:
 
 def test_every_package_of_the_core_has_a_row() -> None:
     # A new package under trioloop/ must be placed in the layering (or be a domain, an extra or a face).
-    outside = {"threatmodel", "mcp", "otel", "ui", "cli", "_data"}
+    outside = {"threatmodel", "mcp", "otel", "ui", "cli", "web", "_data"}
     packages = {path.name for path in PACKAGE.iterdir() if path.is_dir() and not path.name.startswith("__")}
     assert packages - outside == set(MAY_IMPORT)
 
@@ -146,7 +146,8 @@ def test_importing_a_layer_loads_nothing_above_it(package: str) -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
     loaded = done.stdout.split()
     above = {"machine": ("durable", "runtime", "providers"), "durable": ("runtime", "providers")}[package]
-    assert [m for m in loaded if _layer_of(m) in (*above, "tools", "threatmodel", "mcp", "otel", "ui", "cli")] == []
+    faces = ("tools", "threatmodel", "mcp", "otel", "ui", "cli", "web")
+    assert [m for m in loaded if _layer_of(m) in (*above, *faces)] == []
     if package == "machine":
         assert [m for m in loaded if m.split(".")[0] in NOT_IN_THE_MACHINE] == []
 

@@ -70,10 +70,16 @@ PARTS: dict[str, tuple[str, str]] = {
         "A face: the `trioloop` command (validate, demo, chat, audit) and its terminal cards.",
         "`parser.py`, then `chat.py`.",
     ),
+    "web": (
+        "A face and an optional extra: the review inbox served over a store (`trioloop serve`: Starlette on "
+        "Hypercorn's Trio worker, reviewers, logins, CSRF) and the workers that carry approved turns on "
+        "(`trioloop worker`).",
+        "`app.py`, then `worker.py`.",
+    ),
 }
 
 #: The public modules at the top of the package.
-TOP_MODULES = ("__init__.py", "lowlevel.py", "stores.py", "audit.py", "__main__.py", "_lazy.py")
+TOP_MODULES = ("__init__.py", "lowlevel.py", "stores.py", "audit.py", "inbox.py", "__main__.py", "_lazy.py")
 
 
 def first_sentence(path: Path) -> str:
@@ -106,7 +112,7 @@ def render() -> str:
         "first use).",
         "",
         "```text",
-        "faces      cli, ui",
+        "faces      cli, ui, web",
         "domain     threatmodel          extras   mcp, otel",
         "helpers    tools",
         "core       runtime  ->  durable  ->  machine  ->  protocol",

@@ -398,7 +398,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "--grace-s", type=float, default=30.0, help="on SIGINT/SIGTERM, how long running turns may take to stop"
     )
     parser.add_argument("--keys", action="append", default=[], metavar="FILE", help="public keys to accept (a file)")
-    parser.add_argument("--key", action="append", default=[], metavar="TEXT", help="a public key to accept")
+    parser.add_argument(
+        "--key", "--public-key", dest="key", action="append", default=[], metavar="TEXT", help="a public key to accept"
+    )
     parser.add_argument("--once", action="store_true", help="carry what waits now, then exit")
     parser.add_argument("-v", "--verbose", action="store_true", help="say what happens to each session")
 

@@ -11,6 +11,7 @@ again), every other session ends its turn with "Done." once its calls have run. 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,13 @@ NOTE = define_document_kind("note", dump=lambda text: text, load=lambda text: te
 
 
 def record_run(what: str) -> None:
-    """One line in ``runs.log``: a single append, whole, from any process."""
+    """One line in ``runs.log`` (with the wall-clock time after a tab, for ``benchmarks/inbox.py``): a single
+    append, whole, from any process."""
     folder = os.environ.get("TRIOLOOP_TEST_RUNS")
     if folder:
         fd = os.open(Path(folder) / "runs.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, f"{what}\n".encode())
+            os.write(fd, f"{what}\t{time.time():.6f}\n".encode())
         finally:
             os.close(fd)
 
@@ -38,7 +40,7 @@ def record_run(what: str) -> None:
 def runs(folder: Path) -> list[str]:
     """Every tool run recorded in ``folder``, in order."""
     log = folder / "runs.log"
-    return log.read_text().splitlines() if log.exists() else []
+    return [line.split("\t")[0] for line in log.read_text().splitlines()] if log.exists() else []
 
 
 @function_tool(summary="Append {line!r}")

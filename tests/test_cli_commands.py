@@ -134,3 +134,17 @@ def test_timeout_prompt_and_resume_options(thf: Path, tmp_path: Path) -> None:
     assert _journal_path(resumed) == (f"{thf}.journal", str(session_file))
     resumed = parser.parse_args(["chat", str(thf), "--provider", "anthropic", "--resume", str(journal)])
     assert _journal_path(resumed) == (str(journal), None)
+
+
+@pytest.mark.parametrize(("command", "option"), [("serve", "--reviewers FILE"), ("worker", "--app MODULE:FACTORY")])
+def test_the_web_commands_parse_their_own_options(
+    command: str, option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trioloop.cli.parser import main
+
+    assert main([command, "--help"]) == 0
+    assert option in capsys.readouterr().out
+    assert main([command]) == 2  # a required option missing: a usage error, nothing started
+    assert "required" in capsys.readouterr().err
+    assert main(["--help"]) == 0
+    assert f"    {command} " in capsys.readouterr().out  # listed with the other commands

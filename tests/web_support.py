@@ -224,7 +224,7 @@ def serve_process(store: str, reviewers: Path, keys: Path, key: Path, *extra: st
     """``python -m trioloop.web.serve`` on a free port, until its login links are printed; killed at the end."""
     port = free_port()
     command = [sys.executable, "-m", "trioloop.web.serve", store, "--reviewers", str(reviewers), "--port", str(port)]
-    command += ["--keys", str(keys), "--key", str(key), *extra]
+    command += ["--keys", str(keys), "--signing-key", str(key), *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:

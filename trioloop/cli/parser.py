@@ -114,6 +114,35 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     )
 
 
+#: The web extra's commands (`_cmd_web`), and what ``trioloop --help`` says of them.
+_WEB_COMMANDS = {
+    "serve": "serve the review inbox over a journal store: reviewers decide in the browser (see serve --help)",
+    "worker": "carry a store's decided sessions on: take them up, run what was approved, suspend at the next review",
+}
+
+
+def _cmd_web(command: str, argv: Sequence[str]) -> int:
+    """``trioloop serve`` / ``trioloop worker``: the web extra's commands, which parse their own options (so the
+    other commands never load Starlette or Hypercorn)."""
+    try:
+        if command == "serve":
+            from trioloop.web.serve import add_serve_arguments as add_arguments
+            from trioloop.web.serve import serve_main as run
+        else:
+            from trioloop.web.worker import add_worker_arguments as add_arguments
+            from trioloop.web.worker import worker_main as run
+    except ImportError as exc:
+        print(f'error: trioloop {command} needs the web extra: pip install "trioloop[web]" ({exc})', file=sys.stderr)
+        return EXIT_USAGE
+    parser = argparse.ArgumentParser(prog=f"trioloop {command}", description=_WEB_COMMANDS[command])
+    add_arguments(parser)
+    try:
+        options = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    return run(options)
+
+
 def _cmd_rules(args: argparse.Namespace) -> int:
     """Show, check, trust or untrust approval rule files."""
     from trioloop.cli import rules
@@ -366,6 +395,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     key.add_argument("--path", action="store_true", help="also print where the private key is kept")
     key.set_defaults(run=_cmd_key)
+
+    for name, text in _WEB_COMMANDS.items():  # listed here; `_run` hands their arguments to them whole
+        commands.add_parser(name, help=text, add_help=False)
     return parser
 
 
@@ -387,6 +419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: Sequence[str] | None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given and given[0] in _WEB_COMMANDS:
+        return _cmd_web(given[0], given[1:])
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)

@@ -52,7 +52,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the port (default: {DEFAULT_PORT})")
     parser.add_argument(
-        "--key",
+        "--signing-key",
         metavar="PATH",
         help="the inbox's signing key (default: $XDG_CONFIG_HOME/trioloop/inbox-key, made once)",
     )
@@ -149,7 +149,7 @@ async def run_serve(args: argparse.Namespace, *, out: TextIO | None = None, task
         return 2
     try:
         reviewers = load_reviewers(args.reviewers)
-        signer = _signer(args.key)
+        signer = _signer(args.signing_key)
         keys = _journal_keys(args)
     except (ReviewerError, JournalKeyError, OSError) as exc:
         print(f"trioloop serve: {exc}", file=sys.stderr)

@@ -384,3 +384,23 @@ async def test_postgres_announces_a_decision_so_a_live_review_takes_it_without_w
                 await settled.wait()
             assert reads <= 2
         assert done[0].outcome is Outcome.COMPLETED and RUNS == ["hi"]
+
+
+async def test_decisions_a_suspended_turn_took_are_not_lost_when_it_is_closed_without_going_on() -> None:
+    store = MemoryJournalStore()
+    steps = [_step(("c1", "append_line", {"line": "one"})), ScriptStep(text="Done.")]
+    await _suspend_with_cards(store, steps)
+    view = await _waiting(store)
+    await store.post_decision("s1", decision_slot(view.turn_id, "c1"), _record(view, "c1"))
+    async with ScriptedProvider([]) as provider, await _open(store, provider) as session:
+        (taken,) = await session.take_decisions()
+        assert taken.applied and taken.deferred  # taken by the suspended turn, not journaled yet
+    (record,) = await store.decisions("s1")
+    assert record.status == "waiting"  # closed without going on: the next process takes it again
+    async with ScriptedProvider(steps[1:]) as provider, await _open(store, provider) as session:
+        (taken,) = await session.take_decisions()
+        assert taken.applied
+        final = await session.continue_turn()
+    assert final.outcome is Outcome.COMPLETED and RUNS == ["one"]
+    (record,) = await store.decisions("s1")
+    assert record.status == "applied" and record.note.endswith(f"applied (key {SERVER.key_id})")

@@ -386,10 +386,13 @@ async def test_a_worker_killed_mid_tool_is_taken_over_and_nothing_runs_twice(pla
         worker.wait(timeout=30)
     # Another worker finds the turn in flight that nobody holds, and takes it up.
     events = await _work(place.store(), _done("block-1", "settled", "suspended", "error"))
-    assert [(e.kind, e.detail) for e in events if e.session_id == "block-1"] == [
-        ("carrying", "orphan"),
-        ("settled", "completed"),
-    ], events
+    # Found by the orphan scan, or by its decision record: the worker was killed before the turn, going on, could
+    # answer it applied (it is answered once a process sees the decision journaled).
+    seen = [(e.kind, e.detail) for e in events if e.session_id == "block-1"]
+    assert seen in (
+        [("carrying", "orphan"), ("settled", "completed")],
+        [("carrying", "decision"), ("settled", "completed")],
+    ), events
     assert runs(place.folder) == ["started b1"]  # never a second time
     async with ScriptedProvider([]) as provider, await _open(store, "block-1", [], provider) as session:
         assert session.state is not None and session.state.outcome is Outcome.COMPLETED

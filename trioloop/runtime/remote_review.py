@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import attrs
 import trio
@@ -38,6 +38,7 @@ __all__ = ["DEFAULT_POLL_S", "RemoteReview", "TakenDecision"]
 DEFAULT_POLL_S: Final = 0.05
 #: How often a store that announces decisions is asked anyway (a notice is lost with its connection).
 _NOTIFIED_POLL_S: Final = 1.0
+_WAITING_NOTE: Final = "taken, to apply when the turn goes on"
 #: How long answering a record in the box may take once it was judged.
 _ANSWER_S: Final = 10.0
 #: How long an applied decision may take to show in the running turn's state before it is judged lost.
@@ -52,6 +53,8 @@ class TakenDecision:
     applied: bool
     note: str
     decision: ReviewDecision | None = None
+    #: Taken by a suspended turn: the record is answered ``applied`` once the turn goes on and journals it.
+    deferred: bool = False
 
 
 class RemoteReview:
@@ -83,6 +86,8 @@ class RemoteReview:
         self._newest = newest
         self.poll_s = poll_s
         self._lock = trio.Lock()
+        #: Records a suspended turn took, by id: answered once the turn, taken up again, journals them.
+        self._deferred: dict[int, TakenDecision] = {}
         #: Every record answered by this process, in order (for the app and its tests).
         self.taken: list[TakenDecision] = []
 
@@ -98,6 +103,8 @@ class RemoteReview:
         arm = getattr(self._box, "arm_decisions", None)
         posted = getattr(self._box, "decision_posted", None)
         while True:
+            if self._deferred:
+                await self.settle_deferred()
             if not self.review_open():
                 await trio.sleep(self.poll_s)
                 continue
@@ -109,20 +116,50 @@ class RemoteReview:
                 await trio.sleep(self.poll_s)
 
     async def take(self) -> list[TakenDecision]:
-        """Judge and apply the box's waiting records for this session, in the order they were posted."""
+        """Judge and apply the box's waiting records for this session, in the order they were posted.
+
+        A suspended turn takes a decision into its queue (it applies when the turn goes on), but the record stays
+        ``waiting`` in the box until the turn's journal holds the decision (`settle_deferred`): a process that takes
+        decisions and exits without continuing the turn loses nothing, and the next one takes them again."""
         async with self._lock:
+            await self._settle(self._newest())
             records = await self._box.decisions(self._session_id, waiting_only=True)
             taken = []
             for record in records:
+                if record.id in self._deferred:
+                    continue  # taken by the suspended turn already
                 outcome = await self._judge(record)
-                # Once judged, the answer is written even if the session is closing (bounded: a store that stops
-                # answering holds nothing past it; an unanswered record is judged again, the same way, later).
-                with trio.CancelScope(shield=True), trio.move_on_after(_ANSWER_S):
-                    status: Literal["applied", "refused"] = "applied" if outcome.applied else "refused"
-                    await self._box.answer_decision(record.id, status, outcome.note)
+                if outcome.applied and outcome.deferred:
+                    self._deferred[record.id] = outcome
+                else:
+                    await self._answer(record.id, outcome.applied, outcome.note)
                 self.taken.append(outcome)
                 taken.append(outcome)
             return taken
+
+    async def _answer(self, record_id: int, applied: bool, note: str) -> None:
+        # Once judged, the answer is written even if the session is closing (bounded: a store that stops answering
+        # holds nothing past it; an unanswered record is judged again, the same way, later).
+        with trio.CancelScope(shield=True), trio.move_on_after(_ANSWER_S):
+            await self._box.answer_decision(record_id, "applied" if applied else "refused", note)
+
+    async def settle_deferred(self) -> None:
+        """Answer the records a suspended turn took once the turn, taken up again, shows them decided (its journal
+        holds them by then: a decision is journaled before anything it allows starts). Shielded and bounded: a
+        session closing, cancelled, still answers (or leaves the records waiting, to be judged again)."""
+        with trio.CancelScope(shield=True), trio.move_on_after(_ANSWER_S):
+            async with self._lock:
+                await self._settle(self._newest())
+
+    async def _settle(self, state: TurnState | None) -> None:
+        live = self._live()
+        if state is None or not self._deferred or (live is not None and live[2]):  # none, or still suspended
+            return
+        for record_id, outcome in list(self._deferred.items()):
+            decision = outcome.decision
+            if decision is not None and _taken_already(decision, state):
+                del self._deferred[record_id]
+                await self._answer(record_id, True, outcome.note.replace(_WAITING_NOTE, "applied"))
 
     async def _judge(self, record: PostedDecision) -> TakenDecision:
         try:
@@ -165,8 +202,8 @@ class RemoteReview:
                 refusal = await self._seen(decision)
             if refusal:
                 return TakenDecision(record.id, False, refusal, decision)
-        how = "applied" if not suspended else "applied: the turn goes on when a process takes it up"
-        return TakenDecision(record.id, True, f"{decision.describe()}: {how} (key {key_id})", decision)
+        how = "applied" if not suspended else _WAITING_NOTE
+        return TakenDecision(record.id, True, f"{decision.describe()}: {how} (key {key_id})", decision, suspended)
 
     async def _seen(self, decision: ReviewDecision) -> str:
         """Wait (bounded) for the running turn to take the decision: "" when it did, else why not."""

@@ -113,6 +113,8 @@ class Session(SessionView[D]):
             return bool(await manager.__aexit__(exc_type, exc, tb))
         finally:
             self._nursery = None
+            if self._remote is not None:  # decisions a suspended turn took, journaled since: answered applied
+                await self._remote.settle_deferred()
             if held is not None:
                 await held.__aexit__(None, None, None)
             await self.aclose()

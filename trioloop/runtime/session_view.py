@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import getpass
+import math
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from decimal import Decimal
@@ -128,8 +129,7 @@ class SessionView(Generic[D]):
             history=conversation,
         )
         self._undo: UndoSteps[D] = UndoSteps(workspace=self._workspace, turns=self._turns, journal=self._journal)
-        #: How often an open review asks the store's decision box for reviewers' decisions made elsewhere (seconds).
-        self.decision_poll_s = DEFAULT_POLL_S
+        self._decision_poll_s = DEFAULT_POLL_S
         self._remote: RemoteReview | None = None
         #: Who the person deciding is, as the journal records each decision (the OS user by default).
         self.actor = _default_actor()
@@ -233,8 +233,22 @@ class SessionView(Generic[D]):
         """Tell ``observer`` of every state published from now on (see `trioloop.runtime.observer`)."""
         self._publisher.observe(observer)
 
+    @property
+    def decision_poll_s(self) -> float:
+        """How often an open review asks the store's decision box for reviewers' decisions made elsewhere (seconds;
+        a PostgreSQL store also announces them, and a review waiting for that asks only once a second besides)."""
+        return self._decision_poll_s
+
+    @decision_poll_s.setter
+    def decision_poll_s(self, seconds: float) -> None:
+        if not (seconds > 0 and math.isfinite(seconds)):
+            raise ValueError("decision_poll_s must be a positive number of seconds")
+        self._decision_poll_s = seconds
+        if self._remote is not None:
+            self._remote.poll_s = seconds
+
     def _listen_for_decisions(self) -> None:
-        remote = self._remote = self._turns.remote_review(self.decision_poll_s)
+        remote = self._remote = self._remote or self._turns.remote_review(self.decision_poll_s)
         if remote is not None and self._nursery is not None:
             self._nursery.start_soon(remote.listen, name="trioloop decisions from the inbox")
 
@@ -242,7 +256,7 @@ class SessionView(Generic[D]):
         """Take the reviewers' decisions waiting in the store's decision box now (`trioloop.runtime.remote_review`:
         each proven, then applied as a click naming its reviewer, or refused; the box says which and why). An open
         session does it every `decision_poll_s` while a review is open; a worker calls it before `continue_turn`."""
-        remote = self._remote or self._turns.remote_review(self.decision_poll_s)
+        remote = self._remote = self._remote or self._turns.remote_review(self.decision_poll_s)
         return [] if remote is None else await remote.take()
 
     def _setup(self) -> TurnSetup:

@@ -226,6 +226,7 @@ async def test_changes_are_numbered_so_a_page_reads_only_what_changed(box_factor
 
 async def test_two_connections_posting_on_one_card_at_once_one_wins(box_factory: Callable[[], Any]) -> None:
     stores = [box_factory() for _ in range(6)]
+    await stores[0].decisions("s1")  # the file and its tables exist before the race (opening is not what is raced)
     results: list[tuple[bool, Any]] = []
 
     async def post(store: DecisionBox, n: int) -> None:
@@ -269,3 +270,28 @@ async def test_heads_name_every_journal_and_its_last_entry(box_factory: Callable
         await lease.append([StoredEntry(n, b"{}") for n in range(1, count + 1)])
         await lease.release()
     assert await store.heads() == {"a": 3, "b": 1}
+
+
+async def test_turn_marks_say_where_each_sessions_last_turn_stands(box_factory: Callable[[], Any]) -> None:
+    from trioloop.durable.journal import GENESIS, encode_entry
+    from trioloop.durable.store import StoredEntry
+
+    store = box_factory()
+    journals = {
+        "settled": ["snapshot", "submit", "stream", "settled", "snapshot", "seal"],
+        "in-flight": ["snapshot", "submit", "stream", "approve", "start", "seal"],
+        "suspended": ["snapshot", "submit", "stream", "suspend", "seal"],
+        "taken-up": ["snapshot", "submit", "suspend", "resume", "start"],
+        "none": ["stream", "seal"],
+    }
+    for session_id, kinds in journals.items():
+        lease = await store.acquire(session_id)
+        entries = [encode_entry(n, kind, GENESIS, 0, {"text": '"kind":"submit"'}) for n, kind in enumerate(kinds, 1)]
+        await lease.append([StoredEntry(n, data) for n, data in enumerate(entries, 1)])
+        await lease.release()
+    assert await store.turn_marks() == {
+        "settled": (5, "snapshot"),
+        "in-flight": (2, "submit"),
+        "suspended": (4, "suspend"),
+        "taken-up": (4, "resume"),
+    }

@@ -31,6 +31,7 @@ audit trail without persistence.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Protocol, final, runtime_checkable
@@ -260,6 +261,9 @@ class _MemoryLease:
             await self.release()
 
 
+_TURN_MARK = re.compile(rb'^\{"seq":\d+,"kind":"(submit|resume|suspend|snapshot)"')
+
+
 class MemoryJournalStore(MemoryDecisions):
     """Journals in this process's memory (lost with it): tests, and an audit trail without persistence.
 
@@ -314,6 +318,18 @@ class MemoryJournalStore(MemoryDecisions):
         """Every session with a journal and the number of its last entry."""
         await trio.lowlevel.checkpoint()
         return {k: v[-1].seq for k, v in self._journals.items() if v}
+
+    async def turn_marks(self) -> dict[str, tuple[int, str]]:
+        """Each session's last entry that says where its last turn stands (as `SqlJournals.turn_marks`)."""
+        await trio.lowlevel.checkpoint()
+        found = {}
+        for session_id, entries in self._journals.items():
+            for entry in reversed(entries):
+                kind = _TURN_MARK.match(entry.data[:48])
+                if kind is not None:
+                    found[session_id] = (entry.seq, kind.group(1).decode())
+                    break
+        return found
 
     async def read(self, session_id: str) -> Sequence[StoredEntry]:
         """Every stored entry of ``session_id``, in order, without a lease."""

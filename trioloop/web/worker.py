@@ -168,11 +168,15 @@ class _Worker:
 
     async def orphans(self, *, settled_heads: bool) -> list[str]:
         """Sessions whose journal shows a turn in flight (or cut short) and whose head is where it was one scan
-        ago (nobody writes it), or at once with ``settled_heads=False``; each is judged once per head."""
+        ago (nobody writes it), or at once with ``settled_heads=False``; each is judged once per head. One query
+        (`turn_marks`: each journal's last turn marker, from its entries' first bytes), whatever the number of
+        sessions; a store without it is read journal by journal."""
         if self.heads_of is None:
             return []
         with trio.fail_after(_QUERY_S):
             heads = dict(await self.heads_of.heads())
+            marks_of = getattr(self.store, "turn_marks", None)
+            marks: dict[str, tuple[int, str]] | None = None if marks_of is None else await marks_of()
         before, self.heads = self.heads, heads
         found = []
         for session_id, seq in heads.items():
@@ -180,12 +184,12 @@ class _Worker:
                 continue
             if settled_heads and before.get(session_id) != seq:
                 continue
-            with trio.fail_after(_QUERY_S):
-                stored = await self.store.read(session_id)
-            marker = next(
-                (e.kind for e in reversed(decode_entries(stored)) if e.kind in _MARKERS),
-                "snapshot",
-            )
+            if marks is not None:
+                marker = marks.get(session_id, (0, "snapshot"))[1]
+            else:
+                with trio.fail_after(_QUERY_S):
+                    stored = await self.store.read(session_id)
+                marker = next((e.kind for e in reversed(decode_entries(stored)) if e.kind in _MARKERS), "snapshot")
             if marker in ("submit", "resume"):
                 found.append(session_id)
             else:
@@ -414,7 +418,7 @@ def worker_main(args: argparse.Namespace) -> int:
         app = load_app(args.app).with_keys(given_public_keys(args.key, args.keys))
         from trioloop.stores import open_store
 
-        store = open_store(args.store)
+        store = open_store(args.store, group_commit=True)  # one flush for the appends of the sessions it carries
     except (AppLoadError, ValueError, OSError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -7,14 +7,14 @@ PostgreSQL server; W worker processes (``python -m trioloop.web.worker``, pollin
 this process posts one signed decision per session at RATE per second, as the inbox would, noting the wall-clock time
 of each post. Each tool notes the time it started (``runs.log``). Reported: the latency from post to tool start
 (p50, p99, max), the journal entries and bytes each carried turn added (its durable cost per tool start), and the
-workers' CPU per tool start, with the machine's load.
+workers' CPU per tool start (measured after a warm-up of two decisions per worker, which are not counted), with the
+machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
 import signal
 import statistics
 import subprocess
@@ -26,6 +26,7 @@ from typing import Any
 
 import trio
 
+from benchmarks import _load
 from benchmarks._common import case_record, emit, load_line, percentile, print_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,9 +37,11 @@ from tests.pg_support import find_postgres_bin, running_postgres  # noqa: E402
 from tests.test_worker import APP_KEY, SERVER, _decide, _suspend_in_review  # noqa: E402
 from trioloop.stores import open_store  # noqa: E402
 
+_WARM = "warm"
 
-async def _setup(url: str, k: int) -> dict[str, int]:
-    """K suspended sessions; the head (last entry) of each."""
+
+async def _setup(url: str, k: int, warm: int = 0) -> dict[str, int]:
+    """K suspended sessions (and ``warm`` more, decided before the measured ones); the head of each measured one."""
     async with open_store(url) as store:
         limiter = trio.CapacityLimiter(16)
 
@@ -46,13 +49,37 @@ async def _setup(url: str, k: int) -> dict[str, int]:
             async with limiter:
                 await _suspend_in_review(store, f"bench-{n}")
 
+        async def warming(n: int) -> None:
+            async with limiter:
+                await _suspend_in_review(store, f"{_WARM}-{n}")
+
         async with trio.open_nursery() as nursery:
             for n in range(k):
                 nursery.start_soon(one, n)
+            for n in range(warm):
+                nursery.start_soon(warming, n)
         return {f"bench-{n}": len(await store.read(f"bench-{n}")) for n in range(k)}
 
 
-async def _decide_all(url: str, k: int, rate: float) -> dict[str, float]:
+async def _warm_up(url: str, warm: int) -> None:
+    """Decide the warm-up sessions at once: each worker has imported what carrying a turn needs before the run."""
+    async with open_store(url) as store:
+        for n in range(warm):
+            await _decide(store, f"{_WARM}-{n}")
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """The CPU time (user and system) the processes ``pids`` used so far."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+async def _decide_all(url: str, k: int, rate: float, sample: Any = None) -> dict[str, float]:
     """One decision per session at ``rate`` per second: the wall-clock time each post began."""
     posted: dict[str, float] = {}
     async with open_store(url) as store:
@@ -61,6 +88,8 @@ async def _decide_all(url: str, k: int, rate: float) -> dict[str, float]:
             await trio.sleep_until(start + n / rate)
             posted[f"bench-{n}"] = time.time()
             await _decide(store, f"bench-{n}")
+            if sample is not None and n % 10 == 0:
+                sample()
     return posted
 
 
@@ -84,39 +113,62 @@ async def _cost(url: str, heads: dict[str, int]) -> tuple[float, float]:
     return entries / len(heads), size / len(heads)
 
 
+def _postmaster(url: str) -> int | None:
+    """The PostgreSQL server's process (its children are the backends this run's workers use)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as admin:
+        row = admin.execute("SELECT setting FROM pg_settings WHERE name = 'data_directory'").fetchone()
+    try:
+        return int((Path(row[0]) / "postmaster.pid").read_text().split()[0]) if row else None
+    except (OSError, ValueError):
+        return None
+
+
 def one_case(url: str, k: int, workers: int, rate: float) -> dict[str, Any]:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute("DROP TABLE IF EXISTS trioloop_journal, trioloop_decisions, trioloop_leases CASCADE")
+        admin.execute("DROP TABLE IF EXISTS trioloop_journal, trioloop_decisions, trioloop_lease CASCADE")
     with tempfile.TemporaryDirectory(prefix="trioloop-inbox-") as scratch:
         folder = Path(scratch)
         APP_KEY.save(folder / "key")
         os.environ["TRIOLOOP_TEST_RUNS"] = scratch
         setup_began = time.monotonic()
-        heads = trio.run(_setup, url, k)
+        warm = 2 * workers
+        heads = trio.run(_setup, url, k, warm)
         setup_s = time.monotonic() - setup_began
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TRIOLOOP_TEST_APP_KEY": str(folder / "key")}
         command = [sys.executable, "-m", "trioloop.web.worker", "--app", "tests.worker_app:app", "--store", url]
         command += ["--key", SERVER.public_key_text, "--poll-s", "0.05"]
-        cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         procs = [subprocess.Popen(command, cwd=ROOT, env=env) for _ in range(workers)]
+        sampler = _load.start_sampling()  # the workers and the PostgreSQL server are this run's own
+        for proc in procs:
+            sampler.add_root(proc.pid)
+        postmaster = _postmaster(url)
+        if postmaster is not None:
+            sampler.add_root(postmaster)
+        _load.configure(processes=1, helpers=[f"{workers} worker processes", "PostgreSQL server"])
         try:
-            time.sleep(1.0)  # the workers import and connect
-            posted = trio.run(_decide_all, url, k, rate)
+            trio.run(_warm_up, url, warm)
             deadline = time.monotonic() + 60
-            while len(_started(folder)) < k and time.monotonic() < deadline:
+            while len(_started(folder)) < warm and time.monotonic() < deadline:
+                time.sleep(0.05)
+            cpu_before = _cpu_s([proc.pid for proc in procs])
+            posted = trio.run(_decide_all, url, k, rate, sampler.sample)
+            deadline = time.monotonic() + 60
+            while len(_started(folder)) < k + warm and time.monotonic() < deadline:
                 time.sleep(0.1)
+                sampler.sample()
+            cpu = _cpu_s([proc.pid for proc in procs]) - cpu_before
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)
             for proc in procs:
                 proc.wait(timeout=60)
-        cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = _started(folder)
+        started = {sid: at for sid, at in _started(folder).items() if not sid.startswith(_WARM)}
         latencies = sorted((started[sid] - at) * 1000 for sid, at in posted.items() if sid in started)
         entries, size = trio.run(_cost, url, heads)
-        cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
         return {
             "sessions": k,
             "workers": workers,

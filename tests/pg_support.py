@@ -79,8 +79,9 @@ def postgres_url() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def running_postgres(bindir: Path) -> Iterator[str]:
-    """A throwaway server from the binaries in ``bindir``, for as long as the block runs: its database's URL."""
+def running_postgres(bindir: Path, options: str = "") -> Iterator[str]:
+    """A throwaway server from the binaries in ``bindir``, for as long as the block runs: its database's URL.
+    ``options``: more ``-c name=value`` settings for the server (a benchmark's ``-c fsync=on``, say)."""
     prefix, user = _as_server_user()
     root = Path(tempfile.mkdtemp(prefix="trioloop-pg-"))
     data = root / "data"
@@ -92,7 +93,7 @@ def running_postgres(bindir: Path) -> Iterator[str]:
         initdb = [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"]
         _run([*prefix, *initdb, "--no-locale", "--no-sync"], "initdb")
         port = _free_port()
-        options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off -c full_page_writes=off"
+        options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off -c full_page_writes=off {options}"
         _run([*pg_ctl, "-l", str(root / "server.log"), "-o", options, "-w", "-t", "60", "start"], "pg_ctl start")
         started = True
         import psycopg

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -248,7 +247,8 @@ class CountingStore:
         return await self.store.read(session_id)
 
 
-async def test_a_thousand_waiting_sessions_list_fast_once_read(tmp_path: Path, env: Env) -> None:
+async def test_a_thousand_waiting_sessions_are_read_once_then_listed_from_the_cache(tmp_path: Path, env: Env) -> None:
+    # How fast the page is with 1,000 waiting sessions is benchmarks/inbox.py's (--page); this is what makes it so.
     async with SQLiteJournalStore(tmp_path / "many.db", durable=False) as store:
         await waiting_session(store, "s0000", env.journal_key)
         for n in range(1, 1000):
@@ -256,10 +256,8 @@ async def test_a_thousand_waiting_sessions_list_fast_once_read(tmp_path: Path, e
         counting = CountingStore(store)
         inbox = Inbox(counting, env.journal_key.keys, env.inbox_key.keys)
         assert len(await inbox.reviews()) == 1000 and counting.reads == 1000
-        started = time.perf_counter()
         listed = await inbox.reviews()
-        took = time.perf_counter() - started
-        assert len(listed) == 1000 and counting.reads == 1000 and took < 0.3, took
+        assert len(listed) == 1000 and counting.reads == 1000  # nothing read again: every journal's head is the same
         await copy_session(store, "s0000", "s1000", env.journal_key)
         assert len(await inbox.reviews()) == 1001 and counting.reads == 1001  # only the new one read
 

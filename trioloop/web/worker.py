@@ -418,7 +418,7 @@ def worker_main(args: argparse.Namespace) -> int:
         app = load_app(args.app).with_keys(given_public_keys(args.key, args.keys))
         from trioloop.stores import open_store
 
-        store = open_store(args.store, group_commit=True)  # one flush for the appends of the sessions it carries
+        store = open_store(args.store)
     except (AppLoadError, ValueError, OSError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+from playwright.sync_api import expect
 from web_support import ROOT, Served, reviewers_file, serve_process, waiting_session
 
 from trioloop.durable.signing import JournalSigner
@@ -119,10 +120,8 @@ def test_approve_with_the_keyboard_only(browser: Any, server: Any) -> None:
     assert order.index("approve-always-0") < order.index("approve-0")
     outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
     assert outline == "solid"  # the focus is visible
-    page.keyboard.press("Enter")
-    page.wait_for_url("**/session?id=notes")
-    status = page.locator("#card-0 .status")
-    assert "approved by Ada (ada): waiting for the session's process" in status.inner_text()
+    page.keyboard.press("Enter")  # the form posts; the page comes back (PRG) with the card's new status
+    expect(page.locator("#card-0 .status")).to_contain_text("approved by Ada (ada): waiting for the session's process")
     assert page.get_by_role("status").first.is_visible()
     page.context.close()
 
@@ -134,19 +133,19 @@ def test_deny_with_a_reason_and_edit_an_input(browser: Any, server: Any) -> None
     page.get_by_label("Reason for denying").fill("Not this week.")
     page.get_by_role("button", name="Deny").click()
     page.wait_for_load_state()
-    assert "denied by Bob (bob): waiting for the session's process" in page.locator("#card-0 .status").inner_text()
+    expect(page.locator("#card-0 .status")).to_contain_text("denied by Bob (bob): waiting for the session's process")
     page.goto(served.base + "/session?id=edit-me")
     page.get_by_text("Edit the input, then approve").click()
     page.get_by_label("The whole input, as a JSON object").fill("{not json")
     page.get_by_role("button", name="Approve with this input").click()
-    assert "not valid JSON" in page.locator(".message").inner_text()
+    expect(page.locator(".message")).to_contain_text("not valid JSON")
     page.go_back()
     page.get_by_text("Edit the input, then approve").click()
     page.get_by_label("The whole input, as a JSON object").fill('{"line": "- renew it in May"}')
     page.get_by_role("button", name="Approve with this input").click()
     page.wait_for_load_state()
-    said = page.locator("#card-0 .status").inner_text()
-    assert "approved with an edited input by Bob (bob): waiting for the session's process" in said
+    edited = "approved with an edited input by Bob (bob): waiting for the session's process"
+    expect(page.locator("#card-0 .status")).to_contain_text(edited)
     page.context.close()
 
 
@@ -157,11 +156,11 @@ def test_two_reviewers_on_one_card(browser: Any, server: Any) -> None:
     for page in (ada, bob):
         page.goto(served.base + "/session?id=race")
     ada.get_by_role("button", name="Approve", exact=True).click()
-    ada.wait_for_load_state()
+    expect(ada.locator("#card-0 .status")).to_contain_text("approved by Ada (ada)")  # posted before Bob clicks
     bob.get_by_role("button", name="Approve", exact=True).click()
     bob.wait_for_load_state()
-    assert "Ada decided first: approved." in bob.locator(".message").inner_text()
-    assert "approved by Ada (ada)" in ada.locator("#card-0 .status").inner_text()
+    expect(bob.locator(".message")).to_contain_text("Ada decided first: approved.")
+    expect(ada.locator("#card-0 .status")).to_contain_text("approved by Ada (ada)")
     ada.context.close()
     bob.context.close()
 

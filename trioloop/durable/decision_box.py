@@ -302,6 +302,14 @@ class PostgresDecisions(SqlDecisions):
             listener = self._decision_listener = _Listener(self._connect)
         return listener.arm(session_id)
 
+    def arm_any_decision(self) -> trio.Event | None:
+        """An event set when the next decision for any session is announced (a worker's wake-up); None when the
+        listener cannot run."""
+        listener = self._decision_listener
+        if listener is None or listener.stopped:
+            listener = self._decision_listener = _Listener(self._connect)
+        return listener.arm_any()
+
     async def _stop_listening(self) -> None:
         listener, self._decision_listener = self._decision_listener, None
         if listener is not None:
@@ -331,6 +339,7 @@ class _Listener:
         self._connect = connect
         self._token = trio.lowlevel.current_trio_token()
         self._armed: dict[str, trio.Event] = {}
+        self._any: trio.Event | None = None
         self._lock = threading.Lock()
         self.stopped = False
         self._thread = threading.Thread(target=self._run, name="trioloop decision notices", daemon=True)
@@ -343,11 +352,19 @@ class _Listener:
                 event = self._armed[session_id] = trio.Event()
             return event
 
+    def arm_any(self) -> trio.Event:
+        with self._lock:
+            if self._any is None:
+                self._any = trio.Event()
+            return self._any
+
     def _announce(self, session_id: str) -> None:
         with self._lock:
             event = self._armed.pop(session_id, None)
-        if event is not None:
-            event.set()
+            any_, self._any = self._any, None
+        for armed in (event, any_):
+            if armed is not None:
+                armed.set()
 
     def _run(self) -> None:
         while not self.stopped:

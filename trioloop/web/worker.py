@@ -63,6 +63,9 @@ _ERROR_MAX_S: Final = 60.0
 #: An open session's own poll is kept quiet: the worker takes decisions itself, when it acts on them (a store that
 #: announces decisions, PostgreSQL, still wakes the session's listener; it then takes them under the same lock).
 _QUIET_POLL_S: Final = 1e6
+#: How often a store that announces decisions (PostgreSQL) is asked anyway while nothing waits (a notice can be lost
+#: with its connection).
+_NOTICED_POLL_S: Final = 1.0
 #: Journal entries that say where the last turn stands: started or taken up (in flight, or settled without a
 #: snapshot), suspended in review, or over (a snapshot follows a settled turn, or starts the journal).
 _MARKERS: Final = frozenset({"submit", "resume", "suspend", "snapshot"})
@@ -365,14 +368,27 @@ async def _once(worker: _Worker, carriers: trio.Nursery) -> None:
 
 
 async def _poll(worker: _Worker, carriers: trio.Nursery, poll_s: float) -> None:
+    """Ask the box every ``poll_s``; a store that announces decisions (PostgreSQL) is asked when one is announced
+    instead (armed before asking, so none falls between), and every `_NOTICED_POLL_S` besides, while nothing it found
+    waits for a slot or a retry."""
+    arm = getattr(worker.box, "arm_any_decision", None)
     while True:
+        armed = None if arm is None else arm()
+        waiting = False
         try:
             for session_id in await worker.decided():
                 if worker.free(session_id):
                     worker.start(carriers, session_id, "decision")
+                else:
+                    waiting = True  # carried now, a slot busy, or a retry later: asked again at the next poll
         except Exception as exc:  # a store that failed or stalled: said, and asked again next time
             log.warning("asking the decision box failed: %s: %s", type(exc).__name__, exc)
-        await trio.sleep(poll_s)
+            waiting = True
+        if armed is None or waiting:
+            await trio.sleep(poll_s)
+        else:
+            with trio.move_on_after(_NOTICED_POLL_S):
+                await armed.wait()
 
 
 async def _scan(worker: _Worker, carriers: trio.Nursery, scan_s: float) -> None:

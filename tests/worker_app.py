@@ -4,21 +4,27 @@ A note document and two tools: ``append_line`` (appends its line to the note) an
 waits for ever: a worker killed while it runs). Every tool run is written, as one line, to ``runs.log`` in the folder
 ``TRIOLOOP_TEST_RUNS`` names, so a test counts how many times each call ran across every process. The scripted
 model answers by the session id's prefix: ``again-`` sessions ask for one more line (the turn waits in review
-again), every other session ends its turn with "Done." once its calls have run. The journal key is the file
+again), every other session ends its turn with "Done." once its calls have run; a call denied with a reason is
+answered "Understood, I will not: <the reason>." instead. The journal key is the file
 ``TRIOLOOP_TEST_APP_KEY`` names (the app's and the fleet's); the inbox server's public key comes with ``--key``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from trioloop import ScriptedProvider, ToolExecutionContext, ToolOutcome, define_document_kind, function_tool
 from trioloop.durable.signing import JournalKeys, JournalSigner
+from trioloop.protocol.events import StreamEvent
+from trioloop.protocol.messages import ToolResultBlock
+from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 from trioloop.web.worker_app import WorkerApp
 
@@ -69,8 +75,48 @@ def script_for(session_id: str) -> list[ScriptStep]:
     return [ScriptStep(text="Done.")]
 
 
-def provider(session_id: str) -> Any:
-    return ScriptedProvider(script_for(session_id))
+_REASON = "The user gave this reason, in their own words: "
+
+
+def denial_reason(request: ChatRequest) -> str | None:
+    """The reason a person gave for denying a call whose result the model reads now (None: no such call)."""
+    if not request.messages:
+        return None
+    for block in request.messages[-1].content:
+        if isinstance(block, ToolResultBlock) and block.is_error and _REASON in block.content:
+            quoted = block.content.split(_REASON, 1)[1]
+            try:
+                return str(json.loads(quoted))
+            except ValueError:
+                return quoted
+    return None
+
+
+class _Answering:
+    """The scripted model, but a denial with a reason is answered with the reason."""
+
+    def __init__(self, scripted: ScriptedProvider) -> None:
+        self._scripted = scripted
+
+    async def stream(
+        self,
+        request: ChatRequest,
+        send: trio.abc.SendChannel[StreamEvent],
+        *,
+        cancel_scope: trio.CancelScope | None = None,
+    ) -> None:
+        reason = denial_reason(request)
+        if reason is None:
+            await self._scripted.stream(request, send, cancel_scope=cancel_scope)
+            return
+        async with ScriptedProvider([ScriptStep(text=f"Understood, I will not: {reason}")]) as once:
+            await once.stream(request, send, cancel_scope=cancel_scope)
+
+
+@contextlib.asynccontextmanager
+async def provider(session_id: str) -> AsyncIterator[_Answering]:
+    async with ScriptedProvider(script_for(session_id)) as scripted:
+        yield _Answering(scripted)
 
 
 def make_app(signer: JournalSigner, server: JournalKeys | None) -> WorkerApp:

@@ -1,6 +1,10 @@
 """What waits for a reviewer, read from a journal store: every session whose journal shows an open review, verified,
 and the decisions posted on its cards.
 
+When no review waits, `last_turn` says how the session's last turn stands: still going on, suspended, or settled
+(a ``snapshot`` follows a settled turn), with its outcome where the journal says it, what became of each call, and
+the model's last text.
+
 `Inbox` holds no session and writes no journal. It reads each journal whole, verifies it (`verify_journal`: numbering,
 hash chain, every seal against the keys given) in a worker thread, and folds it into the review that waits
 (`waiting_review`); a journal that does not verify is listed as refused, with the reason, and nothing of it is shown
@@ -26,12 +30,21 @@ from trioloop.durable.review_view import CardView, ReviewView, waiting_review
 from trioloop.durable.signing import JournalKeys
 from trioloop.durable.store import JournalStoreError, StoredEntry
 
-__all__ = ["Inbox", "ReviewStore", "SessionReview", "ShownDecision"]
+__all__ = ["Inbox", "LastTurn", "ReviewStore", "SessionReview", "ShownDecision", "TurnCall", "last_turn"]
 
 #: The largest input shown for editing (as JSON text); a larger one is edited by writing it whole.
 _EDIT_CHARS: Final = 16_000
 _READERS: Final = 16
 _HIDDEN: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+_TEXT_CHARS: Final = 100_000
+#: What a ``cancel`` entry's reason settles the turn as (as the turn's machine does).
+_CANCELLED: Final = {
+    "stop": "cancelled",
+    "deadline": "bounded: its deadline passed",
+    "review_timeout": "bounded: its review timed out",
+}
+#: The limits under which a response that ends the turn may still settle it bounded (a token or cost bound).
+_SPEND_LIMITS: Final = ("max_input_tokens", "max_output_tokens", "max_total_tokens", "max_cost_usd")
 
 
 class ReviewStore(Protocol):
@@ -50,15 +63,156 @@ class ReviewStore(Protocol):
 
 @final
 @attrs.frozen(kw_only=True)
+class TurnCall:
+    """One call of a turn and what became of it: ``asked``, ``approved``, ``started`` (running, or cut off),
+    ``succeeded``, ``failed``, ``denied`` or ``revoked``; ``detail`` is the failure's text or the denial's reason."""
+
+    call_id: str
+    tool: str
+    status: str
+    detail: str = ""
+
+
+@final
+@attrs.frozen(kw_only=True)
+class LastTurn:
+    """A session's last turn as its journal says, when no review waits: ``state`` (``going on``: started or taken
+    up, neither suspended nor settled; ``suspended``; ``settled``), the ``outcome`` of a settled turn where the
+    journal says it (empty otherwise), its calls, and the model's last text (every field untrusted)."""
+
+    turn_id: str
+    request: str
+    state: Literal["going on", "suspended", "settled"]
+    outcome: str
+    model_text: str
+    calls: tuple[TurnCall, ...]
+    at_ms: int
+
+
+def _str(value: object) -> str:
+    return value[:_TEXT_CHARS] if type(value) is str else ""
+
+
+class _TurnFold:
+    """The last turn, folded from a journal's entries (see `last_turn`)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self, turn_id: str = "", request: str = "", spend_bounded: bool = False) -> None:
+        self.turn_id = turn_id
+        self.request = request
+        self.spend_bounded = spend_bounded
+        self.state: Literal["going on", "suspended", "settled"] = "going on"
+        self.model_text = ""
+        self.stop = ""
+        self.error = ""
+        self.cancel = ""
+        self.calls: dict[str, TurnCall] = {}
+        self.at_ms = 0
+
+    def call(self, call_id: object, status: str, detail: object = "") -> None:
+        known = self.calls.get(call_id) if type(call_id) is str else None
+        if known is not None:
+            self.calls[known.call_id] = attrs.evolve(known, status=status, detail=_str(detail))
+
+    def stream(self, events: object) -> None:
+        if type(events) is not list:
+            return
+        text = []
+        for event in events:
+            if type(event) is not dict:
+                continue
+            kind = event.get("type")
+            if kind == "text_delta" and type(event.get("text")) is str:
+                text.append(event["text"])
+            elif kind == "tool_call_complete" and type(event.get("id")) is str:
+                self.calls[event["id"]] = TurnCall(call_id=event["id"], tool=_str(event.get("name")), status="asked")
+            elif kind == "message_stop":
+                self.stop = _str(event.get("stop_reason"))
+            elif kind == "error" and event.get("terminal") is not False:
+                self.error = _str(event.get("message")) or "the model's stream failed"
+        if text:
+            self.model_text = "".join(text)[:_TEXT_CHARS]
+
+    def apply(self, entry: JournalEntry) -> None:
+        kind, data = entry.kind, entry.data
+        if kind == "submit":
+            limits = data.get("limits")
+            spend = type(limits) is dict and any(limits.get(name) is not None for name in _SPEND_LIMITS)
+            self.reset(_str(data.get("turn_id")), _str(data.get("text")), spend)
+        if not self.turn_id:
+            return
+        self.at_ms = entry.at_ms
+        if kind == "stream":
+            self.stream(data.get("events"))
+        elif kind == "retry":
+            self.error = ""
+        elif kind == "approve":
+            self.call(data.get("call_id"), "approved")
+        elif kind == "approve_batch":
+            for call_id in data.get("call_ids") or ():
+                self.call(call_id, "approved")
+        elif kind == "deny":
+            self.call(data.get("call_id"), "denied", data.get("reason"))
+        elif kind == "start":
+            self.call(data.get("call_id"), "started")
+        elif kind == "settled":
+            ok = data.get("ok") is True
+            self.call(data.get("call_id"), "succeeded" if ok else "failed", "" if ok else data.get("result"))
+        elif kind == "revoke":
+            self.call(data.get("call_id"), "revoked", data.get("detail"))
+        elif kind == "cancel":
+            self.cancel = _str(data.get("reason"))
+        elif kind in ("suspend", "resume"):
+            self.state = "suspended" if kind == "suspend" else "going on"
+        elif kind == "snapshot":  # what follows a settled turn
+            self.state = "settled"
+
+    def outcome(self) -> str:
+        if self.state != "settled":
+            return ""
+        if self.cancel:
+            return _CANCELLED.get(self.cancel, "")
+        if self.error:
+            return f"failed: {self.error}"
+        if self.stop and self.stop not in ("tool_use", "pause_turn") and not self.spend_bounded:
+            return "completed"
+        return ""  # a bound the journal does not name (iterations, tokens, cost)
+
+
+def last_turn(entries: Sequence[JournalEntry]) -> LastTurn | None:
+    """How the last turn in ``entries`` (a verified journal) stands, or None when the journal holds no turn (none
+    started, or compacted past it)."""
+    fold = _TurnFold()
+    for entry in entries:
+        fold.apply(entry)
+    if not fold.turn_id:
+        return None
+    return LastTurn(
+        turn_id=fold.turn_id,
+        request=fold.request,
+        state=fold.state,
+        outcome=fold.outcome(),
+        model_text=fold.model_text,
+        calls=tuple(fold.calls.values()),
+        at_ms=fold.at_ms,
+    )
+
+
+@final
+@attrs.frozen(kw_only=True)
 class SessionReview:
     """One session as the inbox read it: the review that waits (None: nothing waits), or why its journal was refused;
-    and each waiting card's input as JSON text, for editing (empty when too large to offer)."""
+    and each waiting card's input as JSON text, for editing (empty when too large to offer); when nothing waits, how
+    the last turn stands (`LastTurn`)."""
 
     session_id: str
     last_seq: int
     view: ReviewView | None = None
     refused: str = ""
     inputs: dict[str, str] = attrs.field(factory=dict)
+    last_turn: LastTurn | None = None
 
     def card(self, call_id: str) -> CardView | None:
         if self.view is None:
@@ -131,7 +285,7 @@ def _judge(session_id: str, stored: Sequence[StoredEntry], keys: JournalKeys, la
     view = waiting_review(session_id, entries)
     seq = entries[-1].seq if entries else last_seq
     if view is None:
-        return SessionReview(session_id=session_id, last_seq=seq)
+        return SessionReview(session_id=session_id, last_seq=seq, last_turn=last_turn(entries))
     return SessionReview(session_id=session_id, last_seq=seq, view=view, inputs=_inputs(entries, view))
 
 
@@ -168,6 +322,7 @@ class Inbox:
         self._sessions: dict[str, SessionReview] = {}
         self._decisions: dict[str, dict[int, ShownDecision]] = {}
         self._change = 0
+        self._moved: set[str] = set()  # changes a page's own read found: still to be told (`sync`)
         self._synced = False
         self._lock = trio.Lock()
         self._limiter = trio.CapacityLimiter(_READERS)
@@ -180,9 +335,11 @@ class Inbox:
                 return SessionReview(session_id=session_id, last_seq=last_seq, refused=f"it could not be read: {exc}")
             return await trio.to_thread.run_sync(_judge, session_id, stored, self._keys, last_seq)
 
-    async def sync(self) -> set[str]:
+    async def sync(self, *, tell: bool = True) -> set[str]:
         """Catch up with the store: the ids of the sessions whose journal or decisions changed since the last call
-        (every session on the first)."""
+        (every session on the first). ``tell=False`` is a page's own catch-up: what it finds is returned again by
+        the next call that tells (the one whose answer the open pages hear of), and so is a session `current` read
+        ahead."""
         async with self._lock:
             heads = await self.store.heads()
             changed = {sid for sid, seq in heads.items() if (s := self._sessions.get(sid)) is None or s.last_seq != seq}
@@ -202,7 +359,11 @@ class Inbox:
             self._change = max(self._change, latest)
             changed |= self._take(records)
             self._synced = True
-            return changed | gone
+            if not tell:
+                self._moved |= changed | gone
+                return changed | gone
+            found, self._moved = changed | gone | self._moved, set()
+            return found
 
     def _take(self, records: Iterable[PostedDecision]) -> set[str]:
         touched = set()
@@ -216,7 +377,7 @@ class Inbox:
         """The sessions whose review waits (and those whose journal was refused), newest first, filtered: ``session``
         a part of the session id, ``tool`` a waiting card's tool, ``kind`` the document kind or a part of its
         source (a refused journal matches only by session)."""
-        await self.sync()
+        await self.sync(tell=False)
         found = []
         for review in self._sessions.values():
             if session and session not in review.session_id:
@@ -241,6 +402,9 @@ class Inbox:
             async with self._lock:
                 known = self._sessions.get(session_id)
                 if known is None or known.last_seq <= review.last_seq:
+                    if known is None or known.last_seq < review.last_seq:
+                        # `sync` now finds this head known: it still tells every page of the change.
+                        self._moved.add(session_id)
                     self._sessions[session_id] = review
         records = await self.store.decisions(session_id)
         self._decisions[session_id] = {record.id: _shown(record, self._decision_keys) for record in records}

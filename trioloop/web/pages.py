@@ -103,6 +103,30 @@ def _card(inbox: Inbox, review: SessionReview, index: int, budget: Budget) -> di
     }
 
 
+def _last_turn(review: SessionReview, budget: Budget) -> dict[str, Any] | None:
+    """How the session's last turn stands (when no review waits), every journal text through the page's budget."""
+    turn = review.last_turn
+    if turn is None:
+        return None
+    calls = [
+        {
+            "tool": budget.show(call.tool, cap=200, keep_lines=False),
+            "status": call.status,
+            "detail": budget.show(call.detail, cap=1000),
+        }
+        for call in turn.calls[:_DETAIL_LINES]
+    ]
+    return {
+        "state": turn.state,
+        "outcome": budget.show(turn.outcome, cap=1000),
+        "request": budget.show(turn.request),
+        "model_text": budget.show(turn.model_text),
+        "calls": calls,
+        "calls_left_out": len(turn.calls) - len(calls),
+        "at": turn.at_ms,
+    }
+
+
 async def session_context(inbox: Inbox, session_id: str) -> dict[str, Any]:
     """The session page's values: the review as the journal says now, each card with its posted decision."""
     review = await inbox.current(session_id)
@@ -114,6 +138,7 @@ async def session_context(inbox: Inbox, session_id: str) -> dict[str, Any]:
         "refused": budget.show(review.refused, cap=1000),
         "region": "/fragment/session?" + urllib.parse.urlencode({"id": session_id}),
         "cards": [],
+        "last_turn": None,
     }
     if review.view is not None:
         view = review.view
@@ -122,6 +147,8 @@ async def session_context(inbox: Inbox, session_id: str) -> dict[str, Any]:
         context["request_text"] = budget.show(view.request)
         context["model_text"] = budget.show(view.model_text)
         context["cards"] = [_card(inbox, review, i, budget) for i in range(len(view.cards))]
+    elif not review.refused:
+        context["last_turn"] = _last_turn(review, budget)
     context["batchable"] = [c for c in context["cards"] if c["open"] and not c["destructive"]]
     context["skipped"] = budget.skipped
     return context

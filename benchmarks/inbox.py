@@ -120,8 +120,8 @@ async def _review_all(
             if n % 10 == 0:
                 sample()
         with trio.move_on_after(60):
-            while len(_started(folder)) < len(posted) + 1000:  # every tool of the run, the warm-up's too
-                if all(session_id in _started(folder) for session_id in posted):
+            while len(started_tools(folder)) < len(posted) + 1000:  # every tool of the run, the warm-up's too
+                if all(session_id in started_tools(folder) for session_id in posted):
                     break
                 await trio.sleep(0.1)
         await trio.sleep(1.0)  # the last updates
@@ -129,21 +129,22 @@ async def _review_all(
     return posted, told
 
 
-async def _decide_all(url: str, k: int, rate: float, sample: Any = None) -> dict[str, float]:
-    """One decision per session at ``rate`` per second: the wall-clock time each post began."""
+async def decide_all(url: str, k: int, rate: float, sample: Any = None, prefix: str = "bench") -> dict[str, float]:
+    """One decision per session (``prefix``-0, -1, ...) at ``rate`` per second, posted to the box as the inbox posts
+    it: the wall-clock time each post began."""
     posted: dict[str, float] = {}
     async with open_store(url) as store:
         start = trio.current_time()
         for n in range(k):
             await trio.sleep_until(start + n / rate)
-            posted[f"bench-{n}"] = time.time()
-            await _decide(store, f"bench-{n}")
+            posted[f"{prefix}-{n}"] = time.time()
+            await _decide(store, f"{prefix}-{n}")
             if sample is not None and n % 10 == 0:
                 sample()
     return posted
 
 
-def _started(folder: Path) -> dict[str, float]:
+def started_tools(folder: Path) -> dict[str, float]:
     log = folder / "runs.log"
     found: dict[str, float] = {}
     for line in log.read_text().splitlines() if log.exists() else []:
@@ -205,13 +206,13 @@ def one_case(url: str, k: int, workers: int, rate: float, direct: bool = False) 
         try:
             trio.run(_warm_up, url, warm)
             deadline = time.monotonic() + 60
-            while len(_started(folder)) < warm and time.monotonic() < deadline:
+            while len(started_tools(folder)) < warm and time.monotonic() < deadline:
                 time.sleep(0.05)
             if direct:  # the box only: what the workers take, without the inbox server's share
                 cpu_before = _cpu_s([proc.pid for proc in procs])
-                posted, told = trio.run(_decide_all, url, k, rate, sampler.sample), {}
+                posted, told = trio.run(decide_all, url, k, rate, sampler.sample), {}
                 deadline = time.monotonic() + 60
-                while len(_started(folder)) < k + warm and time.monotonic() < deadline:
+                while len(started_tools(folder)) < k + warm and time.monotonic() < deadline:
                     time.sleep(0.1)
                     sampler.sample()
                 cpu = _cpu_s([proc.pid for proc in procs]) - cpu_before
@@ -230,7 +231,7 @@ def one_case(url: str, k: int, workers: int, rate: float, direct: bool = False) 
                 proc.send_signal(signal.SIGTERM)
             for proc in procs:
                 proc.wait(timeout=60)
-        started = {sid: at for sid, at in _started(folder).items() if not sid.startswith(_WARM)}
+        started = {sid: at for sid, at in started_tools(folder).items() if not sid.startswith(_WARM)}
         latencies = sorted((started[sid] - at) * 1000 for sid, at in posted.items() if sid in started)
         updated = sorted(
             (min(t for t in told[sid] if t >= started[sid]) - at) * 1000

@@ -26,25 +26,16 @@ import trio
 
 from benchmarks import _load
 from benchmarks._common import case_record, emit, load_line, percentile, print_table
+from benchmarks.inbox import decide_all, started_tools
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from tests.pg_support import find_postgres_bin, running_postgres  # noqa: E402
-from tests.test_worker import _decide  # noqa: E402
 from trioloop.durable.journal import decode_entries  # noqa: E402
 from trioloop.durable.review_view import waiting_review  # noqa: E402
 from trioloop.stores import open_store  # noqa: E402
-
-
-def _started(folder: Path) -> dict[str, float]:
-    log = folder / "runs.log"
-    found: dict[str, float] = {}
-    for line in log.read_text().splitlines() if log.exists() else []:
-        what, _, at = line.partition("\t")
-        found.setdefault(what.removesuffix(" one"), float(at))
-    return found
 
 
 async def _all_waiting(target: str, sessions: int) -> bool:
@@ -54,18 +45,6 @@ async def _all_waiting(target: str, sessions: int) -> bool:
             if view is None:
                 return False
     return True
-
-
-async def _decide_all(target: str, sessions: int, rate: float, sample: Any) -> dict[str, float]:
-    posted: dict[str, float] = {}
-    async with open_store(target) as store:
-        start = trio.current_time()
-        for n in range(sessions):
-            await trio.sleep_until(start + n / rate)
-            posted[f"held-{n}"] = time.time()
-            await _decide(store, f"held-{n}")
-            sample()
-    return posted
 
 
 def one_case(name: str, target: str, sessions: int, rate: float) -> dict[str, Any]:
@@ -83,9 +62,9 @@ def one_case(name: str, target: str, sessions: int, rate: float) -> dict[str, An
             while not (folder / "ready").exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert trio.run(_all_waiting, target, sessions), "the sessions are not waiting in review"
-            posted = trio.run(_decide_all, target, sessions, rate, sampler.sample)
+            posted = trio.run(decide_all, target, sessions, rate, sampler.sample, "held")
             deadline = time.monotonic() + 60
-            while len(_started(folder)) < sessions and time.monotonic() < deadline:
+            while len(started_tools(folder)) < sessions and time.monotonic() < deadline:
                 time.sleep(0.05)
                 sampler.sample()
         finally:
@@ -94,7 +73,7 @@ def one_case(name: str, target: str, sessions: int, rate: float) -> dict[str, An
                 holder.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 holder.kill()
-        started = _started(folder)
+        started = started_tools(folder)
         latencies = sorted((started[sid] - at) * 1000 for sid, at in posted.items() if sid in started)
         return {
             "store": name,

@@ -56,6 +56,9 @@
   }
 
   var source = new EventSource("/events");
+  // A change between the page's rendering and this stream's opening (the worker carrying the turn on right after a
+  // decision, say) is told to nobody: look once when the stream opens (and again after each reconnection).
+  source.addEventListener("open", function () { refresh(); });
   source.addEventListener("change", function (event) {
     var change;
     try { change = JSON.parse(event.data); } catch (e) { return; }

@@ -1,7 +1,7 @@
 """The app of ``benchmarks/inbox_held.py``: S sessions open, each waiting in review, each hearing of decisions
 itself, until SIGTERM.
 
-    python -m benchmarks._inbox_holder TARGET SESSIONS FOLDER
+    python -m benchmarks._inbox_holder TARGET SESSIONS FOLDER INBOX_PUBLIC_KEY
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from tests.test_worker import APP, SERVER
+from tests.test_worker import APP
 from tests.worker_app import NOTE, TOOLS
 from trioloop import Phase, ScriptedProvider, Session
+from trioloop.durable.signing import JournalKeys, public_key_from_text
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 from trioloop.stores import open_store
 
 
-async def hold(store: object, session_id: str, ready: trio.Event, stop: trio.Event) -> None:
+async def hold(store: object, session_id: str, keys: JournalKeys, ready: trio.Event, stop: trio.Event) -> None:
     call = ScriptedCall(id="c1", name="append_line", input={"line": f"{session_id} one"})
     steps = [ScriptStep(tool_calls=(call,)), ScriptStep(text="Done.")]
     async with ScriptedProvider(steps) as provider:
@@ -35,7 +36,7 @@ async def hold(store: object, session_id: str, ready: trio.Event, stop: trio.Eve
             document="",
             model="m",
             signer=APP.signer,  # type: ignore[arg-type]
-            keys=SERVER.keys,
+            keys=keys,
             witness=None,
         )
         async with session, trio.open_nursery() as nursery:
@@ -49,13 +50,14 @@ async def hold(store: object, session_id: str, ready: trio.Event, stop: trio.Eve
             nursery.cancel_scope.cancel()
 
 
-async def main(target: str, sessions: int, folder: Path) -> None:
+async def main(target: str, sessions: int, folder: Path, inbox_key: str) -> None:
+    keys = JournalKeys([public_key_from_text(inbox_key)])
     async with open_store(target) as store:
         stop = trio.Event()
         readies = [trio.Event() for _ in range(sessions)]
         async with trio.open_nursery() as nursery:
             for n in range(sessions):
-                nursery.start_soon(hold, store, f"held-{n}", readies[n], stop)
+                nursery.start_soon(hold, store, f"held-{n}", keys, readies[n], stop)
             for ready in readies:
                 await ready.wait()
             (folder / "ready").touch()
@@ -66,4 +68,4 @@ async def main(target: str, sessions: int, folder: Path) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]))
+    trio.run(main, sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])

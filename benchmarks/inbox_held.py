@@ -26,7 +26,7 @@ import trio
 
 from benchmarks import _load
 from benchmarks._common import case_record, emit, load_line, percentile, print_table
-from benchmarks.inbox import decide_all, started_tools
+from benchmarks.inbox import SERVER, decide_all, started_tools
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -52,7 +52,9 @@ def one_case(name: str, target: str, sessions: int, rate: float) -> dict[str, An
         folder = Path(scratch)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TRIOLOOP_TEST_RUNS": scratch}
         holder = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks._inbox_holder", target, str(sessions), scratch], cwd=ROOT, env=env
+            [sys.executable, "-m", "benchmarks._inbox_holder", target, str(sessions), scratch, SERVER.public_key_text],
+            cwd=ROOT,
+            env=env,
         )
         sampler = _load.start_sampling()
         sampler.add_root(holder.pid)

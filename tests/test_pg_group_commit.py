@@ -10,7 +10,7 @@ import trio
 from pg_support import postgres_url  # noqa: F401 -- the session fixture, reached by name (getfixturevalue)
 
 from trioloop.durable.leases import LeaseLost
-from trioloop.durable.store import JournalConflict, JournalStoreError, StoredEntry
+from trioloop.durable.store import JournalConflict, JournalStoreError, SessionLocked, StoredEntry
 from trioloop.stores import PostgresJournalStore
 
 
@@ -108,3 +108,32 @@ async def test_an_append_blocked_on_a_locked_lease_row_fails_alone_and_in_bounde
             await free.append(_entries(1, 1, "f"))
             other.execute("ROLLBACK")
         assert await store.read("blocked") == () and len(await store.read("free")) == 1
+
+
+async def test_a_session_held_elsewhere_is_refused_before_any_connection_is_made_for_it(pg_url: str) -> None:
+    import psycopg
+
+    def connections() -> int:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()").fetchone()
+        return int(row[0]) - 1 if row else 0
+
+    async with PostgresJournalStore(pg_url) as holder, PostgresJournalStore(pg_url) as other:
+        lease = await holder.acquire("s")
+        await other.heads()  # its own connection, made
+        before = await trio.to_thread.run_sync(connections)
+        for _ in range(5):
+            with pytest.raises(SessionLocked):
+                await other.acquire("s")
+        assert await trio.to_thread.run_sync(connections) == before  # no lease connection was made (and left)
+        # A holder whose connection is gone (its process killed) holds nothing: the session is taken at once.
+        await trio.to_thread.run_sync(lambda: lease._connection.close())
+        with trio.fail_after(10):
+            while True:
+                try:
+                    taken = await other.acquire("s")
+                    break
+                except SessionLocked:
+                    await trio.sleep(0.05)
+        assert taken.epoch == lease.epoch + 1
+        await taken.release()

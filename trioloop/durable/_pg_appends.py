@@ -23,13 +23,12 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from trioloop.durable._store_thread import StoreThread
-from trioloop.durable.leases import LeaseLost
 from trioloop.durable.store import JournalConflict, JournalStoreError
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PostgresAppends", "check_alive"]
+__all__ = ["PostgresAppends"]
 
 
 def _begin(connection: psycopg.Connection[tuple[Any, ...]]) -> None:
@@ -109,16 +108,3 @@ class PostgresAppends:
         if connection is not None:
             with contextlib.suppress(Exception):
                 await trio.to_thread.run_sync(connection.close)
-
-
-def check_alive(connection: psycopg.Connection[tuple[Any, ...]], backend: int, key: int, session_id: str) -> None:
-    """`LeaseLost` unless the lease's own connection (server process ``backend``) still holds its session's advisory
-    lock ``key``: an append on the shared connection commits only while the lease's connection lives."""
-    unsigned = key & 0xFFFFFFFFFFFFFFFF
-    row = connection.execute(
-        "SELECT 1 FROM pg_locks WHERE pid = %s AND locktype = 'advisory' AND granted "
-        "AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND objsubid = 1",
-        (backend, unsigned >> 32, unsigned & 0xFFFFFFFF),
-    ).fetchone()
-    if row is None:
-        raise LeaseLost(f"the connection holding the lease on session {session_id!r} was lost, and the lease with it")

@@ -21,12 +21,14 @@ import hashlib
 import os
 import socket
 from collections.abc import Callable, Sequence
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
 
-from trioloop.durable._pg_appends import PostgresAppends, check_alive
+from trioloop.durable._pg_appends import PostgresAppends
+from trioloop.durable._pg_locks import check_alive, lease_held
 from trioloop.durable._sql import SqlJournals, entries_query, outline_query, outline_rows, stored_entries
 from trioloop.durable._waiting import check_session_id, wait_for_lease
 from trioloop.durable.decision_box import PostgresDecisions
@@ -43,6 +45,7 @@ from trioloop.durable.store import (
     JournalConflict,
     JournalLease,
     JournalStoreError,
+    SessionLocked,
     StoredEntry,
     check_batch,
 )
@@ -165,7 +168,9 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
         if self._read_only:
             await trio.lowlevel.checkpoint()
             raise JournalStoreError("the PostgreSQL journal store is open read-only: it grants no lease")
-        await self._on_admin("creating the journal table", lambda connection: None)
+        held = partial(lease_held, session_id=session_id, now=_LEASES.now, key_of=partial(_epoch_key, session_id))
+        if wait_s == 0 and await self._on_admin(f"asking who holds session {session_id!r}", held):
+            raise SessionLocked(f"session {session_id!r} is driven by another lease")  # no connection made for it
         connection = await self._in_thread(f"connecting to lease session {session_id!r}", self._connect)
         try:
 
@@ -177,16 +182,9 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
                 if epoch is None:
                     return None
                 lease = _PostgresLease(
-                    session_id,
-                    connection,
-                    epoch,
-                    self.lease_ttl_s,
-                    timeout_s=self.timeout_s,
-                    limiter=self._limiter,
-                    closed=self._is_closed,
-                    forget=self._forget,
-                    appends=self._appends,
-                )
+                    session_id, connection, epoch, self.lease_ttl_s, timeout_s=self.timeout_s, limiter=self._limiter,
+                    closed=self._is_closed, forget=self._forget, appends=self._appends,
+                )  # fmt: skip
                 lease.clock.granted(asked_at)
                 self._leases[id(lease)] = lease
                 return lease

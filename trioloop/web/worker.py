@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import random
 import signal
 import sys
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -66,6 +67,8 @@ _QUIET_POLL_S: Final = 1e6
 #: How often a store that announces decisions (PostgreSQL) is asked anyway while nothing waits (a notice can be lost
 #: with its connection).
 _NOTICED_POLL_S: Final = 1.0
+#: The head start a worker woken by a notice may leave another (seconds, at random up to this).
+_SPREAD_S: Final = 0.015
 #: Journal entries that say where the last turn stands: started or taken up (in flight, or settled without a
 #: snapshot), suspended in review, or over (a snapshot follows a settled turn, or starts the journal).
 _MARKERS: Final = frozenset({"submit", "resume", "suspend", "snapshot"})
@@ -389,6 +392,9 @@ async def _poll(worker: _Worker, carriers: trio.Nursery, poll_s: float) -> None:
         else:
             with trio.move_on_after(_NOTICED_POLL_S):
                 await armed.wait()
+                # Every worker hears the notice at once: a random head start (a few ms) lets one open the session
+                # first, and the others find it held without making a connection for it.
+                await trio.sleep(random.uniform(0, _SPREAD_S))
 
 
 async def _scan(worker: _Worker, carriers: trio.Nursery, scan_s: float) -> None:

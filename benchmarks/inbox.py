@@ -208,6 +208,7 @@ def one_case(url: str, k: int, workers: int, rate: float, direct: bool = False) 
             deadline = time.monotonic() + 60
             while len(started_tools(folder)) < warm and time.monotonic() < deadline:
                 time.sleep(0.05)
+            inbox_cpu = 0.0
             if direct:  # the box only: what the workers take, without the inbox server's share
                 cpu_before = _cpu_s([proc.pid for proc in procs])
                 posted, told = trio.run(decide_all, url, k, rate, sampler.sample), {}
@@ -222,10 +223,12 @@ def one_case(url: str, k: int, workers: int, rate: float, direct: bool = False) 
                     sampler.add_root(inbox.process.pid)
                     _load.configure(processes=1, helpers=[f"{workers} workers", "trioloop serve", "PostgreSQL server"])
                     cpu_before = _cpu_s([proc.pid for proc in procs])
+                    inbox_before = _cpu_s([inbox.process.pid])
                     posted, told = trio.run(
                         _review_all, inbox.base, inbox.links["ada"][-1], k, rate, folder, sampler.sample
                     )
                     cpu = _cpu_s([proc.pid for proc in procs]) - cpu_before
+                    inbox_cpu = _cpu_s([inbox.process.pid]) - inbox_before
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)
@@ -258,6 +261,7 @@ def one_case(url: str, k: int, workers: int, rate: float, direct: bool = False) 
             "entries_per_tool_start": round(entries, 1),
             "bytes_per_tool_start": round(size),
             "worker_cpu_ms_per_tool_start": round(cpu * 1000 / max(len(started), 1), 1),
+            "inbox_cpu_ms_per_decision": round(inbox_cpu * 1000 / max(len(posted), 1), 1),
         }
 
 

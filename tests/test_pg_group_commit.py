@@ -137,3 +137,11 @@ async def test_a_session_held_elsewhere_is_refused_before_any_connection_is_made
                     await trio.sleep(0.05)
         assert taken.epoch == lease.epoch + 1
         await taken.release()
+
+
+async def test_a_first_acquire_that_may_wait_makes_the_tables_too(pg_url: str) -> None:
+    async with PostgresJournalStore(pg_url) as store:  # the tables were dropped: nothing has made them yet
+        lease = await store.acquire("s", wait_s=5)
+        await lease.append(_entries(1, 1, "s"))
+        await lease.release()
+        assert len(await store.read("s")) == 1

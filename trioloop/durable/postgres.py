@@ -169,7 +169,8 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
             await trio.lowlevel.checkpoint()
             raise JournalStoreError("the PostgreSQL journal store is open read-only: it grants no lease")
         held = partial(lease_held, session_id=session_id, now=_LEASES.now, key_of=partial(_epoch_key, session_id))
-        if wait_s == 0 and await self._on_admin(f"asking who holds session {session_id!r}", held):
+        asked = held if wait_s == 0 else lambda connection: False  # on the store's connection (its tables made)
+        if await self._on_admin(f"asking who holds session {session_id!r}", asked):
             raise SessionLocked(f"session {session_id!r} is driven by another lease")  # no connection made for it
         connection = await self._in_thread(f"connecting to lease session {session_id!r}", self._connect)
         try:

@@ -295,3 +295,13 @@ async def test_turn_marks_say_where_each_sessions_last_turn_stands(box_factory: 
         "suspended": (4, "suspend"),
         "taken-up": (4, "resume"),
     }
+
+
+async def test_reading_a_box_nobody_posted_to_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    async with SQLiteJournalStore(path) as store:
+        assert await store.decisions("s1") == [] and await store.sessions_with_waiting_decisions() == []
+        assert await store.decision_changes() == (0, [])
+    with sqlite3.connect(path) as raw:
+        tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "trioloop_decisions" not in tables  # looking took no write lock and made no table

@@ -156,6 +156,20 @@ class SqlDecisions:
         """One transaction that no other writer of the box interleaves with (so change numbers follow commits)."""
         raise NotImplementedError
 
+    def _exists(self, connection: Any) -> bool:
+        """Whether the box's table exists (a read of a store that never had a decision posted makes nothing: no
+        write, no lock, for the many processes that only look)."""
+        if self._decisions_ready is connection:
+            return True
+        if self._PLACEHOLDER == "?":
+            sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trioloop_decisions'"
+        else:
+            sql = "SELECT 1 WHERE to_regclass('trioloop_decisions') IS NOT NULL"
+        if connection.execute(sql).fetchone() is None:
+            return False
+        self._decisions_ready = connection
+        return True
+
     def _ready(self, connection: Any) -> None:
         if self._decisions_ready is not connection:  # once per connection (a new one after a break asks again)
             self._create_decisions(connection)
@@ -197,7 +211,8 @@ class SqlDecisions:
         sql = f"SELECT {_COLUMNS} FROM trioloop_decisions WHERE session_id = {p}{where} ORDER BY id"
 
         def read(connection: Any) -> list[PostedDecision]:
-            self._ready(connection)
+            if not self._exists(connection):
+                return []
             return _records(connection.execute(sql, (session_id,)).fetchall())
 
         return await self._query(f"reading the decisions of session {session_id!r}", read)
@@ -223,7 +238,8 @@ class SqlDecisions:
         sql = "SELECT DISTINCT session_id FROM trioloop_decisions WHERE status = 'waiting'"
 
         def read(connection: Any) -> list[str]:
-            self._ready(connection)
+            if not self._exists(connection):
+                return []
             return sorted(row[0] for row in connection.execute(sql).fetchall())
 
         return await self._query("listing sessions with waiting decisions", read)
@@ -233,7 +249,8 @@ class SqlDecisions:
         sql = f"SELECT {_COLUMNS} FROM trioloop_decisions WHERE change > {p} ORDER BY change"
 
         def read(connection: Any) -> tuple[int, list[PostedDecision]]:
-            self._ready(connection)
+            if not self._exists(connection):
+                return 0, []
             (latest,) = connection.execute("SELECT coalesce(max(change), 0) FROM trioloop_decisions").fetchone()
             return int(latest), _records(connection.execute(sql, (after,)).fetchall())
 

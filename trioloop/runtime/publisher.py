@@ -5,7 +5,7 @@ observer that raises is dropped, never the turn).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 
 import trio
 
@@ -44,7 +44,7 @@ class StatePublisher:
         if self._changed:
             self._changed.unpark_all()
 
-    async def states(self) -> AsyncIterator[TurnState]:
+    async def states(self) -> AsyncGenerator[TurnState, None]:
         """Yield the newest state each time it changes (or a question opens or closes), forever."""
         seen: TurnState | None = None
         asked = self._questions_seen

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from typing import Any, Final
 
 import attrs
@@ -62,8 +63,8 @@ class RemoteReview:
 
     Given the box and the session id, ``keys()`` (the keys the session accepts, None for none), ``live()`` (the
     controls that take decisions and the state they are judged against, or None when no review is open),
-    ``vouch(call_id, record)`` (the journal keeps the record with the decision's entry) and ``states()`` (the
-    running turn's states, to see a decision taken)."""
+    ``vouch(call_id, record)`` (the journal keeps the record with the decision's entry), ``newest()`` (the latest
+    state) and ``states()`` (the latest state each time it changes, to see a decision taken)."""
 
     def __init__(
         self,
@@ -74,6 +75,7 @@ class RemoteReview:
         live: Callable[[], tuple[TurnControls, TurnState, bool] | None],
         vouch: Callable[[str, dict[str, Any]], None],
         newest: Callable[[], TurnState | None],
+        states: Callable[[], AsyncGenerator[TurnState, None]],
         poll_s: float = DEFAULT_POLL_S,
     ) -> None:
         if not (poll_s > 0 and math.isfinite(poll_s)):
@@ -84,6 +86,7 @@ class RemoteReview:
         self._live = live
         self._vouch = vouch
         self._newest = newest
+        self._states = states
         self.poll_s = poll_s
         self._lock = trio.Lock()
         #: Records a suspended turn took, by id: answered once the turn, taken up again, journals them.
@@ -208,21 +211,28 @@ class RemoteReview:
     async def _seen(self, decision: ReviewDecision) -> str:
         """Wait (bounded) for the running turn to take the decision: "" when it did, else why not."""
         with trio.move_on_after(_SEEN_S):
-            while True:
-                state = self._newest()
-                call = None if state is None else state.call(decision.call_id)
-                if call is None or state is None or state.turn_id != decision.turn_id:
-                    return "the turn it was made for is over"
-                if call.status is not CallStatus.PENDING:
-                    decider = call.decided_by
-                    if decider is not None and decider.reviewer == decision.reviewer:
-                        return ""
-                    who = "someone else" if decider is None else decider.describe()
-                    return f"the card was decided first: {who}"
-                if state.is_settled or state.phase is not Phase.AWAITING_APPROVAL:
-                    return "the turn stopped waiting for this card"
-                await trio.sleep(0.005)
+            async with aclosing(self._states()) as states:
+                async for state in states:  # the newest state each time it changes
+                    verdict = _taken_in(decision, state)
+                    if verdict is not None:
+                        return verdict
         return "the turn did not take the decision in time"
+
+
+def _taken_in(decision: ReviewDecision, state: TurnState) -> str | None:
+    """What ``state`` says of a decision handed to the running turn: "" taken, the reason it was not, or None (the
+    card still waits: the turn has not come to it yet)."""
+    call = state.call(decision.call_id)
+    if call is None or state.turn_id != decision.turn_id:
+        return "the turn it was made for is over"
+    if call.status is not CallStatus.PENDING:
+        decider = call.decided_by
+        if decider is not None and decider.reviewer == decision.reviewer:
+            return ""
+        return f"the card was decided first: {'someone else' if decider is None else decider.describe()}"
+    if state.is_settled or state.phase is not Phase.AWAITING_APPROVAL:
+        return "the turn stopped waiting for this card"
+    return None
 
 
 def _taken_already(decision: ReviewDecision, state: TurnState) -> bool:

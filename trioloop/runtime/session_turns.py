@@ -161,6 +161,7 @@ class TurnSlot(Generic[D]):
             live=self.live_review,
             vouch=writer.vouch,
             newest=lambda: self.publisher.state,
+            states=self.publisher.states,
             poll_s=poll_s,
         )
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import contextlib
 import hashlib
 import hmac
 import os
 import secrets
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, final
@@ -53,8 +55,12 @@ SEAL_VERSION: Final = 2
 _SIGNATURE_BYTES: Final = 64
 #: Signatures already verified, by public key, message and signature (a pure function of the three): a journal's
 #: last seal is checked once by position before it is read and once with the chain. Bounded; cleared when full.
-_VERIFIED: Final[set[tuple[bytes, bytes, bytes]]] = set()
-_VERIFIED_MAX: Final = 256
+#: Signatures verified already, by (public key, message, signature), the most recently used last: a journal read
+#: again (opening checks its last seal twice; the inbox reads a journal again each time it grows) verifies only the
+#: seals it has not seen. Verification is deterministic, so a hit is as good as the check; ~300 bytes an entry.
+_VERIFIED: Final[collections.OrderedDict[tuple[bytes, bytes, bytes], None]] = collections.OrderedDict()
+_VERIFIED_MAX: Final = 4096
+_VERIFIED_LOCK: Final = threading.Lock()  # journals are verified in worker threads too
 _WITNESS_MAC_DOMAIN: Final = b"trioloop witness mac v1\x00"
 
 
@@ -308,15 +314,18 @@ class JournalKeys:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
         seen = (raw, message, decoded)
-        if seen in _VERIFIED:  # opening a journal checks its last seal twice (the unsigned tail, then the chain)
-            return True
+        with _VERIFIED_LOCK:
+            if seen in _VERIFIED:
+                _VERIFIED.move_to_end(seen)
+                return True
         try:
             Ed25519PublicKey.from_public_bytes(raw).verify(decoded, message)
         except InvalidSignature:
             return False
-        if len(_VERIFIED) >= _VERIFIED_MAX:
-            _VERIFIED.clear()
-        _VERIFIED.add(seen)
+        with _VERIFIED_LOCK:
+            _VERIFIED[seen] = None
+            if len(_VERIFIED) > _VERIFIED_MAX:
+                _VERIFIED.popitem(last=False)
         return True
 
     def __repr__(self) -> str:

@@ -1,0 +1,57 @@
+"""The verified-signature cache: a hit only for the very (key, message, signature) verified before, bounded, and safe
+from several threads (journals are verified in worker threads)."""
+
+from __future__ import annotations
+
+import base64
+import threading
+
+from trioloop.durable import signing
+from trioloop.durable.signing import JournalSigner
+
+
+def test_a_cached_verification_proves_only_that_triple() -> None:
+    signer = JournalSigner.generate()
+    keys = signer.keys
+    signature = signer.sign(b"head 1")
+    assert keys.verify(signer.key_id, b"head 1", signature)
+    assert keys.verify(signer.key_id, b"head 1", signature)  # from the cache
+    assert not keys.verify(signer.key_id, b"head 2", signature)  # another message: checked, refused
+    other = JournalSigner.generate()
+    assert not (keys | other.keys).verify(other.key_id, b"head 1", signature)  # another key: refused
+
+
+def test_the_cache_stays_bounded_and_keeps_the_recently_used() -> None:
+    signer = JournalSigner.generate()
+    keys = signer.keys
+    first = signer.sign(b"first")
+    assert keys.verify(signer.key_id, b"first", first)
+    for n in range(signing._VERIFIED_MAX + 10):
+        message = b"m%d" % n
+        assert keys.verify(signer.key_id, message, signer.sign(message))
+        if n % 1000 == 0:
+            assert keys.verify(signer.key_id, b"first", first)  # used again: kept
+    assert len(signing._VERIFIED) <= signing._VERIFIED_MAX
+    assert (signer.public_key, b"first", base64.b64decode(first)) in signing._VERIFIED
+
+
+def test_threads_verifying_at_once_all_get_the_right_answer() -> None:
+    signer = JournalSigner.generate()
+    keys = signer.keys
+    signed = [(b"t%d" % n, signer.sign(b"t%d" % n)) for n in range(200)]
+    wrong: list[bytes] = []
+
+    def run() -> None:
+        for _ in range(5):
+            for message, signature in signed:
+                if not keys.verify(signer.key_id, message, signature) or keys.verify(
+                    signer.key_id, message + b"x", signature
+                ):
+                    wrong.append(message)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []

@@ -145,3 +145,39 @@ async def test_a_first_acquire_that_may_wait_makes_the_tables_too(pg_url: str) -
         await lease.append(_entries(1, 1, "s"))
         await lease.release()
         assert len(await store.read("s")) == 1
+
+
+async def test_a_connection_whose_lease_ended_cleanly_serves_the_next_lease_and_holds_nothing(pg_url: str) -> None:
+    import psycopg
+
+    def advisory_locks() -> int:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            row = admin.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted").fetchone()
+        return int(row[0]) if row else 0
+
+    async with PostgresJournalStore(pg_url, reuse_connections=1) as store:
+        first = await store.acquire("a")
+        backend = first._connection.info.backend_pid
+        await first.append(_entries(1, 1, "a"))
+        await first.release()
+        assert await trio.to_thread.run_sync(advisory_locks) == 0  # the kept connection holds no lock
+        second = await store.acquire("b")
+        assert second._connection.info.backend_pid == backend  # reused, not a new server process
+        third = await store.acquire("c")  # none idle: a new one
+        assert third._connection.info.backend_pid != backend
+        # A connection that broke is never kept.
+        await trio.to_thread.run_sync(lambda: second._connection.close())
+        await second.release()
+        await third.release()
+        fourth = await store.acquire("a")
+        assert fourth._connection.info.backend_pid == third._connection.info.backend_pid
+        assert fourth.epoch == first.epoch + 1
+        await fourth.append(_entries(2, 1, "a"))
+        await fourth.release()
+    async with PostgresJournalStore(pg_url) as store:  # by default nothing is kept
+        lease = await store.acquire("d")
+        backend = lease._connection.info.backend_pid
+        await lease.release()
+        again = await store.acquire("d")
+        assert again._connection.info.backend_pid != backend
+        await again.release()

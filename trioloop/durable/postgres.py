@@ -17,7 +17,6 @@ psycopg is imported only when a store is made: ``pip install "trioloop[postgres]
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -28,7 +27,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 import trio
 
 from trioloop.durable._pg_appends import PostgresAppends
-from trioloop.durable._pg_locks import check_alive, lease_held
+from trioloop.durable._pg_locks import LEASES as _LEASES
+from trioloop.durable._pg_locks import LOCK_WAIT_MS, check_alive, claim, epoch_key, lease_held
+from trioloop.durable._pg_locks import SCHEMA_KEY as _SCHEMA_KEY
+from trioloop.durable._pg_pool import LeaseConnections
 from trioloop.durable._sql import SqlJournals, entries_query, outline_query, outline_rows, stored_entries
 from trioloop.durable._waiting import check_session_id, wait_for_lease
 from trioloop.durable.decision_box import PostgresDecisions
@@ -38,7 +40,6 @@ from trioloop.durable.leases import (
     ExpiringLease,
     LeaseClock,
     LeaseLost,
-    LeaseSql,
     check_ttl,
 )
 from trioloop.durable.store import (
@@ -59,8 +60,6 @@ __all__ = ["PostgresJournalStore"]
 MAX_THREADS = 8
 #: Seconds a connection attempt may take when the conninfo does not say (``connect_timeout``).
 CONNECT_TIMEOUT_S = 10
-#: How long a lease's statement waits for a row lock another connection holds before it gives up.
-LOCK_WAIT_MS = 1000
 #: How long one call of a lease waits for the server unless the store is told otherwise.
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -74,19 +73,6 @@ CREATE TABLE IF NOT EXISTS trioloop_journal (
 """
 
 _T = TypeVar("_T")
-
-
-def advisory_key(text: str) -> int:
-    """The signed 64-bit advisory-lock key for ``text``: the first 8 bytes of its sha256."""
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big", signed=True)
-
-
-_SCHEMA_KEY = advisory_key("trioloop_journal: CREATE TABLE")
-_LEASES = LeaseSql(p="%s", now="extract(epoch from clock_timestamp())::float8", row_lock=" FOR SHARE")
-
-
-def _epoch_key(session_id: str, epoch: int) -> int:
-    return advisory_key(f"{session_id}\x00{epoch}")
 
 
 def _require_psycopg() -> None:
@@ -119,6 +105,8 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
     renewal): past it the connection is given up and the call raises `JournalStoreError`. With ``group_commit`` the
     appends of all its leases go through one more connection, and those queued together commit in one transaction
     (`trioloop.durable._pg_appends`): a process holding many sessions (a worker) pays one flush for them.
+    ``reuse_connections``: keep up to that many connections whose leases ended cleanly, for the next leases
+    (`trioloop.durable._pg_pool`; a worker taking up session after session), instead of closing them.
     """
 
     _PLACEHOLDER = "%s"
@@ -131,6 +119,7 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         group_commit: bool = False,
+        reuse_connections: int = 0,
     ) -> None:
         _require_psycopg()
         self.lease_ttl_s = check_ttl(lease_ttl_s)
@@ -145,6 +134,7 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
         self._admin_lock = trio.Lock()
         self._closed = False
         self._leases: dict[int, _PostgresLease] = {}
+        self._idle = LeaseConnections(keep=reuse_connections)  # connections leases ended on, for the next ones
         #: The appends of every lease of this store, committed together (`trioloop.durable._pg_appends`); None: each
         #: lease appends on its own connection, one transaction per append.
         self._appends = PostgresAppends(self._append_connection, self.timeout_s) if group_commit else None
@@ -168,23 +158,25 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
         if self._read_only:
             await trio.lowlevel.checkpoint()
             raise JournalStoreError("the PostgreSQL journal store is open read-only: it grants no lease")
-        held = partial(lease_held, session_id=session_id, now=_LEASES.now, key_of=partial(_epoch_key, session_id))
+        held = partial(lease_held, session_id=session_id, now=_LEASES.now, key_of=partial(epoch_key, session_id))
         asked = held if wait_s == 0 else lambda connection: False  # on the store's connection (its tables made)
         if await self._on_admin(f"asking who holds session {session_id!r}", asked):
             raise SessionLocked(f"session {session_id!r} is driven by another lease")  # no connection made for it
-        connection = await self._in_thread(f"connecting to lease session {session_id!r}", self._connect)
+        connection = await self._in_thread(
+            f"connecting to lease session {session_id!r}", self._idle.take_or(self._connect)
+        )
         try:
 
             async def try_once() -> _PostgresLease | None:
                 asked_at = trio.current_time()
                 epoch = await self._in_thread(
-                    f"leasing session {session_id!r}", lambda: _claim(connection, session_id, self.lease_ttl_s)
+                    f"leasing session {session_id!r}", lambda: claim(connection, session_id, self.lease_ttl_s)
                 )
                 if epoch is None:
                     return None
                 lease = _PostgresLease(
                     session_id, connection, epoch, self.lease_ttl_s, timeout_s=self.timeout_s, limiter=self._limiter,
-                    closed=self._is_closed, forget=self._forget, appends=self._appends,
+                    closed=self._is_closed, forget=self._forget, appends=self._appends, give_back=self._idle.give_back,
                 )  # fmt: skip
                 lease.clock.granted(asked_at)
                 self._leases[id(lease)] = lease
@@ -192,8 +184,8 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
 
             return await wait_for_lease(session_id, wait_s, try_once)
         except BaseException:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(connection.close, limiter=self._limiter)
+            with trio.CancelScope(shield=True):  # not leased (held elsewhere, or a failure): kept if it is clean
+                await trio.to_thread.run_sync(self._idle.give_back, connection, limiter=self._limiter)
             raise
 
     async def close(self) -> None:
@@ -202,6 +194,7 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
             for lease in list(self._leases.values()):
                 await lease.release()
             self._closed = True
+            await trio.to_thread.run_sync(self._idle.close_all, limiter=self._limiter)
             await self._stop_listening()  # the box's notices (`decision_posted`), if anyone listened
             if self._appends is not None:
                 await self._appends.close()
@@ -282,36 +275,6 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
         return connection
 
 
-def _try_advisory_lock(connection: psycopg.Connection[tuple[Any, ...]], key: int) -> bool:
-    row = connection.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-    return bool(row and row[0])
-
-
-def _claim(connection: psycopg.Connection[tuple[Any, ...]], session_id: str, ttl_s: float) -> int | None:
-    """The epoch of the lease taken on ``connection``, or None while a live holder has it (a worker thread).
-
-    The connection is set up first so that no holder, frozen or not, can keep the row locked past the time to
-    live: the server ends a session left idle inside a transaction that long (a holder frozen mid-append: its
-    locks go with it, and its woken process finds its connection gone), and a wait for the row's lock gives up
-    after a second (the session counts as held: the caller polls again, within ``wait_s``)."""
-    import psycopg
-
-    idle_ms = str(max(int(ttl_s * 1000), 1))
-    connection.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (idle_ms,))
-    connection.execute("SELECT set_config('lock_timeout', %s, false)", (str(LOCK_WAIT_MS),))
-
-    def hold(epoch: int) -> bool:
-        return _try_advisory_lock(connection, _epoch_key(session_id, epoch))
-
-    def unhold(epoch: int) -> None:
-        connection.execute("SELECT pg_advisory_unlock(%s)", (_epoch_key(session_id, epoch),))
-
-    try:
-        return _LEASES.claim(connection, session_id, ttl_s, hold, unhold)
-    except psycopg.errors.LockNotAvailable:
-        return None
-
-
 @final
 class _PostgresLease(ExpiringLease):
     """A lease on one session of a `PostgresJournalStore`, on a connection of its own: given the bound on each call
@@ -330,8 +293,10 @@ class _PostgresLease(ExpiringLease):
         closed: Callable[[], bool],
         forget: Callable[[_PostgresLease], None],
         appends: PostgresAppends | None = None,
+        give_back: Callable[[psycopg.Connection[tuple[Any, ...]]], None] | None = None,
     ) -> None:
         self._appends = appends
+        self._give_back = give_back
         self._backend = connection.info.backend_pid
         self._session_id = session_id
         self._connection = connection
@@ -425,7 +390,7 @@ class _PostgresLease(ExpiringLease):
 
         def write(connection: psycopg.Connection[tuple[Any, ...]]) -> None:
             if connection is not self._connection:  # the shared connection: the lease's own must still hold its lock
-                check_alive(connection, self._backend, _epoch_key(self._session_id, self._epoch), self._session_id)
+                check_alive(connection, self._backend, epoch_key(self._session_id, self._epoch), self._session_id)
             _LEASES.check(connection, self._session_id, self._epoch)
             check_batch(_last_seq(connection, self._session_id), batch)
             if batch:
@@ -477,9 +442,13 @@ class _PostgresLease(ExpiringLease):
         await trio.lowlevel.checkpoint()
 
     def _close(self) -> None:
-        with contextlib.suppress(Exception):
+        try:
             if not self._connection.closed:  # the row's time would run out by itself; ending it frees it now
                 _LEASES.end(self._connection, self._session_id, self._epoch)
+            if self._give_back is not None and self._broken is None:  # its locks given back, kept for another lease
+                return self._give_back(self._connection)
+        except Exception:
+            pass
         with contextlib.suppress(Exception):
             self._connection.close()
 

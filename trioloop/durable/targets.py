@@ -12,7 +12,7 @@ _SQLITE_SCHEME = "sqlite://"
 
 
 def open_store(
-    target: str, *, read_only: bool = False, group_commit: bool = False
+    target: str, *, read_only: bool = False, group_commit: bool = False, reuse_connections: int = 0
 ) -> SQLiteJournalStore | PostgresJournalStore:
     """The store ``target`` names: a ``postgresql://`` / ``postgres://`` URL, ``sqlite:///PATH`` or a file path.
 
@@ -20,11 +20,14 @@ def open_store(
     absolute: the path is what follows the third slash. Nothing is opened until the store is first used.
     ``read_only=True`` opens it as an auditor does: nothing written, no lease granted. ``group_commit=True`` (a
     process that holds many sessions: a worker) has a PostgreSQL store commit its leases' appends together (a SQLite
-    store always does, in its one thread).
+    store always does, in its one thread); ``reuse_connections`` has it keep that many connections of ended leases
+    for the next ones (a worker).
     """
     lowered = target.lower()
     if lowered.startswith(_POSTGRES_SCHEMES):
-        return PostgresJournalStore(target, read_only=read_only, group_commit=group_commit)
+        return PostgresJournalStore(
+            target, read_only=read_only, group_commit=group_commit, reuse_connections=reuse_connections
+        )
     if lowered.startswith(_SQLITE_SCHEME):
         rest = target[len(_SQLITE_SCHEME) :]
         if not rest.startswith("/") or rest == "/":

@@ -440,7 +440,7 @@ def worker_main(args: argparse.Namespace) -> int:
         app = load_app(args.app).with_keys(given_public_keys(args.key, args.keys))
         from trioloop.stores import open_store
 
-        store = open_store(args.store)
+        store = open_store(args.store, reuse_connections=2)  # a connection per carried session, reused
     except (AppLoadError, ValueError, OSError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

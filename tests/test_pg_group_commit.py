@@ -181,3 +181,17 @@ async def test_a_connection_whose_lease_ended_cleanly_serves_the_next_lease_and_
         again = await store.acquire("d")
         assert again._connection.info.backend_pid != backend
         await again.release()
+
+
+async def test_every_append_is_announced_to_those_who_listen(pg_url: str) -> None:
+    async with PostgresJournalStore(pg_url) as store, PostgresJournalStore(pg_url) as face:
+        await face.heads()  # the tables (and the notice's trigger) exist
+        lease = await store.acquire("s")
+        for seq in (1, 2):
+            armed = face.arm_any_journal()
+            assert armed is not None and not armed.is_set()
+            await trio.sleep(0.2)  # the listener is listening
+            await lease.append(_entries(seq, 1, "s"))
+            with trio.fail_after(10):
+                await armed.wait()
+        await lease.release()

@@ -16,7 +16,29 @@ from trioloop.durable.leases import LeaseLost, LeaseSql
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["LEASES", "LOCK_WAIT_MS", "SCHEMA_KEY", "advisory_key", "check_alive", "claim", "epoch_key", "lease_held"]
+__all__ = [
+    "JOURNAL_NOTICE",
+    "LEASES",
+    "LOCK_WAIT_MS",
+    "SCHEMA_KEY",
+    "advisory_key",
+    "check_alive",
+    "claim",
+    "epoch_key",
+    "lease_held",
+]
+
+#: Every append announces its session (``NOTIFY trioloop_journal``, once per transaction and session): a face that
+#: shows journals (the inbox) hears of a change instead of asking every journal's head again and again.
+JOURNAL_NOTICE = """
+CREATE OR REPLACE FUNCTION trioloop_journal_notice() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('trioloop_journal', session_id) FROM (SELECT DISTINCT session_id FROM appended) AS s;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER trioloop_journal_notice AFTER INSERT ON trioloop_journal
+    REFERENCING NEW TABLE AS appended FOR EACH STATEMENT EXECUTE FUNCTION trioloop_journal_notice();
+"""
 
 #: How long a lease's statement waits for a row lock another connection holds before it gives up.
 LOCK_WAIT_MS = 1000

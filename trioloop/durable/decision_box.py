@@ -319,6 +319,14 @@ class PostgresDecisions(SqlDecisions):
             listener = self._decision_listener = _Listener(self._connect)
         return listener.arm(session_id)
 
+    def arm_any_journal(self) -> trio.Event | None:
+        """An event set when the next append to any journal of the store is announced (``NOTIFY trioloop_journal``,
+        which PostgreSQL 14 and later send); None when the listener cannot run."""
+        listener = self._decision_listener
+        if listener is None or listener.stopped:
+            listener = self._decision_listener = _Listener(self._connect)
+        return listener.arm_any(journal=True)
+
     def arm_any_decision(self) -> trio.Event | None:
         """An event set when the next decision for any session is announced (a worker's wake-up); None when the
         listener cannot run."""
@@ -357,6 +365,7 @@ class _Listener:
         self._token = trio.lowlevel.current_trio_token()
         self._armed: dict[str, trio.Event] = {}
         self._any: trio.Event | None = None
+        self._journal: trio.Event | None = None
         self._lock = threading.Lock()
         self.stopped = False
         self._thread = threading.Thread(target=self._run, name="trioloop decision notices", daemon=True)
@@ -369,17 +378,25 @@ class _Listener:
                 event = self._armed[session_id] = trio.Event()
             return event
 
-    def arm_any(self) -> trio.Event:
+    def arm_any(self, *, journal: bool = False) -> trio.Event:
         with self._lock:
+            if journal:
+                if self._journal is None:
+                    self._journal = trio.Event()
+                return self._journal
             if self._any is None:
                 self._any = trio.Event()
             return self._any
 
-    def _announce(self, session_id: str) -> None:
+    def _announce(self, channel: str, session_id: str) -> None:
         with self._lock:
-            event = self._armed.pop(session_id, None)
-            any_, self._any = self._any, None
-        for armed in (event, any_):
+            if channel == "trioloop_journal":
+                events = [self._journal]
+                self._journal = None
+            else:
+                events = [self._armed.pop(session_id, None), self._any]
+                self._any = None
+        for armed in events:
             if armed is not None:
                 armed.set()
 
@@ -392,10 +409,11 @@ class _Listener:
                 continue
             try:
                 connection.execute("LISTEN trioloop_decisions")
+                connection.execute("LISTEN trioloop_journal")
                 while not self.stopped:
                     for notice in connection.notifies(timeout=0.5):
                         with contextlib.suppress(trio.RunFinishedError):
-                            self._token.run_sync_soon(self._announce, notice.payload)
+                            self._token.run_sync_soon(self._announce, notice.channel, notice.payload)
             except Exception:
                 time.sleep(0.2)  # the connection broke: make it again (the box is polled meanwhile)
             finally:

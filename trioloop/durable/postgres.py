@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 import trio
 
 from trioloop.durable._pg_appends import PostgresAppends
+from trioloop.durable._pg_locks import JOURNAL_NOTICE, LOCK_WAIT_MS, check_alive, claim, epoch_key, lease_held
 from trioloop.durable._pg_locks import LEASES as _LEASES
-from trioloop.durable._pg_locks import LOCK_WAIT_MS, check_alive, claim, epoch_key, lease_held
 from trioloop.durable._pg_locks import SCHEMA_KEY as _SCHEMA_KEY
 from trioloop.durable._pg_pool import LeaseConnections
 from trioloop.durable._sql import SqlJournals, entries_query, outline_query, outline_rows, stored_entries
@@ -240,6 +240,8 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
                     connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_KEY,))
                     connection.execute(_SCHEMA)
                     connection.execute(LEASE_SCHEMA)
+                    if connection.info.server_version >= 140000:  # CREATE OR REPLACE TRIGGER: PostgreSQL 14
+                        connection.execute(JOURNAL_NOTICE)
         except BaseException:
             connection.close()
             raise

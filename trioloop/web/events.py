@@ -62,6 +62,15 @@ class Listener:
         return changed, everything
 
 
+#: How often a store that announces its changes is asked anyway (a notice is lost with its connection).
+_NOTICED_POLL_S: Final = 1.0
+
+
+async def _until_set(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
 @final
 class ChangeHub:
     """Polls an inbox and fans its changes out to listeners (see the module docstring)."""
@@ -82,8 +91,13 @@ class ChangeHub:
         return len(self._listeners) >= self._max
 
     async def run(self) -> None:
-        """Poll until cancelled; a store that fails is logged and asked again at the next poll."""
+        """Poll until cancelled; a store that fails is logged and asked again at the next poll. A store that announces
+        its appends and decisions (PostgreSQL) is asked when one is announced instead (armed before asking, so none
+        falls between), and every `_NOTICED_POLL_S` besides."""
+        store = self._inbox.store
+        arms = [getattr(store, name, None) for name in ("arm_any_journal", "arm_any_decision")]
         while True:
+            armed = [arm() for arm in arms if arm is not None]
             try:
                 changed = await self._inbox.sync()
             except (JournalStoreError, JournalError) as exc:
@@ -92,7 +106,13 @@ class ChangeHub:
             if changed:
                 for listener in list(self._listeners):
                     listener.tell(changed)
-            await trio.sleep(self._poll_s)
+            if len(armed) < 2 or any(event is None for event in armed):
+                await trio.sleep(self._poll_s)
+                continue
+            with trio.move_on_after(_NOTICED_POLL_S):
+                async with trio.open_nursery() as nursery:  # the first notice of either kind wakes the hub
+                    for event in armed:
+                        nursery.start_soon(_until_set, event, nursery.cancel_scope)
 
     @contextlib.contextmanager
     def listen(self) -> Iterator[Listener]:

@@ -270,6 +270,10 @@ async def test_heads_name_every_journal_and_its_last_entry(box_factory: Callable
         await lease.append([StoredEntry(n, b"{}") for n in range(1, count + 1)])
         await lease.release()
     assert await store.heads() == {"a": 3, "b": 1}
+    assert await store.heads({"a", "nobody"}) == {"a": 3}  # only those asked (a notice named them)
+    assert await store.heads(set()) == {}
+    many = {f"x{n}" for n in range(2000)} | {"b"}
+    assert (await store.heads(many)).get("b") == 1  # too many to name: every head (a superset) comes back
 
 
 async def test_turn_marks_say_where_each_sessions_last_turn_stands(box_factory: Callable[[], Any]) -> None:

@@ -7,7 +7,7 @@ Each store supplies its driver's placeholder (``?`` for sqlite3, ``%s`` for psyc
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from types import TracebackType
 from typing import Any, ClassVar, Final, Self, TypeVar
 
@@ -30,6 +30,8 @@ def entries_query(placeholder: str) -> str:
     )
 
 
+#: The most sessions one ``heads(only=...)`` asks about (more: the caller asks for every head instead).
+_HEADS_AT_ONCE: Final = 500
 #: The entries that say where a session's last turn stands (`SqlJournals.turn_marks`).
 TURN_MARKS: Final = ("submit", "resume", "suspend", "snapshot")
 _KIND: Final = re.compile(r'^\{"seq":\d+,"kind":"(submit|resume|suspend|snapshot)"')
@@ -92,11 +94,17 @@ class SqlJournals:
         )
         return sorted(row[0] for row in rows)
 
-    async def heads(self) -> dict[str, int]:
-        """Every session with a journal and the number of its last entry, in one query: what a face that lists
-        sessions asks to learn which journals changed since it last read them."""
-        sql = "SELECT session_id, max(seq) FROM trioloop_journal GROUP BY session_id"
-        rows = await self._query("listing journal heads", lambda connection: connection.execute(sql).fetchall())
+    async def heads(self, only: Collection[str] | None = None) -> dict[str, int]:
+        """Every session with a journal (or those of ``only`` that have one) and the number of its last entry, in one
+        query: what a face that lists sessions asks to learn which journals changed since it last read them."""
+        ids = None if only is None or len(only) > _HEADS_AT_ONCE else sorted(only)  # too many: every head
+        where = "" if ids is None else f" WHERE session_id IN ({', '.join([self._PLACEHOLDER] * len(ids))})"
+        sql = f"SELECT session_id, max(seq) FROM trioloop_journal{where} GROUP BY session_id"
+        if ids == []:
+            return {}
+        rows = await self._query(
+            "listing journal heads", lambda connection: connection.execute(sql, tuple(ids or ())).fetchall()
+        )
         return {str(session_id): int(seq) for session_id, seq in rows}
 
     async def turn_marks(self) -> dict[str, tuple[int, str]]:

@@ -321,11 +321,17 @@ class PostgresDecisions(SqlDecisions):
 
     def arm_any_journal(self) -> trio.Event | None:
         """An event set when the next append to any journal of the store is announced (``NOTIFY trioloop_journal``,
-        which PostgreSQL 14 and later send); None when the listener cannot run."""
+        which PostgreSQL 14 and later send); None when the listener cannot run. `journals_announced` says which."""
         listener = self._decision_listener
         if listener is None or listener.stopped:
             listener = self._decision_listener = _Listener(self._connect)
         return listener.arm_any(journal=True)
+
+    def journals_announced(self) -> set[str] | None:
+        """The sessions whose journals were announced since the last call (None: not known, a notice may have been
+        lost, ask every head)."""
+        listener = self._decision_listener
+        return None if listener is None or listener.stopped else listener.take_journals()
 
     def arm_any_decision(self) -> trio.Event | None:
         """An event set when the next decision for any session is announced (a worker's wake-up); None when the
@@ -366,6 +372,9 @@ class _Listener:
         self._armed: dict[str, trio.Event] = {}
         self._any: trio.Event | None = None
         self._journal: trio.Event | None = None
+        self._journals: set[str] = set()  # announced since last taken
+        self._complete = False  # whether that set is all that changed (LISTEN was on since the last take)
+        self._listening = False
         self._lock = threading.Lock()
         self.stopped = False
         self._thread = threading.Thread(target=self._run, name="trioloop decision notices", daemon=True)
@@ -393,12 +402,26 @@ class _Listener:
             if channel == "trioloop_journal":
                 events = [self._journal]
                 self._journal = None
+                self._journals.add(session_id)
             else:
                 events = [self._armed.pop(session_id, None), self._any]
                 self._any = None
         for armed in events:
             if armed is not None:
                 armed.set()
+
+    def take_journals(self) -> set[str] | None:
+        """The sessions announced since the last call; None (not known) until the listener listens, for the first call
+        after that, and after its connection was lost (notices may have been missed meanwhile)."""
+        with self._lock:
+            taken = self._journals if self._complete else None
+            self._journals = set()
+            self._complete = self._listening
+            return taken
+
+    def _lost(self) -> None:
+        with self._lock:
+            self._listening = self._complete = False
 
     def _run(self) -> None:
         while not self.stopped:
@@ -410,11 +433,14 @@ class _Listener:
             try:
                 connection.execute("LISTEN trioloop_decisions")
                 connection.execute("LISTEN trioloop_journal")
+                with self._lock:  # from now on every append is heard; the next take is still a whole one
+                    self._listening, self._complete = True, False
                 while not self.stopped:
                     for notice in connection.notifies(timeout=0.5):
                         with contextlib.suppress(trio.RunFinishedError):
                             self._token.run_sync_soon(self._announce, notice.channel, notice.payload)
             except Exception:
+                self._lost()
                 time.sleep(0.2)  # the connection broke: make it again (the box is polled meanwhile)
             finally:
                 with contextlib.suppress(Exception):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from types import TracebackType
 from typing import Protocol, final, runtime_checkable
 
@@ -314,10 +314,10 @@ class MemoryJournalStore(MemoryDecisions):
         await trio.lowlevel.checkpoint()
         return sorted(k for k, v in self._journals.items() if v)
 
-    async def heads(self) -> dict[str, int]:
-        """Every session with a journal and the number of its last entry."""
+    async def heads(self, only: Collection[str] | None = None) -> dict[str, int]:
+        """Every session with a journal (or those of ``only`` that have one) and the number of its last entry."""
         await trio.lowlevel.checkpoint()
-        return {k: v[-1].seq for k, v in self._journals.items() if v}
+        return {k: v[-1].seq for k, v in self._journals.items() if v and (only is None or k in only)}
 
     async def turn_marks(self) -> dict[str, tuple[int, str]]:
         """Each session's last entry that says where its last turn stands (as `SqlJournals.turn_marks`)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Iterator
 from typing import Final, final
 
@@ -64,6 +65,8 @@ class Listener:
 
 #: How often a store that announces its changes is asked anyway (a notice is lost with its connection).
 _NOTICED_POLL_S: Final = 1.0
+#: How often every journal's head is asked, however many notices came (a retired journal announces nothing).
+_WHOLE_S: Final = 10.0
 
 
 async def _until_set(event: trio.Event, scope: trio.CancelScope) -> None:
@@ -96,10 +99,19 @@ class ChangeHub:
         falls between), and every `_NOTICED_POLL_S` besides."""
         store = self._inbox.store
         arms = [getattr(store, name, None) for name in ("arm_any_journal", "arm_any_decision")]
+        announced = getattr(store, "journals_announced", None)
+        whole, last_whole = True, -math.inf
         while True:
             armed = [arm() for arm in arms if arm is not None]
+            named = None if announced is None else announced()
+            if trio.current_time() - last_whole > _WHOLE_S:
+                whole = True
+            only = None if whole else named  # the journals a notice named; every head after a quiet second, or 10 s
+            if only is None:
+                last_whole = trio.current_time()
+            whole = False
             try:
-                changed = await self._inbox.sync()
+                changed = await self._inbox.sync(only=only)
             except (JournalStoreError, JournalError) as exc:
                 _LOG.warning("the inbox could not read the store: %s", exc)
                 changed = set()
@@ -109,10 +121,11 @@ class ChangeHub:
             if len(armed) < 2 or any(event is None for event in armed):
                 await trio.sleep(self._poll_s)
                 continue
-            with trio.move_on_after(_NOTICED_POLL_S):
+            with trio.move_on_after(_NOTICED_POLL_S) as quiet:
                 async with trio.open_nursery() as nursery:  # the first notice of either kind wakes the hub
                     for event in armed:
                         nursery.start_soon(_until_set, event, nursery.cancel_scope)
+            whole = quiet.cancelled_caught  # no notice for a second: ask every head (a retired journal goes too)
 
     @contextlib.contextmanager
     def listen(self) -> Iterator[Listener]:

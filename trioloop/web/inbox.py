@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Final, Literal, Protocol, final
 
 import attrs
@@ -50,7 +50,7 @@ _SPEND_LIMITS: Final = ("max_input_tokens", "max_output_tokens", "max_total_toke
 class ReviewStore(Protocol):
     """What the inbox asks of a store: its journals' heads, a journal read without a lease, and the decision box."""
 
-    async def heads(self) -> dict[str, int]: ...
+    async def heads(self, only: Collection[str] | None = None) -> dict[str, int]: ...
 
     async def read(self, session_id: str) -> Sequence[StoredEntry]: ...
 
@@ -335,15 +335,15 @@ class Inbox:
                 return SessionReview(session_id=session_id, last_seq=last_seq, refused=f"it could not be read: {exc}")
             return await trio.to_thread.run_sync(_judge, session_id, stored, self._keys, last_seq)
 
-    async def sync(self, *, tell: bool = True) -> set[str]:
+    async def sync(self, *, tell: bool = True, only: set[str] | None = None) -> set[str]:
         """Catch up with the store: the ids of the sessions whose journal or decisions changed since the last call
         (every session on the first). ``tell=False`` is a page's own catch-up: what it finds is returned again by
         the next call that tells (the one whose answer the open pages hear of), and so is a session `current` read
-        ahead."""
+        ahead. ``only``: the journals a store announced as grown (its heads alone are asked; none is found gone)."""
         async with self._lock:
-            heads = await self.store.heads()
+            heads = await self.store.heads(only)
             changed = {sid for sid, seq in heads.items() if (s := self._sessions.get(sid)) is None or s.last_seq != seq}
-            gone = set(self._sessions) - set(heads)
+            gone = set() if only is not None else set(self._sessions) - set(heads)
             read: dict[str, SessionReview] = {}
 
             async def one(session_id: str) -> None:

@@ -299,6 +299,8 @@ async def test_turn_marks_say_where_each_sessions_last_turn_stands(box_factory: 
         "suspended": (4, "suspend"),
         "taken-up": (4, "resume"),
     }
+    assert await store.turn_marks({"in-flight", "none", "nobody"}) == {"in-flight": (2, "submit")}
+    assert await store.turn_marks(set()) == {}
 
 
 async def test_reading_a_box_nobody_posted_to_writes_nothing(tmp_path: Path) -> None:

@@ -107,20 +107,29 @@ class SqlJournals:
         )
         return {str(session_id): int(seq) for session_id, seq in rows}
 
-    async def turn_marks(self) -> dict[str, tuple[int, str]]:
+    async def turn_marks(self, only: Collection[str] | None = None) -> dict[str, tuple[int, str]]:
         """Each session's last entry that says where its last turn stands (``submit``, ``resume``, ``suspend`` or
         ``snapshot``): its number and kind, read from the entries' first bytes only, in one query. What a worker
-        looks for turns in flight with (a hint: the journal itself is verified when the session is opened)."""
+        looks for turns in flight with (a hint: the journal itself is verified when the session is opened). ``only``:
+        those sessions' (at most `_HEADS_AT_ONCE` named, else every session's)."""
         text = (
             "CAST(substr(data, 1, 48) AS TEXT)" if self._PLACEHOLDER == "?" else "encode(substr(data, 1, 48), 'escape')"
         )
-        marks = " OR ".join(f'{text} LIKE \'%"kind":"{kind}"%\'' for kind in TURN_MARKS)
+        any_ = "%" if self._PLACEHOLDER == "?" else "%%"  # psycopg reads % as a placeholder: its literal is %%
+        marks = " OR ".join(f'{text} LIKE \'{any_}"kind":"{kind}"{any_}\'' for kind in TURN_MARKS)
+        ids = None if only is None or len(only) > _HEADS_AT_ONCE else sorted(only)
+        if ids == []:
+            return {}
+        if ids is not None:
+            marks = f"({marks}) AND session_id IN ({', '.join([self._PLACEHOLDER] * len(ids))})"
         sql = (
             f"SELECT j.session_id, j.seq, {text} FROM trioloop_journal j JOIN (SELECT session_id, max(seq) AS seq "
             f"FROM trioloop_journal WHERE {marks} GROUP BY session_id) m ON j.session_id = m.session_id "
             "AND j.seq = m.seq"
         )
-        rows = await self._query("reading where turns stand", lambda connection: connection.execute(sql).fetchall())
+        rows = await self._query(
+            "reading where turns stand", lambda connection: connection.execute(sql, tuple(ids or ())).fetchall()
+        )
         found = {}
         for session_id, seq, head in rows:
             kind = _KIND.search(str(head))

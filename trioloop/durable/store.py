@@ -319,11 +319,13 @@ class MemoryJournalStore(MemoryDecisions):
         await trio.lowlevel.checkpoint()
         return {k: v[-1].seq for k, v in self._journals.items() if v and (only is None or k in only)}
 
-    async def turn_marks(self) -> dict[str, tuple[int, str]]:
+    async def turn_marks(self, only: Collection[str] | None = None) -> dict[str, tuple[int, str]]:
         """Each session's last entry that says where its last turn stands (as `SqlJournals.turn_marks`)."""
         await trio.lowlevel.checkpoint()
         found = {}
         for session_id, entries in self._journals.items():
+            if only is not None and session_id not in only:
+                continue
             for entry in reversed(entries):
                 kind = _TURN_MARK.match(entry.data[:48])
                 if kind is not None:

@@ -181,15 +181,22 @@ class _Worker:
             return []
         with trio.fail_after(_QUERY_S):
             heads = dict(await self.heads_of.heads())
-            marks_of = getattr(self.store, "turn_marks", None)
-            marks: dict[str, tuple[int, str]] | None = None if marks_of is None else await marks_of()
         before, self.heads = self.heads, heads
+        candidates = [
+            session_id
+            for session_id, seq in heads.items()
+            if self.looked.get(session_id) != seq
+            and session_id not in self.carrying
+            and not (settled_heads and before.get(session_id) != seq)
+        ]
+        marks_of = getattr(self.store, "turn_marks", None)
+        marks: dict[str, tuple[int, str]] | None = None
+        if marks_of is not None and candidates:
+            with trio.fail_after(_QUERY_S):  # those sessions' alone: the journals that moved since the last look
+                marks = await marks_of(set(candidates))
         found = []
-        for session_id, seq in heads.items():
-            if self.looked.get(session_id) == seq or session_id in self.carrying:
-                continue
-            if settled_heads and before.get(session_id) != seq:
-                continue
+        for session_id in candidates:
+            seq = heads[session_id]
             if marks is not None:
                 marker = marks.get(session_id, (0, "snapshot"))[1]
             else:

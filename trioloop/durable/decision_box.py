@@ -295,37 +295,29 @@ _PG_BOX_KEY = 0x74726C6F6F706463  # "trloopdc"
 
 class PostgresDecisions(SqlDecisions):
     """The decision box in PostgreSQL: writers serialized by a transaction-scoped advisory lock, and every post
-    announced with ``NOTIFY trioloop_decisions`` (payload: the session id), which `decision_posted` waits for."""
+    announced with ``NOTIFY trioloop_decisions`` (payload: the session id), which `arm_decisions` hears of."""
 
     _decision_listener: _Listener | None = None
 
     def _connect(self) -> Any:
         raise NotImplementedError
 
-    async def decision_posted(self, session_id: str, armed: trio.Event | None, timeout_s: float) -> None:
-        """Return once a decision for ``session_id`` was announced since ``armed`` was taken (`arm_decisions`), or
-        after ``timeout_s`` (a notice can be lost with a connection: the caller reads the box either way)."""
-        with trio.move_on_after(timeout_s):
-            if armed is not None:
-                await armed.wait()
-            else:
-                await trio.sleep_forever()
+    def _listening(self) -> _Listener:
+        """The store's listener for notices, started on first use (and again after it stopped)."""
+        listener = self._decision_listener
+        if listener is None or listener.stopped:
+            listener = self._decision_listener = _Listener(self._connect)
+        return listener
 
     def arm_decisions(self, session_id: str) -> trio.Event | None:
         """An event set when the next decision for ``session_id`` is announced (take it before reading the box, so
         a notice that comes while reading is not missed); None when the listener cannot run."""
-        listener = self._decision_listener
-        if listener is None or listener.stopped:
-            listener = self._decision_listener = _Listener(self._connect)
-        return listener.arm(session_id)
+        return self._listening().arm(session_id)
 
     def arm_any_journal(self) -> trio.Event | None:
         """An event set when the next append to any journal of the store is announced (``NOTIFY trioloop_journal``,
         which PostgreSQL 14 and later send); None when the listener cannot run. `journals_announced` says which."""
-        listener = self._decision_listener
-        if listener is None or listener.stopped:
-            listener = self._decision_listener = _Listener(self._connect)
-        return listener.arm_any(journal=True)
+        return self._listening().arm_any(journal=True)
 
     def journals_announced(self) -> set[str] | None:
         """The sessions whose journals were announced since the last call (None: not known, a notice may have been
@@ -336,10 +328,7 @@ class PostgresDecisions(SqlDecisions):
     def arm_any_decision(self) -> trio.Event | None:
         """An event set when the next decision for any session is announced (a worker's wake-up); None when the
         listener cannot run."""
-        listener = self._decision_listener
-        if listener is None or listener.stopped:
-            listener = self._decision_listener = _Listener(self._connect)
-        return listener.arm_any()
+        return self._listening().arm_any()
 
     async def _stop_listening(self) -> None:
         listener, self._decision_listener = self._decision_listener, None

@@ -195,7 +195,7 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
                 await lease.release()
             self._closed = True
             await trio.to_thread.run_sync(self._idle.close_all, limiter=self._limiter)
-            await self._stop_listening()  # the box's notices (`decision_posted`), if anyone listened
+            await self._stop_listening()  # the notices (`arm_decisions` and the like), if anyone listened
             if self._appends is not None:
                 await self._appends.close()
             async with self._admin_lock:

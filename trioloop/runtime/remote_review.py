@@ -104,7 +104,6 @@ class RemoteReview:
         `poll_s` (a store that announces them, PostgreSQL, wakes it at once and is asked every `_NOTIFIED_POLL_S`
         besides); otherwise look again each `poll_s` without I/O."""
         arm = getattr(self._box, "arm_decisions", None)
-        posted = getattr(self._box, "decision_posted", None)
         while True:
             if self._deferred:
                 await self.settle_deferred()
@@ -113,8 +112,9 @@ class RemoteReview:
                 continue
             armed = None if arm is None else arm(self._session_id)  # before reading: no notice falls between
             await self.take()
-            if posted is not None and armed is not None:
-                await posted(self._session_id, armed, _NOTIFIED_POLL_S)
+            if armed is not None:
+                with trio.move_on_after(_NOTIFIED_POLL_S):  # the notice, or a look anyway (a notice can be lost)
+                    await armed.wait()
             else:
                 await trio.sleep(self.poll_s)
 

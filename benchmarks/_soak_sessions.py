@@ -19,9 +19,11 @@ than the runner's clock starts), its settle when the `Watch` (an observer, told 
 state) sees the settled state. The time the turn waited for the person (cards shown, a question open) does not
 count against the deadline; the soak measures it from the publication that opened the wait (no earlier than the
 runner paused its deadline) to the click that ended it (no later than the runner resumed it), so it is never
-overestimated and the overshoot ``settle - start - waited - budget`` never underestimated. A continued leg's
-budget is the deadline less the machine time its earlier legs used (measured the same way, so never more than
-the runner's remaining time). A leg continued after a crash (the process that ran the first part was killed)
+overestimated and the overshoot ``settle - start - waited - budget`` never underestimated. The runner pauses its
+deadline as the turn enters review, before it journals the cards it then shows: those writes (`Leg.review_lag`) stay
+in the overshoot, and a late leg counts them with its journal writes (the store's time, not trioloop's). A
+continued leg's budget is the deadline less the machine time its earlier legs used (measured the same way, so never
+more than the runner's remaining time). A leg continued after a crash (the process that ran the first part was killed)
 gets the whole deadline as its budget, which the runner's remaining time can only be below: its figure is a
 lower bound and is reported apart.
 """
@@ -124,6 +126,9 @@ class Leg:
     state: TurnState | None = None
     suspended: bool = False
     late_at: list[str] | None = None  # where its tasks waited when it was still unsettled past its bound
+    #: Machine time the runner kept off its deadline before the person could see a review: it pauses the deadline as
+    #: the turn enters review, then journals the cards, and only then shows them (where both accounts begin).
+    review_lag: float = 0.0
 
     def begin_wait(self, now: float) -> None:
         if self.wait_since is None:
@@ -177,10 +182,12 @@ def _outcome(state: TurnState) -> str:
 class Watch:
     """The session's observer: times the current leg and writes each call seen succeeded to the ledger."""
 
-    def __init__(self, ledger: Ledger, sid: str) -> None:
+    def __init__(self, ledger: Ledger, sid: str, append_times: Any = None) -> None:
         self.ledger = ledger
         self.sid = sid
+        self.append_times = append_times  # `benchmarks._soak_wiring.AppendTimes`: the cards' journal writes
         self.leg: Leg | None = None
+        self.seen_at: float | None = None  # when the last state was published
         self.succeeded: set[str] = set()
         self.errors = 0
 
@@ -195,6 +202,8 @@ class Watch:
         leg = self.leg
         if leg is not None and leg.settled_at is None:
             if state.phase is Phase.AWAITING_APPROVAL:
+                if leg.wait_since is None:
+                    leg.review_lag += self._cards_written(leg, now)
                 leg.begin_wait(now)
             else:
                 leg.end_wait(now, settled=state.is_settled)
@@ -203,10 +212,20 @@ class Watch:
                     leg.question_closed(question_id, now)
                 leg.settled_at = now
                 leg.state = state
+        self.seen_at = now
         for call in state.calls:
             if call.status is CallStatus.SUCCEEDED and call.id not in self.succeeded:
                 self.succeeded.add(call.id)
                 self.ledger.emit("succeeded", sid=self.sid, call=call.id, tool=call.tool_name)
+
+    def _cards_written(self, leg: Leg, now: float) -> float:
+        """How long the journal writes that held back the state showing a review took: from the first one that began
+        after the last state published (the runner had paused its deadline by then) to ``now``, its showing."""
+        if self.append_times is None:
+            return 0.0
+        since = leg.start if self.seen_at is None else max(leg.start, self.seen_at)
+        starts = [start for start, end in self.append_times.writes(self.sid) if start >= since and end <= now]
+        return now - min(starts) if starts else 0.0
 
 
 async def _open(
@@ -262,9 +281,12 @@ def _emit_leg(ctx: SoakContext, sid: str, store: str, leg: Leg, error: str | Non
     causes: dict[str, Any] = {}
     if settle is not None and settle > due:
         if ctx.append_times is not None:
-            journal_late = ctx.append_times.busy(sid, due, settle)
+            journal_late = ctx.append_times.busy(sid, due, settle) + leg.review_lag
         if ctx.causes is not None:
             causes = ctx.causes.explain(sid, due, settle)
+            if causes:
+                # The runner's deadline fell due later than ``due`` by the cards' journal writes: the machine's time.
+                causes["journal_ms"] = round(causes["journal_ms"] + leg.review_lag * 1e3, 3)
 
     def ms(value: float | None) -> float | None:
         return None if value is None else round(value * 1e3, 3)
@@ -285,6 +307,7 @@ def _emit_leg(ctx: SoakContext, sid: str, store: str, leg: Leg, error: str | Non
         settle_ms=None if settle is None else ms(settle - leg.start),
         unwind_ms=None if settle is None or leg.returned_at is None else ms(leg.returned_at - settle),
         journal_late_ms=ms(journal_late),
+        review_lag_ms=ms(leg.review_lag),
         **causes,
         **({"late_at": leg.late_at} if leg.late_at is not None else {}),
     )
@@ -336,7 +359,7 @@ class Conversation:
 
     async def _life(self, session: Session[str]) -> bool:
         """Turns on one opened session; True when the conversation must reopen its journal to go on."""
-        watch = Watch(self.ctx.ledger, self.sid)
+        watch = Watch(self.ctx.ledger, self.sid, self.ctx.append_times)
         session.observe(watch)
         async with session, trio.open_nursery() as nursery:
             person = Person(self.rng, self.sid, self.ctx.ledger, watch, session)

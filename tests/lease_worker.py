@@ -125,7 +125,7 @@ async def spawn_rounds(target: str, session_id: str, ttl_s: float, folder: Path,
             async with ScriptedProvider(BATCH) as provider:
                 session = await Session.open(
                     store, f"{session_id}-{n}", kind=NOTE, provider=provider, document="", model="m",
-                    tools=[touch_tool(here)],
+                    tools=[touch_tool(here)], wait_s=20,  # the file busy past its timeout (10 writers) reads as held
                 )  # fmt: skip
                 async with session:
                     freeze = _FreezeAtSpawn(here)

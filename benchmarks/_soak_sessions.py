@@ -430,6 +430,10 @@ class Conversation:
             self.carried = Leg(kind="continue", turn=state.turn_id, start=0.0, budget=budget)
         if state is not None and state.is_settled:
             self.live_document = session.document
+        elif error is not None:
+            # The journal failed: the live document went back to what it last confirmed, while an append cut short
+            # may have landed (reopening reads the truth). Nothing live to compare until a turn settles again.
+            self.live_document = None
         watch.leg = None
         _emit_leg(self.ctx, self.sid, self.plan.store_name, leg, error)
         if error is not None:

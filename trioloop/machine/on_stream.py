@@ -68,6 +68,9 @@ __all__ = [
 
 
 def on_message_start(state: TurnState, event: MessageStart) -> TurnState:
+    if event.provider and event.provider != state.answered_by:
+        model = event.model or state.response_model
+        return state.evolved(phase=Phase.STREAMING, draft=Draft(), response_model=model, answered_by=event.provider)
     if event.model and event.model != state.response_model:
         return state.evolved(phase=Phase.STREAMING, draft=Draft(), response_model=event.model)
     return state.evolved(phase=Phase.STREAMING, draft=Draft())

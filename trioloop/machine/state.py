@@ -140,6 +140,9 @@ class TurnState:
     #: in its last response ("" when it named none): what observers report (``gen_ai.response.*``).
     stop_reason: StopReason | None = None
     response_model: str = ""
+    #: Which provider of a `FallbackProvider` answered the last response (its name there; "" for a single
+    #: provider, or before any answer): later requests of the turn start with it.
+    answered_by: str = ""
     #: The approval rules this turn decides by: frozen at submit (the app's, the files', the session's), grown
     #: by a person's "always" from a card and shrunk by a forget.
     rules: RuleSet = EMPTY_RULES

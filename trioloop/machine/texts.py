@@ -19,6 +19,7 @@ from trioloop.protocol.events import StreamError, retry_label
 __all__ = [
     "DECLINED_TEXT",
     "DUPLICATE_NOTICE",
+    "HOP_SUFFIX",
     "INTERRUPTED_TEXT",
     "LIMIT_NOTICE",
     "LIMIT_TEXT",
@@ -170,10 +171,20 @@ def unreadable_input_notice(name: str) -> str:
     return f"A {echo(name)} call arrived with arguments that could not be read; the model was told and nothing ran."
 
 
+#: How a retry notice ends when the retry goes to the next provider of a fallback list, at once.
+HOP_SUFFIX: Final = " on the next provider"
+
+
 def retry_notice(failure: StreamError | None, used: int, allowed: int, wait_ms: int) -> str:
-    """E.g. ``HTTP 529, retry 1 of 3 in 0.5 s``: the one retry counter a turn has, as the person sees it."""
+    """E.g. ``HTTP 529, retry 1 of 3 in 0.5 s``: the one retry counter a turn has, as the person sees it. A failure
+    of a fallback list's provider is named (``primary: HTTP 529, retry 1 of 3 in 0 s on the next provider``)."""
     label = "The AI request failed" if failure is None else _visible(retry_label(failure), _ISSUE_MAX)
-    return f"{label}, retry {used} of {allowed} in {wait_ms / 1000:g} s"
+    if failure is None or not failure.provider:
+        return f"{label}, retry {used} of {allowed} in {wait_ms / 1000:g} s"
+    # A provider of a fallback list failed: named, and a hop to the next one is at once (no wait).
+    name = _visible(failure.provider, _ISSUE_MAX)
+    hop = HOP_SUFFIX if wait_ms == 0 else ""
+    return f"{name}: {label}, retry {used} of {allowed} in {wait_ms / 1000:g} s{hop}"
 
 
 RULE_DENIED_TEXT: Final = "Not run: the user's approval rules do not allow this call. Do not retry it in this turn."

@@ -14,6 +14,7 @@ from trioloop.machine.rules import Decider
 from trioloop.machine.untrusted_text import sanitize_scalar
 from trioloop.protocol.events import Usage
 from trioloop.providers.anthropic import AnthropicProvider
+from trioloop.providers.fallback import FallbackProvider
 from trioloop.providers.openai import OpenAIProvider
 from trioloop.providers.openai_responses import OpenAIResponsesProvider
 
@@ -27,7 +28,10 @@ DECIDER_TEXT_MAX: Final = 256
 
 def gen_ai_provider_name(provider: object) -> str:
     """The ``gen_ai.provider.name`` for a provider: ``anthropic`` or ``openai`` for the shipped ones (the
-    scripted provider by the wire it serves), else the provider's class name."""
+    scripted provider by the wire it serves), else the provider's class name. For a `FallbackProvider`, its first
+    provider's (each ``chat`` span names the provider that answered: `answering_names`)."""
+    if isinstance(provider, FallbackProvider):
+        return gen_ai_provider_name(provider.providers[0])
     if isinstance(provider, AnthropicProvider):
         return "anthropic"
     if isinstance(provider, OpenAIProvider | OpenAIResponsesProvider):
@@ -35,6 +39,13 @@ def gen_ai_provider_name(provider: object) -> str:
     # HttpChatProvider and ScriptedProvider keep their WireFormat here; its ``name`` is public protocol.
     name = getattr(getattr(provider, "_wire", None), "name", None)
     return name if isinstance(name, str) and name else type(provider).__name__
+
+
+def answering_names(provider: object) -> dict[str, str]:
+    """For a `FallbackProvider`, each of its names mapped to that provider's ``gen_ai.provider.name``; else empty."""
+    if not isinstance(provider, FallbackProvider):
+        return {}
+    return {name: gen_ai_provider_name(p) for name, p in zip(provider.names, provider.providers, strict=True)}
 
 
 def _usage_minus(a: Usage, b: Usage) -> tuple[int, int, int, int, int]:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final, final
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from trioloop.machine.reducer import CallRecord, CallStatus, DenialReason, Outcome, TurnState
+from trioloop.machine.texts import HOP_SUFFIX
 from trioloop.otel.content import _call_content, _messages_json
 from trioloop.otel.conventions import (
     TurnEnd,
@@ -29,7 +30,8 @@ from trioloop.otel.instruments import _Instruments
 
 #: A retry notice as `trioloop.loop` words it: "HTTP 529, retry 1 of 3 in 0.5 s".
 _RETRY: Final = re.compile(
-    r"^(?P<cause>.*), retry (?P<n>\d+) of (?P<of>\d+) in (?P<wait>\d+(?:\.\d+)?(?:e[+-]?\d+)?) s$"
+    r"^(?P<cause>.*), retry (?P<n>\d+) of (?P<of>\d+) in (?P<wait>\d+(?:\.\d+)?(?:e[+-]?\d+)?) s"
+    + f"(?P<hop>{re.escape(HOP_SUFFIX)})?$"
 )
 
 
@@ -85,9 +87,10 @@ class _Turn:
 class _Spans:
     """Opens and ends the spans under a turn's and records their metrics, with the tracer, the instruments and the
     settings it was given: ``capture`` content, the ``provider_name``, and ``system_prompt()``, the session's system
-    prompt as it is when a request starts (None without a session)."""
+    prompt as it is when a request starts (None without a session). With a `FallbackProvider`, ``answering`` maps
+    each of its names to that provider's ``gen_ai.provider.name``: a ``chat`` span names the one that answered."""
 
-    __slots__ = ("_capture", "_instruments", "_provider_name", "_system_prompt", "_tracer")
+    __slots__ = ("_answering", "_capture", "_instruments", "_provider_name", "_system_prompt", "_tracer")
 
     def __init__(
         self,
@@ -97,7 +100,9 @@ class _Spans:
         capture: bool,
         provider_name: str,
         system_prompt: Callable[[], str | None],
+        answering: Mapping[str, str] | None = None,
     ) -> None:
+        self._answering: Mapping[str, str] = {} if answering is None else answering
         self._tracer = tracer
         self._instruments = instruments
         self._capture = capture
@@ -131,21 +136,29 @@ class _Spans:
         usage = _usage_minus(state.usage if same else state.usage_before_iteration, chat.base)
         error = state.error if state.outcome is Outcome.FAILED and same else None
         span = chat.span
+        first = chat.first_chunk
+        if first is None and same and (state.stop_reason is not None or state.response_model):
+            # The whole response came in one wake-up of the turn (one state for all its events): its
+            # first chunk arrived with its end, as far as anything published can tell.
+            first = now
+        # A provider list's choice, when this request was answered: its name (``trioloop.provider``), and that
+        # provider's own ``gen_ai.provider.name`` in place of the list's, on the span and the metrics.
+        answered = state.answered_by if chat.first_chunk is not None or (first is not None and error is None) else ""
+        answering = self._answering.get(answered) if answered else None
         if span.is_recording():
             attributes = _usage_attributes(usage)
             attributes["trioloop.request.retries"] = state.budget.retries_used - chat.retries
             attributes["trioloop.request.outcome"] = cut or _request_outcome(state, same)
-            first = chat.first_chunk
-            if first is None and same and (state.stop_reason is not None or state.response_model):
-                # The whole response came in one wake-up of the turn (one state for all its events): its
-                # first chunk arrived with its end, as far as anything published can tell.
-                first = now
             if first is not None:
                 attributes["gen_ai.response.time_to_first_chunk"] = (first - chat.start) / 1e9
             if same and state.stop_reason is not None:
                 attributes["gen_ai.response.finish_reasons"] = (state.stop_reason.value,)
             if state.response_model:
                 attributes["gen_ai.response.model"] = state.response_model
+            if answered:
+                attributes["trioloop.provider"] = answered
+                if answering is not None:
+                    attributes["gen_ai.provider.name"] = answering
             if error is not None:
                 attributes["error.type"] = error.code.value
             if self._capture:
@@ -157,6 +170,8 @@ class _Spans:
                 span.set_status(StatusCode.ERROR, error.code.value)
         span.end(end_time=now)
         metric = turn.metric
+        if answering is not None:
+            metric = {**metric, "gen_ai.provider.name": answering}
         instruments = self._instruments
         if any(usage):
             instruments.tokens.record(usage[0], {**metric, "gen_ai.token.type": "input"})
@@ -308,13 +323,12 @@ def _notices(turn: _Turn, state: TurnState, now: int) -> None:
         match = _RETRY.match(text)
         if match is None:
             continue  # bounds, skipped frames, refused edits: the span attributes tell the outcome
-        span.add_event(
-            "trioloop.retry",
-            {
-                "trioloop.retry.attempt": int(match["n"]),
-                "trioloop.retry.of": int(match["of"]),
-                "trioloop.retry.wait_s": float(match["wait"]),
-                "trioloop.retry.cause": match["cause"],
-            },
-            timestamp=now,
-        )
+        event: _Attrs = {
+            "trioloop.retry.attempt": int(match["n"]),
+            "trioloop.retry.of": int(match["of"]),
+            "trioloop.retry.wait_s": float(match["wait"]),
+            "trioloop.retry.cause": match["cause"],
+        }
+        if match["hop"]:
+            event["trioloop.retry.next_provider"] = True  # a fallback list's hop, at once
+        span.add_event("trioloop.retry", event, timestamp=now)

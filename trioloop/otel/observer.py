@@ -23,6 +23,7 @@ from trioloop.otel.conventions import (
     _bound,
     _review_outcome,
     _usage_attributes,
+    answering_names,
     gen_ai_provider_name,
 )
 from trioloop.otel.instruments import _instruments
@@ -68,11 +69,13 @@ class OtelObserver:
                 raise TypeError("OtelObserver(provider_name, model): name the model as well")
             self._session: weakref.ref[Session[Any]] | None = None
             self._provider_name = session_or_provider_name
+            answering: dict[str, str] = {}
         else:
             # Weakly: the session holds its observers, and a cycle would keep every turn's states alive
             # until the garbage collector's next full pass.
             self._session = weakref.ref(session_or_provider_name)
             self._provider_name = gen_ai_provider_name(session_or_provider_name.provider)
+            answering = answering_names(session_or_provider_name.provider)
         self._model = model
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
@@ -88,6 +91,7 @@ class OtelObserver:
             capture=capture_content,
             provider_name=self._provider_name,
             system_prompt=_system_prompt_of(self._session),
+            answering=answering,
         )
         self._turn: _Turn | None = None
         self._unfollowed: str | None = None  # the id of a live turn that began with nothing configured

@@ -59,9 +59,11 @@ def _count(inst: object, attribute: attrs.Attribute[int], value: object) -> None
 
 @attrs.frozen(kw_only=True)
 class MessageStart:
-    """A response began; ``model`` is the model the server named (may be empty)."""
+    """A response began; ``model`` is the model the server named (may be empty). ``provider`` names the provider
+    that answered when a `FallbackProvider` chose among several (its name for it), else it is empty."""
 
     model: str = attrs.field(default="", validator=_str)
+    provider: str = attrs.field(default="", validator=_str)
 
 
 @attrs.frozen(kw_only=True)
@@ -189,6 +191,7 @@ class StreamError:
     ``terminal=False`` is a notice: one bad frame was skipped (always ``malformed_stream``) and the
     stream goes on. ``provider_detail`` is redacted on construction, whoever builds the event.
     ``retry_after`` is the server's own wait hint in seconds (``retry-after``), when it gave one.
+    ``provider`` names the provider that failed when a `FallbackProvider` chose among several, else it is empty.
     """
 
     code: ProtocolErrorCode = attrs.field(converter=ProtocolErrorCode)
@@ -196,6 +199,7 @@ class StreamError:
     provider_detail: str | None = attrs.field(default=None, converter=_redact_optional)
     terminal: bool = attrs.field(default=True)
     retry_after: float | None = attrs.field(default=None, validator=_optional_seconds)
+    provider: str = attrs.field(default="", validator=_str)
 
     @terminal.validator
     def _notice_is_malformed(self, attribute: attrs.Attribute[bool], value: bool) -> None:

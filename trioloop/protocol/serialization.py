@@ -74,6 +74,9 @@ _EVENT_TAGS: dict[type[Any], str] = {
     Aborted: "aborted",
 }
 
+#: The events whose ``provider`` (which provider of a fallback list answered or failed) is left out when empty.
+_NAMED_PROVIDER: frozenset[type[Any]] = frozenset({MessageStart, StreamError})
+
 converter = cattrs.Converter(forbid_extra_keys=True)
 _flat = cattrs.Converter()  # unstructures one flat block or event; the tag is added around it
 _flat.register_unstructure_hook(ProtocolErrorCode, lambda v: v.value)
@@ -88,6 +91,8 @@ def _tagged(tags: dict[type[Any], str]) -> tuple[Any, Any]:
 
     def unstructure(value: Any) -> dict[str, Any]:
         data: dict[str, Any] = _flat.unstructure(value)
+        if type(value) in _NAMED_PROVIDER and not data.get("provider"):
+            del data["provider"]  # written only when set: a single provider's events read as they always did
         return {"type": tags[type(value)], **data}
 
     def structure(value: Any, _: Any) -> Any:

@@ -1,6 +1,6 @@
 """Streaming model providers: SSE framing, the Anthropic, OpenAI Chat Completions and OpenAI Responses wire
-mappers, the httpx transport, bounded retry, and the scripted provider that serves a real wire format over
-loopback.
+mappers, the httpx transport, bounded retry, fallback across providers, and the scripted provider that serves a
+real wire format over loopback.
 
 Each name loads on first use, so the runtime (which needs `is_retriable`) or an app using one provider never
 imports the others.
@@ -15,6 +15,7 @@ from trioloop._lazy import lazy_names
 if TYPE_CHECKING:
     from trioloop.providers.anthropic import AnthropicProvider
     from trioloop.providers.base import ChatProvider, TransientFailure, is_retriable
+    from trioloop.providers.fallback import FallbackProvider
     from trioloop.providers.openai import OpenAIProvider
     from trioloop.providers.openai_responses import OpenAIResponsesProvider
     from trioloop.providers.retry import RetryPolicy
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 _HOMES: Final[dict[str, str]] = {
     "AnthropicProvider": "trioloop.providers.anthropic",
     "ChatProvider": "trioloop.providers.base",
+    "FallbackProvider": "trioloop.providers.fallback",
     "OpenAIProvider": "trioloop.providers.openai",
     "OpenAIResponsesProvider": "trioloop.providers.openai_responses",
     "RetryPolicy": "trioloop.providers.retry",
@@ -40,6 +42,7 @@ if not TYPE_CHECKING:  # type checkers see the imports above, and an unknown nam
 __all__ = [
     "AnthropicProvider",
     "ChatProvider",
+    "FallbackProvider",
     "OpenAIProvider",
     "OpenAIResponsesProvider",
     "RetryPolicy",

@@ -1,7 +1,8 @@
 """The turn's requests to its provider: each a child task of the request nursery (outside the turn's scope, so
 Stop and the deadline reach the consumer first), writing into the turn's inbox through an `InboxChannel` that
 tags every event with its attempt, and retried (bounded, with backoff) only before the first event reached the
-reducer, so a retry can never repeat output.
+reducer, so a retry can never repeat output. With a `FallbackProvider`, a retry goes to the next provider of its
+list at once (a hop), counted in the same budget; a failure after the first event is never taken elsewhere.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from trioloop.protocol.events import StreamError, StreamEvent, is_terminal, term
 from trioloop.protocol.provider import ChatProvider
 from trioloop.protocol.tools import ChatRequest
 from trioloop.providers.base import is_retriable
+from trioloop.providers.fallback import FallbackProvider, FallbackRoute, all_failed, may_hop
 from trioloop.runtime.clock import TurnClock, now_ms
 from trioloop.runtime.inbox import InboxItem, RequestEnded, StreamBatch, StreamItem, TurnView
 from trioloop.runtime.spending import before_request
@@ -113,10 +115,21 @@ class ProviderRequests:
         self.open = False
         self.saw_first_event = False
         self.nursery: trio.Nursery | None = None  # the request tasks' nursery, outside the turn's scope
+        # With a provider list: the request's way through it, and each provider's failure since it began.
+        self.fallback = provider if isinstance(provider, FallbackProvider) else None
+        self.route: FallbackRoute | None = None
+        self.failures: list[tuple[str, StreamError]] = []
 
-    def start(self, *, backoff_s: float) -> None:
+    def start(self, *, backoff_s: float, retry: bool = False) -> None:
         """Open the next attempt: the state's messages, the turn's tools, after ``backoff_s``; unless the request
-        would pass a token or cost bound (`BeforeRequest`): the turn then settles bounded and nothing is sent."""
+        would pass a token or cost bound (`BeforeRequest`): the turn then settles bounded and nothing is sent.
+        A new request (not a ``retry``) through a provider list starts with the provider that answered last."""
+        fallback = self.fallback
+        if fallback is not None and not retry:
+            names = fallback.names
+            answered = self.turn.state.answered_by
+            self.route = FallbackRoute.starting(len(names), names.index(answered) if answered in names else 0)
+            self.failures = []
         asked = self.request
         request = ChatRequest(
             model=asked.model,
@@ -140,15 +153,19 @@ class ProviderRequests:
         # the consumer settles first and then cancels the requests (``Turn.drive``), so the settled state
         # never waits behind a response being torn down. The nursery's deadline is the backstop.
         assert self.nursery is not None, "a turn opens requests only inside Turn.drive"
-        self.nursery.start_soon(self.task, self.attempt, request, backoff_s, name="trioloop request")
+        index = None if self.route is None else self.route.current
+        self.nursery.start_soon(self.task, self.attempt, request, backoff_s, index, name="trioloop request")
 
-    async def task(self, attempt: int, request: ChatRequest, backoff_s: float) -> None:
+    async def task(self, attempt: int, request: ChatRequest, backoff_s: float, index: int | None = None) -> None:
         inbox = self.inbox
         sink = InboxChannel(inbox, attempt)
         if backoff_s > 0:
             await trio.sleep(backoff_s)
         try:
-            await self.provider.stream(request, sink)
+            if self.fallback is not None and index is not None:
+                await self.fallback.stream_from(index, request, sink)
+            else:
+                await self.provider.stream(request, sink)
         except trio.Cancelled:
             raise
         except Exception as exc:  # a provider bug must end the turn as a typed failure, not a crash
@@ -163,7 +180,10 @@ class ProviderRequests:
 
     def retried(self, failure: StreamError) -> bool:
         """Retry after ``failure`` (a terminal error) if it is transient, came before the first event reached
-        the reducer, and the retry budget and the deadline allow: True if a new attempt was started."""
+        the reducer, and the retry budget and the deadline allow: True if a new attempt was started (or, with a
+        provider list, if the turn has failed with one error naming each provider's failure)."""
+        if self.fallback is not None:
+            return self.hopped(failure)
         turn = self.turn
         if not (
             turn.state.phase is Phase.REQUESTING
@@ -183,6 +203,28 @@ class ProviderRequests:
         turn.apply(Retry(now_ms=now_ms(), failure=failure, wait_ms=math.ceil(wait * 1000)))
         self.open = False
         self.start(backoff_s=wait)
+        return True
+
+    def hopped(self, failure: StreamError) -> bool:
+        """`retried` through a provider list: on to the next provider at once, or a new round after the backoff."""
+        turn, route, fallback = self.turn, self.route, self.fallback
+        if route is None or fallback is None or turn.state.phase is not Phase.REQUESTING or self.saw_first_event:
+            return False  # after the first event: the turn's own rules, never another provider
+        self.failures.append((fallback.names[route.current], failure))
+        if may_hop(failure) and self.may_retry():
+            now = trio.current_time()
+            following, wait = route.failed(failure.retry_after, now, self.backoff())
+            if now + wait < self.clock.deadline:
+                turn.apply(Retry(now_ms=now_ms(), failure=failure, wait_ms=math.ceil(wait * 1000)))
+                self.route = following
+                self.open = False
+                self.start(backoff_s=wait, retry=True)
+                return True
+        if len(self.failures) < 2:
+            return False  # the first provider's own failure, as it is (named)
+        tried = {name for name, _ in self.failures}
+        untried = [name for name in fallback.names if name not in tried]
+        turn.apply(all_failed(self.failures, untried))
         return True
 
     def may_retry(self) -> bool:

@@ -21,6 +21,9 @@ ALLOWED: dict[tuple[str, str], int] = {
     # (undo history, turn numbering, tokens, the live turn) and attach the journal they opened.
     ("runtime/session.py", "session._restore"): 2,
     ("runtime/session.py", "session._attach"): 1,
+    # Session.fork makes a Session the same way, from the source's state after a settled turn.
+    ("runtime/session_fork.py", "session._restore"): 1,
+    ("runtime/session_fork.py", "session._attach"): 1,
     # ToolExecutionContext.deferred makes a context whose document is made on first read (no __init__ argument).
     ("runtime/tools.py", "context._fill"): 1,
 }

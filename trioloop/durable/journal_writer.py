@@ -114,6 +114,7 @@ class JournalWriter:
         compact: bool = False,
         last_seal: bytes | None = None,
         journal_id: str = "",
+        forked_from: Mapping[str, Any] | None = None,
     ) -> None:
         self._seq = last_seq
         self._prev = last_hash
@@ -122,6 +123,7 @@ class JournalWriter:
         self._compact = compact
         self._last_seal = last_seal  # the last seal's bytes: a snapshot that follows it names it
         self._journal_id = journal_id  # which journal this is, whatever store it is in (a witness's key)
+        self._forked_from = None if forked_from is None else dict(forked_from)  # a fork's origin, in every snapshot
         if codec is None:
             if dump_document is None:
                 raise TypeError("a JournalWriter needs dump_document or codec")
@@ -141,6 +143,11 @@ class JournalWriter:
         self._text: list[str] = []  # text deltas not yet joined into the last event
         self.actor = ""
         self._vouchers: dict[str, Mapping[str, Any]] = {}
+
+    @property
+    def signer(self) -> JournalSigner | None:
+        """The key that seals this journal's batches (None: an unsigned journal)."""
+        return self._signer
 
     @property
     def last_seq(self) -> int:
@@ -391,7 +398,9 @@ class JournalWriter:
         A snapshot starts a batch of its own (what is ready before it is sealed first), and names what it
         follows: the seal before it (``after``, its exact text), so a journal compacted to start at this
         snapshot still accounts for the signed head of what was discarded, and whether the journal may be
-        compacted at all (``compact``: a journal that starts at a snapshot saying no was cut, not compacted)."""
+        compacted at all (``compact``: a journal that starts at a snapshot saying no was cut, not compacted); a fork's
+        snapshots also name where it came from (``forked_from``: the source session, journal, entry and head), so
+        compaction keeps that too."""
         if self._ready and self._signer is not None:
             self._seal(self._signer)
         seal = self._last_seal
@@ -402,6 +411,8 @@ class JournalWriter:
             "compact": self._compact,
             "after": after,
         }
+        if self._forked_from is not None:
+            data["forked_from"] = self._forked_from
         self.add("snapshot", data)
 
     def _session_json(self, snapshot: SessionSnapshot[Any]) -> dict[str, Any]:

@@ -1,18 +1,19 @@
 """Reading a journal back: `replay_journal` folds its entries through the same `reduce_turn` the live session
-used and gives the state it had, field for field; `recovery_inputs` says what a reopened turn must do first (a
-call that was running is settled failed and never run again, a call whose tool now prepares another digest is
-revoked, a request that was in flight is asked again)."""
+used and gives the state it had, field for field; `replay_settled` folds every turn a journal holds and gives the
+session after each one settled (the points a fork starts from). What a reopened turn must do first is
+`trioloop.durable.recovery`'s (`recovery_inputs`, re-exported here)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Any, Final, Generic, TypeVar, final
+from typing import Any, Generic, TypeVar, final
 
 import attrs
 
 from trioloop.durable.document_form import TEXT_FORM, DocumentCodec, DocumentFormError
 from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, document_digest, verify_chain
+from trioloop.durable.recovery import INTERRUPTED_CALL_TEXT, recovery_inputs
 from trioloop.durable.session_file import (
     SessionFileError,
     SessionSnapshot,
@@ -39,21 +40,23 @@ from trioloop.machine.inputs import (
 )
 from trioloop.machine.reducer import reduce_turn
 from trioloop.machine.rules import SESSION_SOURCE, Always, ApprovalRule, CodeVerdict, RuleSet
-from trioloop.machine.state import CallStatus, Phase, TurnState
+from trioloop.machine.state import CallStatus, TurnState
 from trioloop.machine.tools import ToolOutcome, ToolRegistry
 from trioloop.machine.transaction import UndoEntry, UndoHistory, redo_step, undo_step
 from trioloop.protocol.events import StreamError, StreamEvent, Usage, usage_sum
 from trioloop.protocol.serialization import SerializationError, event_from_json
 
-__all__ = ["INTERRUPTED_CALL_TEXT", "Replayed", "recovery_inputs", "replay_journal", "replay_start", "tools_used"]
+__all__ = [
+    "INTERRUPTED_CALL_TEXT",
+    "Replayed",
+    "recovery_inputs",
+    "replay_journal",
+    "replay_settled",
+    "replay_start",
+    "tools_used",
+]
 
 D = TypeVar("D")
-
-#: What the model and the card read for a call that was running when its process died.
-INTERRUPTED_CALL_TEXT: Final = (
-    "Interrupted: the session stopped while this call was running. It may have run, partly or wholly, with "
-    "effects outside the document; it was not run again and its result is unknown."
-)
 
 
 @final
@@ -162,12 +165,13 @@ def replay_start(entries: Sequence[JournalEntry]) -> int:
     raise JournalError("the journal holds no session snapshot")
 
 
-def tools_used(entries: Sequence[JournalEntry]) -> frozenset[str]:
-    """The tools the calls replay will prepare again used (from `replay_start` on): a call's tool, when its turn
-    offered one by that name (a name the model made up was never a tool, and fails as unknown either way)."""
+def tools_used(entries: Sequence[JournalEntry], *, every_turn: bool = False) -> frozenset[str]:
+    """The tools the calls replay will prepare again used (from `replay_start` on; with ``every_turn``, in every
+    turn the entries hold, as `replay_settled` folds them): a call's tool, when its turn offered one by that name (a
+    name the model made up was never a tool, and fails as unknown either way)."""
     offered: set[str] = set()
     used: set[str] = set()
-    for entry in entries[replay_start(entries) :]:
+    for entry in entries[0 if every_turn else replay_start(entries) :]:
         if entry.kind == "submit":
             names = entry.data.get("tools")
             offered = {name for name in names if type(name) is str} if type(names) is list else set()
@@ -207,6 +211,31 @@ def replay_journal(
         folder.apply(entry)
     last = entries[-1]
     return folder.result(last.seq, last.hash, len(entries) - start)
+
+
+def replay_settled(
+    entries: Sequence[JournalEntry],
+    *,
+    load_document: Callable[[str], D],
+    registry: ToolRegistry[D],
+    load_data: Callable[[Any], D] | None = None,
+) -> Iterator[tuple[JournalEntry, Replayed[D]]]:
+    """Fold every turn ``entries`` hold (from their first snapshot, not only the last turn as `replay_journal`
+    does) and give the session as it stood at the first snapshot, then after each turn settled: the entry it
+    settled at, and the session there (no live turn; ``last_seq`` and ``last_hash`` are that entry's). The chain is
+    verified first; anything that does not verify or decode raises `JournalError` naming the entry."""
+    if not entries:
+        raise JournalError("the journal is empty")
+    verify_chain(entries, first_prev=GENESIS if entries[0].seq == 1 else None)
+    start = next((index for index, entry in enumerate(entries) if entry.kind == "snapshot"), None)
+    if start is None:
+        raise JournalError("the journal holds no session snapshot")
+    folder = _Folder(DocumentCodec(_no_dump, load_document, None, load_data), registry)
+    for count, entry in enumerate(entries[start:], 1):
+        live = folder.turn
+        folder.apply(entry)
+        if count == 1 or (live is not None and folder.turn is None):
+            yield entry, folder.result(entry.seq, entry.hash, count)
 
 
 def _no_dump(document: Any) -> str:
@@ -469,31 +498,3 @@ class _Folder(Generic[D]):
             usage=self.usage,
             rules=self.rules if self.turn is None else self.turn.rules.of_source(SESSION_SOURCE),
         )
-
-
-def recovery_inputs(live: TurnState, card_digests: Mapping[str, str], *, now_ms: int) -> list[TurnInput]:
-    """What a reopened live turn takes first, before anything runs: each call that was ``running`` settles
-    failed as interrupted (never run again); each undecided or approved call whose re-prepared digest is
-    not the one its card showed is revoked; a turn that was waiting for the model asks again, as a retry."""
-    inputs: list[TurnInput] = []
-    for call in live.current_calls:
-        if call.status is CallStatus.RUNNING:
-            outcome: ToolOutcome[Any] = ToolOutcome.failure(INTERRUPTED_CALL_TEXT)
-            inputs.append(CallSettled(call_id=call.id, outcome=outcome, now_ms=now_ms))
-        elif call.status in (CallStatus.PENDING, CallStatus.APPROVED):
-            shown = card_digests.get(call.id)
-            if shown is not None and shown != call.input_digest:
-                detail = (
-                    f"the card showed digest {shown[:12]}, the tool now prepares {call.input_digest[:12] or 'nothing'}"
-                )
-                inputs.append(Revoke(call_id=call.id, detail=detail))
-    interrupted = StreamError(code="transport", message="The session was interrupted while the model was answering.")
-    if live.phase is Phase.REQUESTING and live.budget.retries_used < live.limits.max_retries_per_turn:
-        # Counted as a retry while the budget allows; past it the request is still asked again (the turn
-        # cannot go on otherwise), uncounted.
-        inputs.append(Retry(now_ms=now_ms, failure=interrupted, wait_ms=0))
-    elif live.phase is Phase.STREAMING:
-        # Not written by a live session (a response is journaled whole, once it ended); a journal that ends
-        # mid-response all the same ends its turn as failed rather than waiting on a stream that is gone.
-        inputs.append(interrupted)
-    return inputs

@@ -36,26 +36,24 @@ from trioloop.machine.questions import AnswerAction
 from trioloop.machine.rules import Always, ApprovalRule
 from trioloop.machine.state import TurnState
 from trioloop.machine.tools import RegisteredTool, ToolRegistry, create_tool_registry
-from trioloop.machine.transaction import UndoAvailability, UndoHistory
-from trioloop.protocol.events import Usage
+from trioloop.machine.transaction import UndoAvailability
 from trioloop.protocol.messages import Message
 from trioloop.protocol.provider import ChatProvider, HoldsConnections
 from trioloop.runtime import session_files
 from trioloop.runtime.approvals import ApprovalQuery
-from trioloop.runtime.journaling import ResumePoint
 from trioloop.runtime.session_files import TranscriptError
+from trioloop.runtime.session_fork import SessionForks
 from trioloop.runtime.session_journal import (
     DEFAULT_SIGNER,
     DEFAULT_WITNESS,
     DocumentMismatch,
     JournalOpening,
-    SessionJournal,
     SessionJournalError,
     ToolsMissing,
     resume_point,
 )
 from trioloop.runtime.session_turns import APPROVED_ALREADY, SessionBusy
-from trioloop.runtime.session_view import SessionClosed, SessionView, default_system_prompt
+from trioloop.runtime.session_view import SessionClosed, default_system_prompt
 from trioloop.runtime.toolsets import Toolset
 
 __all__ = [
@@ -73,7 +71,7 @@ __all__ = [
 D = TypeVar("D")
 
 
-class Session(SessionView[D]):
+class Session(SessionForks[D]):
     """A conversation about one document, one turn at a time."""
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -305,36 +303,6 @@ class Session(SessionView[D]):
             snapshot.undo_history(), snapshot.turns_started(), snapshot.last_turn_id, snapshot.usage, rules=kept
         )
         return session
-
-    def _restore(
-        self,
-        undo: UndoHistory[D],
-        turns_started: int,
-        last_turn_id: str | None,
-        usage: Usage,
-        *,
-        state: TurnState | None = None,
-        resume: ResumePoint | None = None,
-        journal: SessionJournal | None = None,
-        rules: tuple[ApprovalRule, ...] = (),
-    ) -> None:
-        """This new session continues a saved or journaled one: its undo history, turn numbering and tokens, and
-        (from a journal) its last state, the live turn it left, and the journal itself."""
-        self._workspace.undo = undo
-        self._turns.restore(started=turns_started, last_turn_id=last_turn_id, usage=usage, rules=rules)
-        self._publisher.state = state
-        if resume is not None:
-            self._turns.take_up(resume)
-        if journal is not None:
-            self._attach(journal)
-
-    def _attach(self, journal: SessionJournal) -> None:
-        """``journal`` is this session's; its lease is renewed in the session's nursery while there is one (else
-        from when the session is entered), and decisions made elsewhere are listened for."""
-        self._journal.journal = journal
-        if self._nursery is not None:
-            self._nursery.start_soon(journal.keep_alive, name="trioloop lease renewal")
-            self._listen_for_decisions()
 
     @classmethod
     async def open(

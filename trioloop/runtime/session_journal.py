@@ -16,6 +16,7 @@ import trio
 from trioloop.durable._store_thread import AppendsThen
 from trioloop.durable.decision_box import DecisionBox
 from trioloop.durable.document_form import DocumentCodec
+from trioloop.durable.history import ForkOrigin
 from trioloop.durable.journal import (
     GENESIS,
     JournalEntry,
@@ -124,6 +125,8 @@ class SessionJournal:
         )
         #: What opening proved of the journal (a new journal: what it will be).
         self.integrity = integrity
+        #: Where this session was forked from (`Session.fork`), as its journal's snapshots record it; else None.
+        self.forked_from: ForkOrigin | None = None
         self._snapshot = replay_from  # the newest snapshot's number
         self._replay_from = replay_from  # the snapshot the last turn started after: where replay starts
         self._discarded_to = replay_from
@@ -252,6 +255,8 @@ class JournalOpening:
         self.entries: list[JournalEntry] = []
         self.integrity: JournalIntegrity | None = None
         self.journal_id = ""
+        #: Where a new journal `start` writes was forked from (`Session.fork`), if it is a fork's.
+        self.forked_from: ForkOrigin | None = None
 
     @classmethod
     async def acquire(
@@ -265,8 +270,8 @@ class JournalOpening:
         wait_s: float,
     ) -> JournalOpening:
         """Choose the key and the witness, then take the session's lease (`SessionLocked` after ``wait_s``)."""
-        key = await _resolve(signer, keys)
-        heads = _witness(witness, key, store)
+        key = await resolve_signer(signer, keys)
+        heads = choose_witness(witness, key, store)
         lease = await store.acquire(session_id, wait_s=wait_s)
         opening = cls(lease, session_id, key, heads, keys, store_identity(store))
         opening.box = store if isinstance(store, DecisionBox) else None
@@ -289,7 +294,8 @@ class JournalOpening:
         return None if key is None else key.keys if keys is None else key.keys | keys
 
     async def start(self, snapshot: SessionSnapshot[Any], kind: TextDocumentKind[Any], compact: bool) -> SessionJournal:
-        """A new journal whose first entry is ``snapshot`` (the session as it stands), appended before it returns."""
+        """A new journal whose first entry is ``snapshot`` (the session as it stands), appended before it returns;
+        a fork's (`forked_from` set) names, in it and every later snapshot, where the fork came from."""
         journal_id = secrets.token_hex(16)
         key = self.key
         writer = JournalWriter(
@@ -300,6 +306,7 @@ class JournalOpening:
             signer=key,
             compact=compact,
             journal_id=journal_id,
+            forked_from=None if self.forked_from is None else self.forked_from.to_json(),
         )
         integrity = JournalIntegrity(
             signed=key is not None,
@@ -309,7 +316,7 @@ class JournalOpening:
         journal = SessionJournal(
             self.lease, writer, compact, integrity, witness=self.heads, journal_id=journal_id, store=self.store
         )
-        journal.keys, journal.box = self.verifying, self.box
+        journal.keys, journal.box, journal.forked_from = self.verifying, self.box, self.forked_from
         journal.turns.writer.snapshot(snapshot)
         await journal.flush()
         return journal
@@ -365,6 +372,7 @@ class JournalOpening:
     async def take_over(self, replayed: Replayed[Any], kind: TextDocumentKind[Any], compact: bool) -> SessionJournal:
         """The journal `read` replayed, written on from its last entry (witnessed from now on, if it was not)."""
         entries = self.entries
+        origin = ForkOrigin.from_json(entries[0].data.get("forked_from")) if entries[0].kind == "snapshot" else None
         writer = JournalWriter(
             last_seq=replayed.last_seq,
             last_hash=replayed.last_hash,
@@ -374,12 +382,13 @@ class JournalOpening:
             compact=compact,
             last_seal=_last_seal(entries),
             journal_id=self.journal_id,
+            forked_from=None if origin is None else origin.to_json(),
         )
         replay_from = entries[replay_start(entries)].seq
         journal = SessionJournal(
             self.lease, writer, compact, self.integrity, replay_from, self.heads, self.journal_id, self.store
         )
-        journal.keys, journal.box = self.verifying, self.box
+        journal.keys, journal.box, journal.forked_from = self.verifying, self.box, origin
         if self.heads is not None:  # a journal written before it had a witness is witnessed from now on
             last = entries[-1]
             await self.heads.witness(
@@ -435,7 +444,7 @@ def resume_point(replayed: Replayed[Any]) -> ResumePoint | None:
     )
 
 
-async def _resolve(signer: Signer, keys: JournalKeys | None) -> JournalSigner | None:
+async def resolve_signer(signer: Signer, keys: JournalKeys | None) -> JournalSigner | None:
     """The key that signs (None: unsigned, as asked); the default one is read (or made) in a worker thread."""
     if signer is None:
         if keys is not None:
@@ -473,7 +482,7 @@ async def _verified(
     return await trio.to_thread.run_sync(verify)
 
 
-def _witness(witness: Witness, key: JournalSigner | None, store: JournalStore) -> HeadWitness | None:
+def choose_witness(witness: Witness, key: JournalSigner | None, store: JournalStore) -> HeadWitness | None:
     """The witness asked for; by default a `FileWitness` for a signed journal in a store that outlives the
     process (a journal in memory ends with it: there is nothing to witness it against)."""
     if witness == DEFAULT_WITNESS:

@@ -321,7 +321,8 @@ async def test_the_audit_names_the_reviewer_and_proves_their_record() -> None:
         await session.continue_turn()
     stored = await store.read("s1")
     lines = list(audit_lines(stored))
-    said = f"decided in the web inbox by reviewer Ada (ada), record signed by key {SERVER.key_id}"
+    where = "away from the session (web inbox or decisions document)"
+    said = f"decided {where} by reviewer Ada (ada), record signed by key {SERVER.key_id}"
     assert any(line.strip() == said for line in lines), lines
     _, verdict = await verify_session(store, "s1", keys=APP.keys | SERVER.keys, witness=None)
     assert verdict.verdict == "verified", verdict.describe()

@@ -45,6 +45,7 @@ __all__ = [
     "audit_session",
     "recorded_decision",
     "verified_entries",
+    "verified_journal",
     "verify_decision_entries",
     "verify_session",
 ]
@@ -146,12 +147,14 @@ def verify_decision_entries(entries: Sequence[JournalEntry], *, session_id: str,
 
 
 def _inbox_lines(entry: JournalEntry) -> list[str]:
-    """Who decided in the web inbox, and the key that signed their record (proven by `verify_session`)."""
+    """Who decided away from the session (the web inbox, a decisions document), and the key that signed their record
+    (proven by `verify_session`)."""
     record = recorded_decision(entry)
     if record is None:
         return []
     name = f"{_show(record.get('reviewer_name'))} ({_show(record.get('reviewer'))})"
-    return [f"  decided in the web inbox by reviewer {name}, record signed by key {_show(record.get('key_id'))}"]
+    where = "away from the session (web inbox or decisions document)"
+    return [f"  decided {where} by reviewer {name}, record signed by key {_show(record.get('key_id'))}"]
 
 
 def _describe(entry: JournalEntry) -> list[str]:
@@ -170,7 +173,14 @@ def _describe(entry: JournalEntry) -> list[str]:
         of = f" of the {_show(session['kind'])}" if isinstance(session.get("kind"), str) else ""
         source = f" ({_show(session['source'])})" if isinstance(session.get("source"), str) else ""
         turns = _show(session.get("turn_count"))
-        return [f"session snapshot{of}{source}: {count} messages, {turns} turns, document sha256 {sha}…{form}"]
+        lines = [f"session snapshot{of}{source}: {count} messages, {turns} turns, document sha256 {sha}…{form}"]
+        origin = data.get("forked_from")
+        if isinstance(origin, Mapping):
+            lines.append(
+                f"  forked from session {_show(origin.get('session'))} after its entry {_show(origin.get('seq'))} "
+                f"(head {_show(origin.get('head'))[:16]}…, journal {_show(origin.get('journal'))})"
+            )
+        return lines
     if kind == "submit":
         tools = ", ".join(_show(t) for t in data.get("tools") or ())
         return [f"turn {_show(data.get('turn_id'))} starts: {_show(data.get('text'))}", f"  tools offered: {tools}"]
@@ -354,6 +364,15 @@ async def verify_session(
     the journal (appends only lengthen it, so a running session's journal always holds that head); then numbering,
     chain, every seal (with ``keys``; without, the verdict is ``unverified``) and the witnessed head are checked.
     The entries read, and the verdict. `JournalStoreError` when the store cannot be read."""
+    stored, _, verdict = await verified_journal(store, session_id, keys=keys, witness=witness)
+    return stored, verdict
+
+
+async def verified_journal(
+    store: JournalStore, session_id: str, *, keys: JournalKeys | None, witness: HeadWitness | None
+) -> tuple[Sequence[StoredEntry], list[JournalEntry], AuditVerdict]:
+    """`verify_session`, with the entries it decoded and verified too (none unless the verdict is ``verified`` or
+    ``unverified``): what a fork reads its source from (`trioloop.durable.history`)."""
     name = witness_name(store_identity(store), session_id)
     head = None if witness is None else await witness.last_head(name)
     outline = getattr(store, "outline", None)
@@ -362,14 +381,14 @@ async def verify_session(
             refuse_unsigned_tail(await outline(session_id), session_id=session_id, keys=keys)
         stored = await store.read(session_id)
     except JournalError as exc:  # an entry too large to read, or not stored as bytes
-        return (), AuditVerdict(session=session_id, verdict="refused", entries=0, error=str(exc), entry=exc.seq)
+        return (), [], AuditVerdict(session=session_id, verdict="refused", entries=0, error=str(exc), entry=exc.seq)
     verdict = AuditVerdict(session=session_id, verdict="refused", entries=len(stored))
     if not stored:
         try:
             check_witnessed((), head)  # an emptied session is refused; one never witnessed (or retired) is missing
         except JournalError as exc:
-            return stored, attrs.evolve(verdict, error=str(exc))
-        return stored, attrs.evolve(verdict, verdict="missing")
+            return stored, [], attrs.evolve(verdict, error=str(exc))
+        return stored, [], attrs.evolve(verdict, verdict="missing")
     try:
         if keys is not None:  # a store without an outline: judged by position at least before it is decoded
             refuse_unsigned_tail(outline_of(stored), session_id=session_id, keys=keys)
@@ -383,12 +402,16 @@ async def verify_session(
             head = legacy if legacy is not None and not legacy.store and legacy.session == session_id else None
         check_witnessed(entries, head, journal_id)
     except JournalError as exc:
-        return stored, attrs.evolve(verdict, error=str(exc), entry=exc.seq)
-    return stored, attrs.evolve(
-        verdict,
-        verdict="verified" if keys is not None and integrity.verified else "unverified",
-        first=entries[0].seq,
-        last=entries[-1].seq,
-        integrity=integrity,
-        witnessed=None if head is None else head.seq,
+        return stored, [], attrs.evolve(verdict, error=str(exc), entry=exc.seq)
+    return (
+        stored,
+        entries,
+        attrs.evolve(
+            verdict,
+            verdict="verified" if keys is not None and integrity.verified else "unverified",
+            first=entries[0].seq,
+            last=entries[-1].seq,
+            integrity=integrity,
+            witnessed=None if head is None else head.seq,
+        ),
     )

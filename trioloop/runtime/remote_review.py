@@ -33,7 +33,7 @@ from trioloop.machine.texts import invalid_edit_text
 from trioloop.machine.tools import PrepareFailure
 from trioloop.runtime.controls import TurnControls
 
-__all__ = ["DEFAULT_POLL_S", "RemoteReview", "TakenDecision"]
+__all__ = ["DEFAULT_POLL_S", "Judged", "RemoteReview", "TakenDecision", "hand_over", "judge_record"]
 
 #: How often an open review asks its decision box (seconds).
 DEFAULT_POLL_S: Final = 0.05
@@ -165,58 +165,109 @@ class RemoteReview:
                 await self._answer(record_id, True, outcome.note.replace(_WAITING_NOTE, "applied"))
 
     async def _judge(self, record: PostedDecision) -> TakenDecision:
-        try:
-            decision, key_id = open_decision(record.data, self._keys())
-        except DecisionError as exc:
-            return TakenDecision(record.id, False, str(exc))
-        if decision.session_id != self._session_id or record.slot != decision.slot:
-            return TakenDecision(record.id, False, "the decision was made for another session or card", decision)
         live = self._live()
-        if live is None:
-            return TakenDecision(record.id, False, "no turn of this session waits for a decision", decision)
-        controls, state, suspended = live
-        if _taken_already(decision, state):  # its answer in the box was cut short: it stays applied
-            return TakenDecision(record.id, True, f"{decision.describe()}: applied (key {key_id})", decision)
-        refusal = _refusal(decision, state)
+        judged = judge_record(
+            record.data, session_id=self._session_id, keys=self._keys(), state=None if live is None else live[1]
+        )
+        if judged.decision is not None and judged.decision.slot != record.slot:
+            return TakenDecision(record.id, False, "the decision was made for another session or card", judged.decision)
+        decision = judged.decision
+        if judged.item is None or live is None or decision is None:
+            return TakenDecision(record.id, judged.applied, judged.note, decision)
+        controls, _, suspended = live
+        refusal = await hand_over(judged, controls, suspended, vouch=self._vouch, states=self._states)
         if refusal:
             return TakenDecision(record.id, False, refusal, decision)
-        signed = json.loads(record.data)
-        self._vouch(decision.call_id, signed)
-        if decision.action == "approve":
-            item: ApproveCall | DenyCall = ApproveCall(
-                call_id=decision.call_id,
-                edited_input=decision.edited_input,
-                always=decision.always,
-                seen_digest=decision.digest,
-                reviewer=decision.reviewer,
-            )
-        else:
-            item = DenyCall(
-                call_id=decision.call_id,
-                reason=decision.reason,
-                always=decision.always,
-                seen_digest=decision.digest,
-                reviewer=decision.reviewer,
-            )
-        if not controls.decide(item):
-            return TakenDecision(record.id, False, "the turn ended before the decision reached it", decision)
-        if not suspended:
-            with trio.CancelScope(shield=True):  # bounded by _SEEN_S
-                refusal = await self._seen(decision)
-            if refusal:
-                return TakenDecision(record.id, False, refusal, decision)
         how = "applied" if not suspended else _WAITING_NOTE
-        return TakenDecision(record.id, True, f"{decision.describe()}: {how} (key {key_id})", decision, suspended)
+        note = f"{decision.describe()}: {how} (key {judged.key_id})"
+        return TakenDecision(record.id, True, note, decision, suspended)
 
-    async def _seen(self, decision: ReviewDecision) -> str:
-        """Wait (bounded) for the running turn to take the decision: "" when it did, else why not."""
-        with trio.move_on_after(_SEEN_S):
-            async with aclosing(self._states()) as states:
-                async for state in states:  # the newest state each time it changes
-                    verdict = _taken_in(decision, state)
-                    if verdict is not None:
-                        return verdict
-        return "the turn did not take the decision in time"
+
+@attrs.frozen
+class Judged:
+    """What a signed decision record proves against a turn's state (`judge_record`): a refusal (``applied`` False,
+    the reason in ``note``), the very decision the turn shows taken already (``applied``, no ``item``), or the
+    turn's input it proves (``item``: hand it over with `hand_over`)."""
+
+    applied: bool
+    note: str
+    decision: ReviewDecision | None = None
+    key_id: str = ""
+    item: ApproveCall | DenyCall | None = None
+    #: The signed record as JSON values: what the decision's journal entry keeps, for the audit.
+    record: dict[str, Any] | None = None
+
+
+def judge_record(raw: bytes, *, session_id: str, keys: JournalKeys | None, state: TurnState | None) -> Judged:
+    """Prove the decision record ``raw`` against ``state`` (the live turn's, or None when no turn is live): signed
+    by one of ``keys``, for ``session_id``, the turn waiting, a card still waiting with that very digest, no rule
+    that approves a destructive call, an edit the tool accepts. Pure: nothing is applied."""
+    try:
+        decision, key_id = open_decision(raw, keys)
+    except DecisionError as exc:
+        return Judged(False, str(exc))
+    if decision.session_id != session_id:
+        return Judged(False, "the decision was made for another session or card", decision)
+    if state is None:
+        return Judged(False, "no turn of this session waits for a decision", decision)
+    if _taken_already(decision, state):  # its answer was cut short, or the same document came again
+        return Judged(True, f"{decision.describe()}: applied (key {key_id})", decision, key_id)
+    refusal = _refusal(decision, state)
+    if refusal:
+        return Judged(False, refusal, decision)
+    return Judged(True, "", decision, key_id, _item(decision), json.loads(raw))
+
+
+def _item(decision: ReviewDecision) -> ApproveCall | DenyCall:
+    if decision.action == "approve":
+        return ApproveCall(
+            call_id=decision.call_id,
+            edited_input=decision.edited_input,
+            always=decision.always,
+            seen_digest=decision.digest,
+            reviewer=decision.reviewer,
+        )
+    return DenyCall(
+        call_id=decision.call_id,
+        reason=decision.reason,
+        always=decision.always,
+        seen_digest=decision.digest,
+        reviewer=decision.reviewer,
+    )
+
+
+async def hand_over(
+    judged: Judged,
+    controls: TurnControls,
+    suspended: bool,
+    *,
+    vouch: Callable[[str, dict[str, Any]], None],
+    states: Callable[[], AsyncGenerator[TurnState, None]],
+) -> str:
+    """Give the proven decision to the turn as its reviewer's click, its journal entry keeping the signed record:
+    "" once a running turn took it (or a suspended one queued it, to apply when it goes on), else why not."""
+    decision, item, record = judged.decision, judged.item, judged.record
+    assert decision is not None and item is not None and record is not None, "hand over a proven decision only"
+    vouch(decision.call_id, record)
+    if not controls.decide(item):
+        return "the turn ended before the decision reached it"
+    if suspended:
+        return ""
+    refusal = "the session closed before the turn took the decision"
+    with trio.CancelScope(shield=True):  # bounded by _SEEN_S
+        refusal = await _seen(decision, states)
+    return refusal
+
+
+async def _seen(decision: ReviewDecision, states: Callable[[], AsyncGenerator[TurnState, None]]) -> str:
+    """Wait (bounded) for the running turn to take the decision: "" when it did, else why not."""
+    with trio.move_on_after(_SEEN_S):
+        async with aclosing(states()) as newest:
+            async for state in newest:  # the newest state each time it changes
+                verdict = _taken_in(decision, state)
+                if verdict is not None:
+                    return verdict
+    return "the turn did not take the decision in time"
 
 
 def _taken_in(decision: ReviewDecision, state: TurnState) -> str | None:

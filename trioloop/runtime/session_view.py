@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 import trio
 
 from trioloop.durable.journal import JournalIntegrity
+from trioloop.durable.review_document import ReviewDocument
 from trioloop.durable.session_file import SessionSnapshot
 from trioloop.machine.document import DocumentKind, document_type_problem
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, SpendLimits, TurnLimits
@@ -37,6 +38,7 @@ from trioloop.runtime import session_files
 from trioloop.runtime.observer import TurnObserver
 from trioloop.runtime.publisher import StatePublisher
 from trioloop.runtime.remote_review import DEFAULT_POLL_S, RemoteReview, TakenDecision
+from trioloop.runtime.review_exchange import ReviewExchange
 from trioloop.runtime.session_files import TranscriptError
 from trioloop.runtime.session_journal import JournalHandle
 from trioloop.runtime.session_turns import TurnSetup, TurnSlot
@@ -131,6 +133,12 @@ class SessionView(Generic[D]):
         self._undo: UndoSteps[D] = UndoSteps(workspace=self._workspace, turns=self._turns, journal=self._journal)
         self._decision_poll_s = DEFAULT_POLL_S
         self._remote: RemoteReview | None = None
+        self._exchange = ReviewExchange(
+            journal=lambda: self._journal.journal,
+            live=self._turns.live_review,
+            document=lambda: self._workspace.document,
+            states=self._publisher.states,
+        )
         #: Who the person deciding is, as the journal records each decision (the OS user by default).
         self.actor = _default_actor()
         #: The app's rules (numbered "app rule N") and the files' (as loaded: each names its file and line).
@@ -258,6 +266,23 @@ class SessionView(Generic[D]):
         session does it every `decision_poll_s` while a review is open; a worker calls it before `continue_turn`."""
         remote = self._remote = self._remote or self._turns.remote_review(self.decision_poll_s)
         return [] if remote is None else await remote.take()
+
+    def pending_review(self, *, expires_in_s: float | None = None) -> ReviewDocument:
+        """The review waiting now (the turn suspended in review, or running and waiting for the person) as a
+        versioned document signed with the session's journal key: its waiting cards (id, tool, effect, canonical
+        input, digest, fields, preview), the request and the model's text (`trioloop.durable.review_document`;
+        ``to_json()`` gives the text to send). ``expires_in_s`` marks when it stops being offered.
+        `ReviewDocumentError` when no card waits, or the session has no signed journal."""
+        return self._exchange.export(expires_in_s=expires_in_s)
+
+    async def apply_decisions(self, document: bytes | str) -> list[TakenDecision]:
+        """Apply a decisions document (`seal_decisions`): each record is proven as the inbox's are (signed by a key
+        the session accepts, this session, the turn waiting, a card still waiting with the digest the reviewer
+        saw, an edit its tool accepts, no "always" on a destructive call) and applied as the reviewer's click,
+        or refused with the reason; nothing runs for a refused one, and nothing runs twice. What became of each
+        record, in order. A suspended turn takes them when it goes on (`continue_turn`). `ReviewDocumentError`,
+        before anything is applied, for a document over its size cap or not one."""
+        return await self._exchange.apply(document)
 
     def _setup(self) -> TurnSetup:
         return TurnSetup(

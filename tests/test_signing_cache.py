@@ -55,3 +55,17 @@ def test_threads_verifying_at_once_all_get_the_right_answer() -> None:
     for thread in threads:
         thread.join()
     assert wrong == []
+
+
+def test_a_signature_spelled_another_way_is_refused() -> None:
+    # 64 bytes of signature leave 4 unused bits in the last base64 character: setting them decodes to the same bytes,
+    # and must not verify (a journal, record or document changed in one byte would pass).
+    signer = JournalSigner.generate()
+    signature = signer.sign(b"head")
+    assert signature.endswith("==") and signer.keys.verify(signer.key_id, b"head", signature)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    last = alphabet.index(signature[-3])
+    for bits in range(1, 16):
+        respelled = signature[:-3] + alphabet[last ^ bits] + "=="
+        assert base64.b64decode(respelled) == base64.b64decode(signature)
+        assert not signer.keys.verify(signer.key_id, b"head", respelled)

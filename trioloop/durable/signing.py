@@ -300,7 +300,9 @@ class JournalKeys:
         return JournalKeys([*self._keys.values(), *other.public_keys])
 
     def verify(self, key_id: str, message: bytes, signature: str) -> bool:
-        """Whether ``signature`` (base64) is the key ``key_id``'s over ``message``; False for an unknown key."""
+        """Whether ``signature`` (base64) is the key ``key_id``'s over ``message``; False for an unknown key, and for
+        a signature not written the one way base64 writes its bytes (the unused bits of its last character set): no
+        byte of a signed entry, record or document can change while it still passes."""
         raw = self._keys.get(key_id)
         if raw is None:
             return False
@@ -308,7 +310,7 @@ class JournalKeys:
             decoded = base64.b64decode(signature, validate=True)
         except (binascii.Error, ValueError):
             return False
-        if len(decoded) != _SIGNATURE_BYTES:
+        if len(decoded) != _SIGNATURE_BYTES or base64.b64encode(decoded).decode("ascii") != signature:
             return False
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey

@@ -79,7 +79,7 @@ PARTS: dict[str, tuple[str, str]] = {
 }
 
 #: The public modules at the top of the package.
-TOP_MODULES = ("__init__.py", "lowlevel.py", "stores.py", "audit.py", "inbox.py", "__main__.py", "_lazy.py")
+TOP_MODULES = ("__init__.py", "lowlevel.py", "stores.py", "audit.py", "inbox.py", "aio.py", "__main__.py", "_lazy.py")
 
 
 def first_sentence(path: Path) -> str:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Final
 from trioloop._lazy import lazy_names
 
 if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name loads on first use (below)
+    from trioloop.durable.history import ForkError, ForkOrigin, SettledTurn
     from trioloop.durable.journal import JournalError, JournalIntegrity
     from trioloop.durable.leases import LeaseLost
     from trioloop.durable.session_file import SessionFileError
@@ -94,6 +95,7 @@ if TYPE_CHECKING:  # what type checkers and the docs see; at run time each name 
         redact_provider_detail,
     )
     from trioloop.providers.anthropic import AnthropicProvider
+    from trioloop.providers.fallback import FallbackProvider
     from trioloop.providers.openai import OpenAIProvider
     from trioloop.providers.openai_responses import OpenAIResponsesProvider
     from trioloop.providers.scripted import ScriptedProvider
@@ -163,7 +165,10 @@ _HOMES: Final[dict[str, str]] = {
     "Effect": "trioloop.machine.tools",
     "EntityChange": "trioloop.machine.preview",
     "FieldChange": "trioloop.machine.preview",
+    "FallbackProvider": "trioloop.providers.fallback",
     "FileWitness": "trioloop.durable.witness",
+    "ForkError": "trioloop.durable.history",
+    "ForkOrigin": "trioloop.durable.history",
     "HeadWitness": "trioloop.durable.witness",
     "JournalConflict": "trioloop.durable.store",
     "JournalError": "trioloop.durable.journal",
@@ -194,6 +199,7 @@ _HOMES: Final[dict[str, str]] = {
     "SamplingRequest": "trioloop.machine.questions",
     "ScriptedProvider": "trioloop.providers.scripted",
     "Session": "trioloop.runtime.session",
+    "SettledTurn": "trioloop.durable.history",
     "SessionBusy": "trioloop.runtime.session",
     "SessionClosed": "trioloop.runtime.session",
     "SessionFileError": "trioloop.durable.session_file",
@@ -289,8 +295,11 @@ __all__ = [
     "DocumentMismatch",
     "Effect",
     "EntityChange",
+    "FallbackProvider",
     "FieldChange",
     "FileWitness",
+    "ForkError",
+    "ForkOrigin",
     "HeadWitness",
     "JournalConflict",
     "JournalError",
@@ -332,6 +341,7 @@ __all__ = [
     "SessionFileError",
     "SessionJournalError",
     "SessionLocked",
+    "SettledTurn",
     "SimpleDocumentKind",
     "SpendLimits",
     "StreamError",

@@ -26,7 +26,7 @@ from trioloop import (
     define_document_kind,
     function_tool,
 )
-from trioloop.durable.journal import JournalError, decode_entries
+from trioloop.durable.journal import VERIFY_IN_THREAD_BYTES, JournalError, decode_entries
 from trioloop.durable.replay import INTERRUPTED_CALL_TEXT
 from trioloop.durable.store import MemoryJournalStore, SessionLocked, StoredEntry
 from trioloop.machine.authorization import Violation
@@ -497,7 +497,7 @@ async def test_a_long_journal_is_verified_off_the_event_loop(monkeypatch: pytest
             await session.send("hi")
         async with await open_note(store, provider, tools=TOOLS):
             pass  # a short journal: on the loop
-        long = "x" * session_journal.VERIFY_IN_THREAD_BYTES
+        long = "x" * VERIFY_IN_THREAD_BYTES
         async with ScriptedProvider([ScriptStep(text="Long.")]) as again, await open_note(store, again) as session:
             await session.send(long)
         async with await open_note(store, provider) as reopened:

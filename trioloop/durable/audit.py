@@ -17,11 +17,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, final
 
 import attrs
+import trio
 
 from trioloop.durable.decisions import DecisionError, open_decision
 from trioloop.durable.document_form import DATA_FORM
 from trioloop.durable.journal import (
     GENESIS,
+    VERIFY_IN_THREAD_BYTES,
     JournalEntry,
     JournalError,
     JournalIntegrity,
@@ -389,14 +391,22 @@ async def verified_journal(
         except JournalError as exc:
             return stored, [], attrs.evolve(verdict, error=str(exc))
         return stored, [], attrs.evolve(verdict, verdict="missing")
-    try:
+
+    def check() -> tuple[list[JournalEntry], JournalIntegrity, str]:
         if keys is not None:  # a store without an outline: judged by position at least before it is decoded
             refuse_unsigned_tail(outline_of(stored), session_id=session_id, keys=keys)
         entries = decode_entries(stored)
         integrity = verify_journal(entries, session_id=session_id, keys=keys)
-        if keys is not None:  # every decision made in the web inbox: its reviewer's signed record, proven
+        if keys is not None:  # every decision made away from the session: its reviewer's signed record, proven
             verify_decision_entries(entries, session_id=session_id, keys=keys)
-        journal_id = journal_id_of(entries, session_id)
+        return entries, integrity, journal_id_of(entries, session_id)
+
+    try:
+        # A long journal is verified in a worker thread: CPU work that would hold every other task meanwhile.
+        if sum(len(entry.data) for entry in stored) < VERIFY_IN_THREAD_BYTES:
+            entries, integrity, journal_id = check()
+        else:
+            entries, integrity, journal_id = await trio.to_thread.run_sync(check)
         if head is None and witness is not None:  # a head an earlier version kept under the journal's own id
             legacy = await witness.last_head(journal_id)
             head = legacy if legacy is not None and not legacy.store and legacy.session == session_id else None

@@ -59,6 +59,7 @@ __all__ = [
     "GENESIS",
     "JOURNAL_KINDS",
     "MAX_ENTRY_BYTES",
+    "VERIFY_IN_THREAD_BYTES",
     "JournalEntry",
     "JournalError",
     "JournalIntegrity",
@@ -375,6 +376,12 @@ def refuse_unsigned_tail(outline: Outline, *, session_id: str, keys: JournalKeys
             f"{tail} bytes of journal entries follow the last seal the keys given verify: nobody signed them "
             "(refused unread)"
         )
+
+
+#: A journal this long (its entries' bytes) is decoded and verified in a worker thread (opening a session, reading one
+#: to fork it): the work is CPU (about 0.2 ms per KiB), and on the event loop it would hold every other task (and
+#: their deadlines) meanwhile.
+VERIFY_IN_THREAD_BYTES: Final = 32 * 1024
 
 
 def verify_journal(entries: Sequence[JournalEntry], *, session_id: str, keys: JournalKeys | None) -> JournalIntegrity:

@@ -19,6 +19,7 @@ from trioloop.durable.document_form import DocumentCodec
 from trioloop.durable.history import ForkOrigin
 from trioloop.durable.journal import (
     GENESIS,
+    VERIFY_IN_THREAD_BYTES,
     JournalEntry,
     JournalIntegrity,
     decode_entries,
@@ -457,11 +458,6 @@ async def resolve_signer(signer: Signer, keys: JournalKeys | None) -> JournalSig
     if not isinstance(signer, JournalSigner):
         raise TypeError(f"signer= is a JournalSigner, None (unsigned) or {DEFAULT_SIGNER!r}, not {signer!r}")
     return signer
-
-
-#: A journal this long (its entries' bytes) is decoded and verified in a worker thread: the work is CPU (about
-#: 0.2 ms per KiB), and on the event loop it would hold every other task (and their deadlines) meanwhile.
-VERIFY_IN_THREAD_BYTES: Final = 32 * 1024
 
 
 async def _verified(

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trioloop.machine.answers import AnswerChecked, AnswerSpec
 from trioloop.machine.authorization import Grant, Violation
 from trioloop.machine.canonical import input_digest
 from trioloop.machine.inputs import CodeVerdict, ForgetRule
@@ -218,6 +219,7 @@ SAMPLES: dict[InputKind, TurnInput] = {
     InputKind.UNDO_TURN: UndoTurn(),
     InputKind.CODE_VERDICT: CodeVerdict(call_id="n1", tool_name="update", verdict="deny", function="check"),
     InputKind.FORGET_RULE: ForgetRule(number=1),
+    InputKind.ANSWER_CHECK: AnswerChecked(call_id="a1", tool_name="final_answer"),
 }
 
 
@@ -326,7 +328,17 @@ def _status_scenarios() -> list[list[TurnInput]]:
         [submit(TurnLimits(max_tool_calls_per_iteration=1)), *iteration(call("c1"), call("c2"))],
         [*approve_c1, Revoke(call_id="c2")],  # pending -> failed (its tool changed)
         [*approve_c1, Revoke(call_id="c1")],  # approved -> failed (its tool changed)
+        [  # a typed answer's final call: held approved, then succeeded without running
+            attrs.evolve(submit(), answer=_ANSWER),
+            MessageStart(model="m"),
+            AnswerChecked(call_id="a1", tool_name="final_answer"),
+            ToolCallComplete(id="a1", name="final_answer", input={"value": 1}),
+            MessageStop(stop_reason="tool_use"),
+        ],
     ]
+
+
+_ANSWER = AnswerSpec(tool_name="final_answer", description="answer", json_schema={"type": "object"}, wrapped=True)
 
 
 def _status_changes(inputs: list[TurnInput]) -> Iterator[tuple[CallStatus | None, CallStatus]]:
@@ -448,20 +460,23 @@ def test_moved_to_is_evolve_with_only_the_given_fields(
         tool_calls_accepted=st.integers(0, 99),
         retries_used=st.integers(0, 99),
         started_at_ms=st.integers(0, 10**12),
+        output_retries_used=st.integers(0, 99),
     ),
-    more=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
+    more=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
 )
-def test_budget_spent_is_evolve_of_the_counters(budget: TurnBudget, more: tuple[int, int, int]) -> None:
+def test_budget_spent_is_evolve_of_the_counters(budget: TurnBudget, more: tuple[int, int, int, int]) -> None:
     # spent() constructs directly; a field added to TurnBudget must be carried there too.
     assert [f.name for f in attrs.fields(TurnBudget)] == [
-        "iterations_started", "tool_calls_accepted", "retries_used", "started_at_ms",
+        "iterations_started", "tool_calls_accepted", "retries_used", "started_at_ms", "output_retries_used",
     ]  # fmt: skip
-    iterations, tool_calls, retries = more
-    assert budget.spent(iterations=iterations, tool_calls=tool_calls, retries=retries) == attrs.evolve(
+    iterations, tool_calls, retries, output_retries = more
+    spent = budget.spent(iterations=iterations, tool_calls=tool_calls, retries=retries, output_retries=output_retries)
+    assert spent == attrs.evolve(
         budget,
         iterations_started=budget.iterations_started + iterations,
         tool_calls_accepted=budget.tool_calls_accepted + tool_calls,
         retries_used=budget.retries_used + retries,
+        output_retries_used=budget.output_retries_used + output_retries,
     )
 
 

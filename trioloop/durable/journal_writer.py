@@ -15,6 +15,7 @@ from trioloop.durable.session_file import SessionSnapshot, session_to_json
 from trioloop.durable.signing import SEAL_VERSION, JournalSigner, head_message
 from trioloop.durable.spend_json import limits_to_json, spending_to_json
 from trioloop.durable.store import StoredEntry
+from trioloop.machine.answers import AnswerChecked
 from trioloop.machine.inputs import (
     Advance,
     ApproveBatch,
@@ -275,7 +276,7 @@ class JournalWriter:
         if cls is TextDelta:
             self._text.append(item.text)  # type: ignore[union-attr]
             return
-        if cls is CodeVerdict:  # held with the response it decides a call of: replay never asks the function again
+        if cls is CodeVerdict or cls is AnswerChecked:  # held with the response it decides a call of: never asked again
             self._join_text()
             self._events.append(item.to_json())  # type: ignore[union-attr]
             return
@@ -317,6 +318,7 @@ class JournalWriter:
                     "now_ms": item.now_ms,
                     **({} if item.spending == NO_SPENDING else {"spending": spending_to_json(item.spending)}),
                     "rules": item.rules.to_json(),
+                    **({} if item.answer is None else {"answer": item.answer.to_json()}),
                 },
             )
         elif isinstance(item, BeforeRequest):  # journaled only when it bounded the turn (else nothing changed)

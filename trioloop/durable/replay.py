@@ -13,6 +13,7 @@ import attrs
 
 from trioloop.durable.document_form import TEXT_FORM, DocumentCodec, DocumentFormError
 from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, document_digest, verify_chain
+from trioloop.durable.journal_scan import replay_start, tools_used
 from trioloop.durable.recovery import INTERRUPTED_CALL_TEXT, recovery_inputs
 from trioloop.durable.session_file import (
     SessionFileError,
@@ -21,6 +22,7 @@ from trioloop.durable.session_file import (
     session_rules_from_json,
 )
 from trioloop.durable.spend_json import limits_from_json, spending_from_json
+from trioloop.machine.answers import AnswerChecked, AnswerSpec
 from trioloop.machine.conditions import RuleError
 from trioloop.machine.inputs import (
     Advance,
@@ -57,6 +59,7 @@ __all__ = [
 ]
 
 D = TypeVar("D")
+T = TypeVar("T")
 
 
 @final
@@ -124,6 +127,14 @@ def _code_verdict(value: Mapping[str, Any], seq: int) -> CodeVerdict:
         raise JournalError(f"journal entry {seq} holds a needs_approval verdict that is not valid", seq=seq) from None
 
 
+def _answer(read: Callable[[Any], T], value: Any, seq: int) -> T:
+    """A typed answer's spec (a turn's) or check (a final call's), as `AnswerSpec` / `AnswerChecked` read it."""
+    try:
+        return read(value)
+    except ValueError as exc:
+        raise JournalError(f"journal entry {seq} has an invalid typed answer: {exc}", seq=seq) from None
+
+
 def _always(data: Mapping[str, Any], seq: int) -> Always | None:
     value = data.get("always")
     if value is None:
@@ -152,36 +163,6 @@ def _document(codec: DocumentCodec[D], form: Any, text: Any, seq: int, digest: A
         raise JournalError(f"journal entry {seq} holds a document that does not load: {exc}", seq=seq) from None
     except Exception:
         raise JournalError(f"journal entry {seq} holds a document that does not load", seq=seq) from None
-
-
-def replay_start(entries: Sequence[JournalEntry]) -> int:
-    """Where replay starts: the last ``snapshot`` entry before the last turn's ``submit`` (so the last turn's
-    state comes back too), or the last snapshot when no turn follows one. `JournalError` if there is none."""
-    last_submit = next((i for i in range(len(entries) - 1, -1, -1) if entries[i].kind == "submit"), len(entries))
-    for limit in (last_submit, len(entries)):
-        for index in range(min(limit, len(entries)) - 1, -1, -1):
-            if entries[index].kind == "snapshot":
-                return index
-    raise JournalError("the journal holds no session snapshot")
-
-
-def tools_used(entries: Sequence[JournalEntry], *, every_turn: bool = False) -> frozenset[str]:
-    """The tools the calls replay will prepare again used (from `replay_start` on; with ``every_turn``, in every
-    turn the entries hold, as `replay_settled` folds them): a call's tool, when its turn offered one by that name (a
-    name the model made up was never a tool, and fails as unknown either way)."""
-    offered: set[str] = set()
-    used: set[str] = set()
-    for entry in entries[0 if every_turn else replay_start(entries) :]:
-        if entry.kind == "submit":
-            names = entry.data.get("tools")
-            offered = {name for name in names if type(name) is str} if type(names) is list else set()
-        elif entry.kind == "stream" and type(events := entry.data.get("events")) is list:
-            for event in events:
-                if type(event) is dict and event.get("type") == "tool_call_complete":
-                    name = event.get("name")
-                    if type(name) is str and name in offered:
-                        used.add(name)
-    return frozenset(used)
 
 
 def replay_journal(
@@ -297,6 +278,8 @@ class _Folder(Generic[D]):
             for value in events:
                 if type(value) is dict and value.get("type") == "code_verdict":
                     self.feed(_code_verdict(value, seq), seq)
+                elif type(value) is dict and value.get("type") == "answer_check":
+                    self.feed(_answer(AnswerChecked.from_json, value, seq), seq)
                 else:
                     self.feed(_event(value, seq), seq)
             for card in data.get("cards") or ():
@@ -429,6 +412,7 @@ class _Folder(Generic[D]):
                 now_ms=_need(data, "now_ms", int, seq),
                 spending=spending,
                 rules=rules,
+                answer=None if data.get("answer") is None else _answer(AnswerSpec.from_json, data["answer"], seq),
             ),
             seq,
         )

@@ -41,9 +41,18 @@ def _money(value: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: Fields written only when they differ from their default: added after journals existed, so a turn that leaves
+#: them alone is journaled byte for byte as before (and an older journal, which has none, reads as the default).
+_NEWER_DEFAULTS = {"max_output_retries": TurnLimits().max_output_retries}
+
+
 def limits_to_json(limits: TurnLimits) -> dict[str, Any]:
     """Every field of ``limits``; a cost bound as its exact decimal string."""
-    return _plain(limits)
+    plain = _plain(limits)
+    for name, default in _NEWER_DEFAULTS.items():
+        if plain.get(name) == default:
+            del plain[name]
+    return plain
 
 
 def limits_from_json(value: dict[str, Any]) -> TurnLimits:

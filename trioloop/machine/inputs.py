@@ -15,6 +15,7 @@ from typing import Any, Final, Literal, TypeAlias, final
 
 import attrs
 
+from trioloop.machine.answers import AnswerChecked, AnswerSpec
 from trioloop.machine.limits import DEFAULT_TURN_LIMITS, NO_SPENDING, Spending, TurnLimits
 from trioloop.machine.rules import EMPTY_RULES, Always, CodeVerdict, RuleSet
 from trioloop.machine.tools import ToolOutcome, ToolRegistry
@@ -38,6 +39,7 @@ from trioloop.protocol.messages import Message, ProviderBlock, RedactedThinkingB
 
 __all__ = [
     "Advance",
+    "AnswerChecked",
     "ApproveBatch",
     "ApproveCall",
     "BeforeRequest",
@@ -115,6 +117,10 @@ class Submit:
     spending: Spending = attrs.field(default=NO_SPENDING, validator=attrs.validators.instance_of(Spending))
     #: The approval rules the turn decides by (`trioloop.machine.rules`), frozen for it.
     rules: RuleSet = attrs.field(default=EMPTY_RULES, validator=attrs.validators.instance_of(RuleSet))
+    #: A typed answer's final tool (`trioloop.machine.answers`): the turn ends when the model calls it validly.
+    answer: AnswerSpec | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(AnswerSpec))
+    )
 
 
 @final
@@ -279,6 +285,7 @@ TurnCommand: TypeAlias = (
     | UndoTurn
     | CodeVerdict
     | ForgetRule
+    | AnswerChecked
 )
 TurnInput: TypeAlias = StreamEvent | TurnCommand
 
@@ -314,6 +321,7 @@ class InputKind(enum.StrEnum):
     UNDO_TURN = "undo_turn"
     CODE_VERDICT = "code_verdict"
     FORGET_RULE = "forget_rule"
+    ANSWER_CHECK = "answer_check"
 
 
 def _is_str(value: object) -> bool:
@@ -339,6 +347,10 @@ def _submit_ok(c: Any) -> bool:
         and _is_ms(c.now_ms)
         and type(c.spending) is Spending
         and type(c.rules) is RuleSet
+        and (
+            c.answer is None
+            or (type(c.answer) is AnswerSpec and _is_str(c.answer.tool_name) and type(c.answer.wrapped) is bool)
+        )
     )
 
 
@@ -394,6 +406,8 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
                 _is_str(c.call_id)
                 and (c.edited_input is None or type(c.edited_input) is dict)
                 and (c.always is None or type(c.always) is Always)
+                and _is_str(c.seen_digest)
+                and _is_str(c.reviewer)
             ),
         ),
         ApproveBatch: (
@@ -402,7 +416,13 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
         ),
         DenyCall: (
             InputKind.DENY_CALL,
-            lambda c: _is_str(c.call_id) and _is_str(c.reason) and (c.always is None or type(c.always) is Always),
+            lambda c: (
+                _is_str(c.call_id)
+                and _is_str(c.reason)
+                and (c.always is None or type(c.always) is Always)
+                and _is_str(c.seen_digest)
+                and _is_str(c.reviewer)
+            ),
         ),
         StartCall: (InputKind.START_CALL, lambda c: _is_str(c.call_id) and _is_ms(c.now_ms)),
         CallSettled: (
@@ -432,6 +452,15 @@ _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
             ),
         ),
         ForgetRule: (InputKind.FORGET_RULE, lambda c: _is_ms(c.number)),
+        AnswerChecked: (
+            InputKind.ANSWER_CHECK,
+            lambda c: (
+                _is_str(c.call_id)
+                and _is_str(c.tool_name)
+                and type(c.issues) is tuple
+                and all(_is_str(i) for i in c.issues)
+            ),
+        ),
     }
 )
 

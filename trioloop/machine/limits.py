@@ -47,6 +47,7 @@ class Bound(enum.StrEnum):
     ITERATIONS = "iterations"
     TOOL_CALLS = "tool_calls"
     RETRIES = "retries"
+    OUTPUT_RETRIES = "output_retries"
     TOKENS = "tokens"
     COST = "cost"
     DEADLINE = "deadline"
@@ -112,6 +113,9 @@ class TurnLimits:
     max_total_tokens: int | None = _tokens()
     #: The most the turn may cost, in US dollars (a `Decimal`), at its model's price.
     max_cost_usd: Decimal | None = attrs.field(default=None, validator=_optional_usd)
+    #: How many times a typed answer may be asked for again (an answer that failed its checks, or a text reply
+    #: with no answer): one more settles the turn bounded, naming the last problem. Only typed answers count.
+    max_output_retries: int = _limit(3)
 
     def __attrs_post_init__(self) -> None:
         # Each request reserves ``reserve_output_tokens`` against the output and total bounds: a bound below
@@ -281,14 +285,19 @@ class TurnBudget:
     tool_calls_accepted: int = 0
     retries_used: int = 0
     started_at_ms: int = 0
+    #: Typed answers asked for again (`TurnLimits.max_output_retries`).
+    output_retries_used: int = 0
 
-    def spent(self, *, iterations: int = 0, tool_calls: int = 0, retries: int = 0) -> TurnBudget:
+    def spent(
+        self, *, iterations: int = 0, tool_calls: int = 0, retries: int = 0, output_retries: int = 0
+    ) -> TurnBudget:
         """This budget with more spent (a direct construction: the reducer calls it every iteration)."""
         return TurnBudget(
             iterations_started=self.iterations_started + iterations,
             tool_calls_accepted=self.tool_calls_accepted + tool_calls,
             retries_used=self.retries_used + retries,
             started_at_ms=self.started_at_ms,
+            output_retries_used=self.output_retries_used + output_retries,
         )
 
 
@@ -301,14 +310,16 @@ def budget_exhaustion(
     usage: Usage | None = None,
     spending: Spending = NO_SPENDING,
 ) -> Bound | None:
-    """The first exhausted bound (iterations, tool calls, retries, tokens, cost, deadline, review timeout), or None.
+    """The first exhausted bound (iterations, tool calls, retries, output retries, tokens, cost, deadline, review
+    timeout), or None.
 
     Consulted when an iteration ends, before a retry and when the turn's scope is cancelled; reaching
     a ceiling exactly counts as exhausted, so ``max_iterations = N`` allows exactly N provider requests.
     ``now_ms`` is the turn's machine time (the runner's clock minus the time spent waiting for the
     reviewer); ``review_waited_ms`` is how long the current review has waited, None when none is open.
     Tokens and cost are checked when ``usage`` (the turn's) is given: exceeded, not merely reached, as
-    `spend_overrun` says.
+    `spend_overrun` says. Output retries are exceeded too, not reached: ``max_output_retries = N`` allows N
+    answers asked for again, and the next failure ends the turn.
     """
     if budget.iterations_started >= limits.max_iterations:
         return Bound.ITERATIONS
@@ -316,6 +327,8 @@ def budget_exhaustion(
         return Bound.TOOL_CALLS
     if budget.retries_used >= limits.max_retries_per_turn:
         return Bound.RETRIES
+    if budget.output_retries_used > limits.max_output_retries:
+        return Bound.OUTPUT_RETRIES
     if usage is not None:
         over = spend_overrun(usage, limits, spending)
         if over is not None:
@@ -371,6 +384,8 @@ _NOTICES: Final = {
     Bound.ITERATIONS: "This turn stopped because it used all of its model steps." + _KEPT,
     Bound.TOOL_CALLS: "This turn stopped because it used all of its tool calls." + _KEPT,
     Bound.RETRIES: "This turn stopped because the provider needed too many retries." + _KEPT,
+    Bound.OUTPUT_RETRIES: "This turn stopped because its answer failed its checks too many times; it gives no"
+    " answer." + _KEPT,
     Bound.TOKENS: "This turn stopped at a token bound." + _KEPT,
     Bound.COST: "This turn stopped at a cost bound." + _KEPT,
     Bound.DEADLINE: "This turn stopped because it ran past its time limit." + _KEPT,

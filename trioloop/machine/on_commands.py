@@ -27,6 +27,7 @@ from trioloop.machine.inputs import (
     UndoTurn,
 )
 from trioloop.machine.limits import Bound, TurnBudget, budget_exhaustion
+from trioloop.machine.on_answer import answer_nudge_message
 from trioloop.machine.on_rules import PERSON, PERSON_DENIED, remember
 from trioloop.machine.on_spend import bounded
 from trioloop.machine.rules import Decider, Verdict
@@ -94,6 +95,7 @@ def on_submit(state: TurnState, cmd: Submit) -> TurnState:
         closed_messages=(Message.user(cmd.text),),
         base_call_ids=base_ids,
         rules=cmd.rules,
+        answer=cmd.answer,
     )
 
 
@@ -267,6 +269,10 @@ def on_advance(state: TurnState, cmd: Advance) -> TurnState:
     if pending:
         messages = (*messages, answer_message(pending))
         changes["answered"] = len(state.calls)
+    nudge = answer_nudge_message(state)  # a typed answer asked for again after a reply that gave none
+    if nudge is not None:
+        messages = (*messages, nudge)
+        changes["answer_nudge"] = False
     budget = state.budget.spent(iterations=1)
     return state.evolved(
         phase=Phase.REQUESTING,

@@ -10,9 +10,10 @@ turn settles ``bounded`` with the figures in its notice. After a response its us
 from __future__ import annotations
 
 from trioloop.machine.inputs import BeforeRequest
-from trioloop.machine.limits import Bound, Overrun, overrun_notice, spend_overrun
+from trioloop.machine.limits import Bound, Overrun, bound_notice, overrun_notice, spend_overrun
 from trioloop.machine.state import Outcome, TurnState
 from trioloop.machine.steps import settle
+from trioloop.machine.texts import answer_bound_notice
 from trioloop.protocol.events import StopReason
 
 __all__ = ["bounded", "on_before_request", "overrun_after_response"]
@@ -41,6 +42,9 @@ def bounded(state: TurnState, bound: Bound) -> TurnState:
         over = spend_overrun(state.usage, state.limits, state.spending)
         if over is not None:
             return _settled_by(state, over)
+    if bound is Bound.OUTPUT_RETRIES:  # a typed answer asked for too often: the notice names its last problem
+        notice = answer_bound_notice(bound_notice(bound), state.output_error)
+        return settle(state, Outcome.BOUNDED, bound=bound, notice=notice)
     return settle(state, Outcome.BOUNDED, bound=bound)
 
 

@@ -13,6 +13,7 @@ from trioloop.machine.calls import Violation
 from trioloop.machine.grants import Denial
 from trioloop.machine.ids import fresh_call_id
 from trioloop.machine.limits import tool_call_cap
+from trioloop.machine.on_answer import answer_call, answer_stop
 from trioloop.machine.on_rules import READ_ONLY_POLICY, admit_call
 from trioloop.machine.on_spend import overrun_after_response
 from trioloop.machine.state import (
@@ -153,6 +154,9 @@ def on_tool_call_complete(state: TurnState, event: ToolCallComplete) -> TurnStat
             add_call(state, record, draft=draft), Violation.DUPLICATE_CALL_ID, call_id, f"reused {echo(event.id)}"
         )
         return with_notice(state, DUPLICATE_NOTICE)
+    answer = state.answer
+    if answer is not None and name == answer.tool_name:  # the final tool: it runs nothing, its check decides
+        return answer_call(state, answer, event, call_id, draft)
 
     tool = state.tool_set.get(name)
     if tool is None:
@@ -217,6 +221,13 @@ _CALLS_FOLLOW: Final = frozenset({StopReason.TOOL_USE, StopReason.PAUSE_TURN})
 
 def on_message_stop(state: TurnState, event: MessageStop) -> TurnState:
     reason = event.stop_reason
+    answer = state.answer
+    if answer is not None:
+        state, done = answer_stop(state, answer, event)
+        if done:
+            return state
+        if state.current_call_count and reason not in _CALLS_FOLLOW:
+            reason = StopReason.TOOL_USE  # a server that says "stop" after the calls a required tool choice forced
     if state.current_call_count and reason in _CALLS_FOLLOW:
         over = overrun_after_response(state, reason)  # a response past a token or cost bound: its calls never run
         if over is not None:

@@ -41,6 +41,7 @@ from trioloop.machine.inputs import (
     UndoTurn,
     classify,
 )
+from trioloop.machine.on_answer import on_answer_checked
 from trioloop.machine.on_commands import (
     on_advance,
     on_approve_batch,
@@ -145,6 +146,7 @@ _HANDLERS: Final[Mapping[InputKind, Handler]] = MappingProxyType(
         _K.UNDO_TURN: on_undo_turn,
         _K.CODE_VERDICT: on_code_verdict,
         _K.FORGET_RULE: on_forget_rule,
+        _K.ANSWER_CHECK: on_answer_checked,
     }
 )
 

@@ -13,6 +13,7 @@ from typing import Any, final
 
 import attrs
 
+from trioloop.machine.answers import AnswerChecked, AnswerSpec
 from trioloop.machine.calls import (
     NO_CALLS,
     CallRecord,
@@ -146,6 +147,13 @@ class TurnState:
     #: The approval rules this turn decides by: frozen at submit (the app's, the files', the session's), grown
     #: by a person's "always" from a card and shrunk by a forget.
     rules: RuleSet = EMPTY_RULES
+    #: A typed answer's final tool (None: the turn answers in text). ``output`` is the answer, as the JSON the
+    #: model sent (its ``value`` for a wrapped type), set only when a valid call of the final tool completed
+    #: the turn (``output_call`` is that call's id); ``output_error`` is the last problem an answer had.
+    answer: AnswerSpec | None = None
+    output: Any = None
+    output_call: str = ""
+    output_error: str = ""
     # Internal bookkeeping; only the reducer builds these.
     closed_messages: tuple[Message, ...] = ()
     draft: Draft | None = None
@@ -161,6 +169,10 @@ class TurnState:
     bound: Bound | None = None
     # A ``needs_approval`` verdict waiting for the call it was given for (the next tool call complete).
     code_verdict: CodeVerdict | None = None
+    # The check of the final tool's next call (fed just before it), and whether the next request asks for the
+    # answer again after a reply that gave none.
+    answer_check: AnswerChecked | None = None
+    answer_nudge: bool = False
 
     @classmethod
     def idle(cls) -> TurnState:
@@ -171,6 +183,11 @@ class TurnState:
     def is_settled(self) -> bool:
         """Whether the turn has ended (it then takes no input but undo)."""
         return self.phase is Phase.SETTLED
+
+    @property
+    def has_output(self) -> bool:
+        """Whether the turn gave a typed answer (``output``): its final tool was called validly."""
+        return bool(self.output_call)
 
     @property
     def is_live(self) -> bool:

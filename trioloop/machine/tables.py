@@ -65,6 +65,7 @@ PHASE_TRANSITIONS: Final[Mapping[Phase, Mapping[InputKind, frozenset[Phase]]]] =
                 _K.TOOL_CALL_INPUT_DELTA: _stay(_P.STREAMING),
                 _K.TOOL_CALL_COMPLETE: _stay(_P.STREAMING),
                 _K.CODE_VERDICT: _stay(_P.STREAMING),
+                _K.ANSWER_CHECK: _stay(_P.STREAMING),
                 _K.MESSAGE_STOP: frozenset({_P.AWAITING_APPROVAL, _P.EXECUTING, _P.SETTLED}),
                 _K.STREAM_ERROR: _SETTLE,
                 _K.STREAM_NOTICE: _stay(_P.STREAMING),
@@ -107,7 +108,9 @@ CALL_STATUS_EDGES: Final[Mapping[CallStatus, frozenset[CallStatus]]] = MappingPr
         # the iteration is pending, so a pending call never fails a start.)
         # (A revoked call -- its tool changed before it ran -- fails from pending or approved.)
         _S.PENDING: frozenset({_S.APPROVED, _S.DENIED, _S.FAILED}),
-        _S.APPROVED: frozenset({_S.RUNNING, _S.DENIED, _S.FAILED}),
+        # (A typed answer's final call, held approved while its response streams, succeeds without running
+        # when the response ends with it alone: it changes nothing; with other calls beside it, it fails.)
+        _S.APPROVED: frozenset({_S.RUNNING, _S.SUCCEEDED, _S.DENIED, _S.FAILED}),
         # settled by the runner; at a cancel its value is discarded and it is marked not run.
         _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.DENIED}),
         _S.SUCCEEDED: frozenset({_S.UNDONE}),

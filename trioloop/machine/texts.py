@@ -17,6 +17,7 @@ from trioloop.machine.untrusted_text import quote_untrusted
 from trioloop.protocol.events import StreamError, retry_label
 
 __all__ = [
+    "ANSWER_TAKEN_TEXT",
     "DECLINED_TEXT",
     "DUPLICATE_NOTICE",
     "HOP_SUFFIX",
@@ -26,15 +27,21 @@ __all__ = [
     "NOT_RUN_TEXT",
     "NOT_TEXT_RESULT",
     "REPLAY_TEXT",
+    "answer_bound_notice",
+    "answer_not_alone_text",
+    "answer_nudge_text",
     "declined_text",
     "duplicate_call_text",
     "echo",
     "edited_text",
+    "extra_answer_text",
+    "invalid_answer_text",
     "invalid_edit_text",
     "invalid_input_text",
     "not_authorized_text",
     "retry_notice",
     "revoked_text",
+    "unchecked_answer_text",
     "unknown_tool_text",
     "unreadable_input_notice",
     "unreadable_input_text",
@@ -202,3 +209,49 @@ def rule_denied_text(label: str, reason: str) -> str:
 def code_verdict_notice(function: str, problem: str) -> str:
     """What the person reads when a ``needs_approval`` function failed: the call is shown on a card instead."""
     return f"{_visible(function, _ISSUE_MAX)} {_visible(problem, _ISSUE_MAX)}; the call is shown for review instead."
+
+
+# -- typed answers (`trioloop.machine.on_answer`) ---------------------------------------------------------------
+
+#: The result of the final call that gave the turn its answer.
+ANSWER_TAKEN_TEXT: Final = "Answer received."
+
+
+def invalid_answer_text(name: str, failure: PrepareFailure) -> str:
+    """The result of a final call whose answer failed its checks: every problem, named by its path."""
+    shown = [_visible(issue, _ISSUE_MAX) for issue in failure.issues[:_ISSUES_MAX]]
+    if len(failure.issues) > _ISSUES_MAX:
+        shown.append(f"and {len(failure.issues) - _ISSUES_MAX} more")
+    return (
+        f"The answer given to {echo(name)} does not have the required shape, so it was not taken. Fix these and "
+        f"call {echo(name)} again: {'; '.join(shown)}"
+    )
+
+
+def unchecked_answer_text(name: str) -> str:
+    """The result of a final call nothing checked (so it cannot be taken)."""
+    return f"The answer given to {echo(name)} could not be checked, so it was not taken. Call {echo(name)} again."
+
+
+def answer_nudge_text(name: str) -> str:
+    """What the model is told after a reply that gave no answer."""
+    return f"Give your final answer by calling the {echo(name)} tool, with arguments that match its schema."
+
+
+def answer_not_alone_text(name: str) -> str:
+    """The result of a valid final call sent beside calls of other tools: they run (reviewed as always) and the
+    model answers once it has their results."""
+    return (
+        f"Not taken: this {echo(name)} call came with calls of other tools, which run first. Call {echo(name)} "
+        "alone, once you have their results."
+    )
+
+
+def extra_answer_text(name: str) -> str:
+    """The result of a further valid final call in the response whose first one gave the answer."""
+    return f"Not taken: an earlier {echo(name)} call in this response gave the answer."
+
+
+def answer_bound_notice(notice: str, last_problem: str) -> str:
+    """A turn's output-retry bound notice, with the last problem its answer had."""
+    return f"{notice} The last problem: {_visible(last_problem, 600)}" if last_problem else notice

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import attrs
 
 from trioloop.protocol.messages import Message
 
-__all__ = ["ChatRequest", "ToolDefinition"]
+__all__ = ["ChatRequest", "ToolChoice", "ToolDefinition"]
+
+#: Whether the model may answer in text (``"auto"``, every provider's default) or must call one of the request's
+#: tools (``"required"``: Anthropic ``{"type": "any"}``, OpenAI ``"required"``).
+ToolChoice: TypeAlias = Literal["auto", "required"]
 
 
 def _freeze_schema(value: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -41,6 +45,9 @@ class ChatRequest:
     budget (a turn does, against ``TurnLimits.max_retries_per_turn``): a provider then makes one attempt
     and reports a failure, with the server's ``retry-after`` hint, instead of retrying on its own, so
     one counter bounds the requests a turn sends.
+
+    ``tool_choice`` ``"required"`` asks the model to call one of ``tools`` (a typed answer's final tool among
+    them); ``"auto"``, the default, sends no tool choice at all, so the request is what it always was.
     """
 
     model: str
@@ -49,3 +56,4 @@ class ChatRequest:
     tools: tuple[ToolDefinition, ...] = attrs.field(converter=_tools, factory=tuple)
     max_tokens: int = 4096
     caller_retries: bool = False
+    tool_choice: ToolChoice = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "required")))

@@ -239,6 +239,8 @@ def build_responses_body(request: ChatRequest, options: OpenAIResponsesOptions |
             }
             for tool in request.tools
         ]
+        if request.tool_choice == "required":
+            body["tool_choice"] = "required"
     body["max_output_tokens"] = request.max_tokens
     body["stream"] = True
     if options.store is not None:

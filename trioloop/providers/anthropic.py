@@ -246,6 +246,9 @@ def build_anthropic_body(request: ChatRequest, options: AnthropicRequestOptions 
         if options.prompt_caching:
             tools[-1] = {**tools[-1], "cache_control": _EPHEMERAL}
         body["tools"] = tools
+        if request.tool_choice == "required" and budget is None:
+            # Extended thinking refuses a forced tool choice: with it on, the loop's nudge asks instead.
+            body["tool_choice"] = {"type": "any"}
     if options.prompt_caching:
         _mark_prefix(messages)
     return body

@@ -252,6 +252,8 @@ def build_openai_body(request: ChatRequest, options: OpenAIRequestOptions | None
             }
             for t in request.tools
         ]
+        if request.tool_choice == "required":
+            body["tool_choice"] = "required"
     return body
 
 

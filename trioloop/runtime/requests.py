@@ -19,7 +19,7 @@ from trioloop.machine.limits import timing_exhaustion
 from trioloop.machine.state import Phase
 from trioloop.protocol.events import StreamError, StreamEvent, is_terminal, terminal_cut
 from trioloop.protocol.provider import ChatProvider
-from trioloop.protocol.tools import ChatRequest
+from trioloop.protocol.tools import ChatRequest, ToolDefinition
 from trioloop.providers.base import is_retriable
 from trioloop.providers.fallback import FallbackProvider, FallbackRoute, all_failed, may_hop
 from trioloop.runtime.clock import TurnClock, now_ms
@@ -131,6 +131,7 @@ class ProviderRequests:
             self.route = FallbackRoute.starting(len(names), names.index(answered) if answered in names else 0)
             self.failures = []
         asked = self.request
+        answer = self.turn.state.answer
         request = ChatRequest(
             model=asked.model,
             system=asked.system,
@@ -139,6 +140,11 @@ class ProviderRequests:
             max_tokens=asked.max_output_tokens,
             caller_retries=True,
         )
+        if answer is not None:  # a typed answer: its final tool offered beside the others, and a tool required
+            final = ToolDefinition(
+                name=answer.tool_name, description=answer.description, json_schema=answer.json_schema
+            )
+            request = attrs.evolve(request, tools=(*request.tools, final), tool_choice="required")
         check = before_request(self.turn.state, request)
         if check is not None:
             self.turn.apply(check)

@@ -40,6 +40,7 @@ from trioloop.machine.transaction import UndoAvailability
 from trioloop.protocol.messages import Message
 from trioloop.protocol.provider import ChatProvider, HoldsConnections
 from trioloop.runtime import session_files
+from trioloop.runtime.answers import ANSWER_TOOL, answer_form, output_as
 from trioloop.runtime.approvals import ApprovalQuery
 from trioloop.runtime.session_files import TranscriptError
 from trioloop.runtime.session_fork import SessionForks
@@ -69,6 +70,9 @@ __all__ = [
 ]
 
 D = TypeVar("D")
+T = TypeVar("T")
+#: `Session.continue_turn` without ``output``: the type the turn's ``send`` gave.
+_SAME_OUTPUT: Any = object()
 
 
 class Session(SessionForks[D]):
@@ -135,16 +139,28 @@ class Session(SessionForks[D]):
 
     # -- turns -----------------------------------------------------------------------------------
 
-    async def send(self, text: str) -> TurnState:
-        """Run one turn for ``text`` and return its state: settled, or live if it was suspended in review."""
-        return await self._turns.send(text, self._setup())
+    async def send(self, text: str, *, output: Any = None, output_tool: str = ANSWER_TOOL) -> TurnState:
+        """Run one turn for ``text`` and return its state: settled, or live if it was suspended in review.
 
-    async def continue_turn(self) -> TurnState:
+        ``output`` (an attrs class, or a type such as ``list[int]`` or a ``Literal``) asks for a typed answer: the
+        model ends the turn by calling the final tool ``output_tool`` with it, checked strictly against the type
+        and asked for again (within ``TurnLimits.max_output_retries``) while it does not match. Read it with
+        `output_as`; the settled state's ``output`` holds it as JSON."""
+        answer = None if output is None else answer_form(output, tool_name=output_tool, taken=self.registry.names)
+        return await self._turns.send(text, self._setup(), answer)
+
+    async def continue_turn(self, *, output: Any = _SAME_OUTPUT) -> TurnState:
         """Take up the suspended turn (see `suspended`) where it stood and run it on: the same cards, with the
         decisions already made, the remaining turn deadline and review timeout. After a crash, a call that
         was running is settled failed and never run again, a call whose tool changed since its card was
-        shown is refused, and a request that was in flight is asked again as a retry."""
-        return await self._turns.continue_turn(self._setup())
+        shown is refused, and a request that was in flight is asked again as a retry. A turn that asks for a
+        typed answer checks it against the type its ``send`` gave, or ``output`` (a reopened session's)."""
+        return await self._turns.continue_turn(self._setup(), self._turns.answer_for(output, _SAME_OUTPUT))
+
+    def output_as(self, output: type[T] | Any) -> T | None:
+        """The last turn's typed answer (`send` with ``output=``) structured as ``output``, or None when that turn
+        gave none (it failed, was bounded or stopped, or asked for no typed answer). A reopened session's too."""
+        return output_as(self.state, output)
 
     async def suspend(self) -> TurnState | None:
         """Make the current turn durable and end its tasks, so a later process can take it up (`Session.open`

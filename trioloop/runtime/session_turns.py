@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 import trio
@@ -21,6 +21,7 @@ from trioloop.machine.state import Phase, TurnState
 from trioloop.protocol.events import Usage, usage_sum
 from trioloop.protocol.messages import Message
 from trioloop.protocol.provider import ChatProvider
+from trioloop.runtime.answers import AnswerForm, answer_form
 from trioloop.runtime.controls import TurnControls
 from trioloop.runtime.journaling import ResumePoint
 from trioloop.runtime.publisher import StatePublisher
@@ -102,6 +103,7 @@ class TurnSlot(Generic[D]):
         #: The session's own rules (a person's "always" from a card), as the last turn left them.
         self.session_rules: tuple[ApprovalRule, ...] = ()
         self.running = ""  # the id of the turn running now (its states carry the rules it decides by)
+        self.answer: AnswerForm[Any] | None = None  # the typed answer of the turn last sent or continued
 
     def restore(
         self, *, started: int, last_turn_id: str | None, usage: Usage, rules: tuple[ApprovalRule, ...] = ()
@@ -194,7 +196,7 @@ class TurnSlot(Generic[D]):
                 return None
         return controls
 
-    async def send(self, text: str, setup: TurnSetup) -> TurnState:
+    async def send(self, text: str, setup: TurnSetup, answer: AnswerForm[Any] | None = None) -> TurnState:
         if self.controls is not None:
             raise SessionBusy("A turn is already running in this session; wait for it or stop it first.")
         if self.resume is not None:
@@ -223,9 +225,19 @@ class TurnSlot(Generic[D]):
                 self.controls = None
             spent_s = trio.current_time() - began
         self.started += 1
+        self.answer = answer
         return await self.run(text, f"turn-{self.started}", setup, None, controls, spent_s, spending)
 
-    async def continue_turn(self, setup: TurnSetup) -> TurnState:
+    def answer_for(self, output: Any, default: Any) -> AnswerForm[Any] | None:
+        """The typed answer a suspended turn continues with: made for ``output`` with the tool its state names, else
+        the one its ``send`` gave (``default`` when ``output`` is not given), if it is that turn's."""
+        spec = None if self.resume is None else self.resume.state.answer
+        if spec is None:
+            return None
+        form = self.answer if output is default else answer_form(output, tool_name=spec.tool_name)
+        return form if form is not None and form.spec.to_json() == spec.to_json() else None
+
+    async def continue_turn(self, setup: TurnSetup, answer: AnswerForm[Any] | None = None) -> TurnState:
         if self.controls is not None:
             raise SessionBusy("A turn is already running in this session.")
         resume = self.resume
@@ -239,6 +251,7 @@ class TurnSlot(Generic[D]):
         self.resume = None
         if journal is not None:
             journal.add("resume", {"by": setup.actor, "turn_id": resume.state.turn_id})
+        self.answer = answer
         return await self.run("", resume.state.turn_id, setup, resume, controls)
 
     async def run(
@@ -273,6 +286,7 @@ class TurnSlot(Generic[D]):
             spent_s=spent_s,
             spending=spending,
             rules=setup.rules,
+            answer=self.answer,
         )
         if journal is not None:
             journal.turns.writer.actor = setup.actor

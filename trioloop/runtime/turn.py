@@ -177,6 +177,7 @@ class Turn(Generic[D]):
                     now_ms=int(clock.started_at * 1000),
                     spending=request.spending,
                     rules=request.rules,
+                    answer=None if request.answer is None else request.answer.spec,
                 )
             )
         else:
@@ -391,6 +392,13 @@ class Turn(Generic[D]):
         elif self.requests.retried(event):
             return
         if type(event) is ToolCallComplete:
+            answer = self.state.answer
+            form = self.request.answer
+            if answer is not None and event.name == answer.tool_name:
+                if form is not None and form.spec.to_json() == answer.to_json() and event.input_error is None:
+                    self.apply(form.check(event))  # checked against the app's type; journaled with the response
+                self.apply(event)
+                return
             tool = self.request.registry.get(event.name)
             if tool is not None and tool.needs_approval is not None:
                 verdict = ask_needs_approval(tool, event)

@@ -5,7 +5,7 @@ turn writes), the `TurnRequest` (everything else it needs), and the callback tha
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 import attrs
 
@@ -16,6 +16,7 @@ from trioloop.machine.state import TurnState
 from trioloop.machine.tools import ToolRegistry
 from trioloop.machine.transaction import UndoHistory
 from trioloop.protocol.messages import Message
+from trioloop.runtime.answers import AnswerForm
 
 __all__ = ["TOOL_CANCEL_GRACE_S", "StateObserver", "TurnRequest", "Workspace"]
 
@@ -56,3 +57,5 @@ class TurnRequest(Generic[D]):
     spending: Spending = NO_SPENDING
     #: The approval rules the turn decides by (the app's, the files', the session's).
     rules: RuleSet = EMPTY_RULES
+    #: The typed answer the turn asks for (`trioloop.runtime.answers`), None for a text answer.
+    answer: AnswerForm[Any] | None = None

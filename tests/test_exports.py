@@ -218,6 +218,8 @@ LOW_LEVEL = [
     "CALL_STATUS_EDGES",
     "PHASE_TRANSITIONS",
     "Advance",
+    "AnswerChecked",
+    "AnswerSpec",
     "ApproveBatch",
     "ApproveCall",
     "BeforeRequest",

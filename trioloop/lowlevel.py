@@ -6,6 +6,7 @@ what it allows. Everything here is pure and document-free except `commit_tool_ou
 which are generic over the document type.
 """
 
+from trioloop.machine.answers import AnswerChecked, AnswerSpec
 from trioloop.machine.authorization import (
     Denial,
     Grant,
@@ -67,6 +68,8 @@ __all__ = [
     "CALL_STATUS_EDGES",
     "PHASE_TRANSITIONS",
     "Advance",
+    "AnswerChecked",
+    "AnswerSpec",
     "ApproveBatch",
     "ApproveCall",
     "BeforeRequest",

@@ -572,3 +572,22 @@ async def test_a_journaled_turn_that_no_provider_answered_replays_to_its_one_err
 def test_limits_default_is_three() -> None:
     assert DEFAULT_TURN_LIMITS.max_retries_per_turn == 3
     assert Phase.REQUESTING.value
+
+
+# --- a list given to a Session -------------------------------------------------------------------------------------
+
+
+async def test_a_session_given_a_list_tries_it_in_order() -> None:
+    # Session(provider=[a, b]) is FallbackProvider([a, b]): the first overloaded, the second answers, and the session
+    # keeps both held for its turns.
+    async with AsyncExitStack() as stack:
+        primary = await scripted(stack, "anthropic", [ScriptStep(status=529)])
+        backup = await scripted(stack, "anthropic", [ScriptStep(text="from the second")])
+        session = Session(document="", kind=NOTE, provider=[primary, backup], model="scripted-1")
+        assert isinstance(session.provider, FallbackProvider) and session.provider.providers == (primary, backup)
+        async with session:
+            state = await session.send("go")
+    assert state.outcome is Outcome.COMPLETED and "from the second" in answer_text(state)
+    assert state.answered_by == session.provider.names[1]
+    with pytest.raises(TypeError):
+        Session(document="", kind=NOTE, provider=[object()], model="scripted-1")  # type: ignore[list-item]

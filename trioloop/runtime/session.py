@@ -19,7 +19,7 @@ session files, journals and transcripts (`trioloop.runtime.session_files`, `trio
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -272,7 +272,7 @@ class Session(SessionForks[D]):
         path: str | os.PathLike[str],
         *,
         kind: TextDocumentKind[D],
-        provider: ChatProvider,
+        provider: ChatProvider | Sequence[ChatProvider],
         model: str | None = None,
         tools: ToolRegistry[D] | Iterable[RegisteredTool[D]] = (),
         limits: TurnLimits = DEFAULT_TURN_LIMITS,
@@ -327,7 +327,7 @@ class Session(SessionForks[D]):
         session_id: str,
         *,
         kind: TextDocumentKind[D],
-        provider: ChatProvider,
+        provider: ChatProvider | Sequence[ChatProvider],
         document: D | None = None,
         model: str | None = None,
         tools: ToolRegistry[D] | Iterable[RegisteredTool[D]] = (),

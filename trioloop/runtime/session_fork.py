@@ -123,7 +123,7 @@ class SessionForks(SessionView[D]):
         *,
         after: SettledTurn | str | None,
         kind: TextDocumentKind[D],
-        provider: ChatProvider,
+        provider: ChatProvider | Sequence[ChatProvider],
         new_session_id: str | None = None,
         model: str | None = None,
         tools: ToolRegistry[D] | Iterable[RegisteredTool[D]] = (),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import getpass
 import math
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from decimal import Decimal
 from typing import Any, Generic, TypeVar
@@ -34,6 +34,7 @@ from trioloop.machine.transaction import DocumentMatch, UndoHistory, match_docum
 from trioloop.protocol.events import Usage
 from trioloop.protocol.messages import Message, assert_tool_pairing
 from trioloop.protocol.provider import ChatProvider
+from trioloop.providers.fallback import FallbackProvider
 from trioloop.runtime import session_files
 from trioloop.runtime.observer import TurnObserver
 from trioloop.runtime.publisher import StatePublisher
@@ -83,7 +84,7 @@ class SessionView(Generic[D]):
         *,
         document: D,
         kind: DocumentKind[D],
-        provider: ChatProvider,
+        provider: ChatProvider | Sequence[ChatProvider],
         model: str,
         tools: ToolRegistry[D] | Iterable[RegisteredTool[D]] = (),
         limits: TurnLimits = DEFAULT_TURN_LIMITS,
@@ -102,7 +103,8 @@ class SessionView(Generic[D]):
             raise TypeError(problem)
         self._workspace: Workspace[D] = Workspace(document=document, kind=kind, undo=UndoHistory())
         self.kind = kind
-        self.provider = provider
+        #: The provider every turn asks; a list given is tried in order (`trioloop.providers.FallbackProvider`).
+        self.provider: ChatProvider = FallbackProvider(provider) if isinstance(provider, Sequence) else provider
         self.model = model
         self._toolsets = Toolsets(tools if isinstance(tools, ToolRegistry) else create_tool_registry(tools))
         self.limits = limits

@@ -25,6 +25,7 @@ from trioloop.durable.files import config_folder
 from trioloop.durable.signing import JournalKeyError, JournalKeys, JournalSigner, given_public_keys
 from trioloop.durable.store import JournalStoreError
 from trioloop.stores import open_store
+from trioloop.web._heap import freeze_startup_heap
 from trioloop.web.app import InboxSettings, open_inbox
 from trioloop.web.reviewers import ReviewerError, load_reviewers
 
@@ -214,6 +215,9 @@ async def _on_sigterm(stop: trio.Event) -> None:
 
 def serve_main(args: argparse.Namespace) -> int:
     """Run ``trioloop serve`` (Ctrl-C ends it cleanly): the exit status."""
+    import hypercorn.trio  # noqa: F401 -- loaded before the start-up heap is frozen
+
+    freeze_startup_heap()
     try:
         return trio.run(run_serve, args)
     except KeyboardInterrupt:

@@ -38,6 +38,7 @@ from trioloop.durable.store import JournalStore, SessionLocked
 from trioloop.machine.calls import CallStatus
 from trioloop.machine.state import Phase, TurnState
 from trioloop.runtime.session import Session
+from trioloop.web._heap import freeze_startup_heap
 from trioloop.web.worker_app import AppLoadError, WorkerApp, load_app
 
 __all__ = [
@@ -451,6 +452,7 @@ def worker_main(args: argparse.Namespace) -> int:
     except (AppLoadError, ValueError, OSError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    freeze_startup_heap()  # the modules and the app, loaded: out of the full collections' walk
     options = {
         "poll_s": args.poll_s,
         "max_sessions": args.max_sessions,

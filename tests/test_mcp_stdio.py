@@ -128,21 +128,39 @@ async def server_pid(tool: RegisteredTool[Any]) -> int:
     return int(re.search(r'"text": ?"(\d+)"', text).group(1))  # type: ignore[union-attr]
 
 
+def _waited_for_a_core_s() -> float:
+    """How long this thread has waited in the run queue for a core (Linux schedstat; 0 where there is none)."""
+    try:
+        with open("/proc/thread-self/schedstat") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 class Ticker:
-    """A task that sleeps 1 ms at a time and keeps the longest gap between its wake-ups: how long the event loop
-    was held by something else."""
+    """A task that sleeps 1 ms at a time and keeps the longest gap between its wake-ups that the event loop was held
+    by something else: the wall time between two wake-ups, less what the loop's thread spent waiting for a core
+    meanwhile (schedstat). A machine that runs other processes (the suite's other workers) may keep the process off
+    a core for tens of milliseconds, which holds nothing of ours; the loop's own work, or a thread holding the GIL,
+    still counts. ``longest_wall`` keeps the wall figure, for the message."""
 
     def __init__(self) -> None:
         self.longest = 0.0
+        self.longest_wall = 0.0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        last = trio.current_time()
+        last, last_waited = trio.current_time(), _waited_for_a_core_s()
         while True:
             await trio.sleep(0.001)
-            now = trio.current_time()
-            self.longest = max(self.longest, now - last)
-            last = now
+            now, waited = trio.current_time(), _waited_for_a_core_s()
+            self.longest = max(self.longest, (now - last) - (waited - last_waited))
+            self.longest_wall = max(self.longest_wall, now - last)
+            last, last_waited = now, waited
+
+
+def _held(ticker: Ticker) -> str:
+    return f"the loop was held {ticker.longest * 1000:.0f} ms ({ticker.longest_wall * 1000:.0f} ms wall)"
 
 
 @asynccontextmanager
@@ -232,7 +250,7 @@ async def test_an_endless_line_never_stalls_the_loop_and_drops_the_connection_pa
         async with ticking() as ticker:
             with trio.fail_after(10):  # past the default 64 MiB cap long before the 20 s call timeout
                 flooded = await call(tools["raw__flood"], {})
-        assert ticker.longest < MAX_GAP, f"the loop was held {ticker.longest * 1000:.0f} ms"
+        assert ticker.longest < MAX_GAP, _held(ticker)
         assert not flooded.ok and str(McpMessageTooLarge("raw", DEFAULT_MAX_MESSAGE_BYTES)) in flooded.result
         assert "the next call reconnects" in flooded.result and not toolset.connected
         assert (await call(tools["raw__pid"], {})).ok  # a new connection answers
@@ -255,7 +273,7 @@ async def test_a_slow_endless_line_ends_the_turn_at_its_call_timeout_and_never_s
         assert state.outcome is Outcome.COMPLETED and state.calls[0].status is CallStatus.FAILED
         assert "did not answer within 1 s" in (state.calls[0].result or "")
         assert 1.0 <= took < 1.0 + 1.5, took  # its call timeout, and a margin
-        assert ticker.longest < MAX_GAP, f"the loop was held {ticker.longest * 1000:.0f} ms"
+        assert ticker.longest < MAX_GAP, _held(ticker)
         nursery.cancel_scope.cancel()
 
 

@@ -39,7 +39,6 @@ __all__ = [
     "decision_slot",
     "open_decision",
     "seal_decision",
-    "signature_verifies",
 ]
 
 #: The format's version: a record of another version is refused.
@@ -183,12 +182,6 @@ def _message(fields: Mapping[str, Any], key_id: str) -> bytes:
     return _DOMAIN + canonical_json({**fields, "key_id": key_id}).encode("utf-8")
 
 
-def signature_verifies(keys: JournalKeys, key_id: str, message: bytes, signature: str) -> bool:
-    """Whether ``signature`` (base64) is key ``key_id``'s over ``message`` (`JournalKeys.verify`, which also refuses a
-    signature spelled another way than base64 writes its bytes)."""
-    return keys.verify(key_id, message, signature)
-
-
 def seal_decision(decision: ReviewDecision, signer: JournalSigner) -> bytes:
     """The record of ``decision`` signed by ``signer``: canonical JSON, what the decision box keeps."""
     fields = decision.fields()
@@ -238,7 +231,7 @@ def open_decision(raw: bytes, keys: JournalKeys | None) -> tuple[ReviewDecision,
         raise DecisionError("a decision's key id and signature must be text")
     if not keys or key_id not in keys.ids:
         raise DecisionError(f"a decision signed by key {key_id[:40]!r}, which this session does not accept")
-    if not signature_verifies(keys, key_id, _message(value, key_id), signature):
+    if not keys.verify(key_id, _message(value, key_id), signature):
         raise DecisionError(f"a decision whose signature by key {key_id} does not verify")
     del value["v"]
     try:

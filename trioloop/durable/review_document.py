@@ -26,7 +26,7 @@ from typing import Any, Final, Literal, final
 import attrs
 
 from trioloop.durable.bounded_json import parse_bounded_json
-from trioloop.durable.decisions import MAX_DECISION_BYTES, ReviewDecision, seal_decision, signature_verifies
+from trioloop.durable.decisions import MAX_DECISION_BYTES, ReviewDecision, seal_decision
 from trioloop.durable.journal_writer import shown_card
 from trioloop.durable.signing import JournalKeys, JournalSigner
 from trioloop.machine.calls import CallRecord, CallStatus
@@ -382,7 +382,7 @@ def open_review_document(
         raise ReviewDocumentError("a review document's key id and signature must be text")
     if not keys or key_id not in keys.ids:
         raise ReviewDocumentError(f"a review document signed by key {key_id[:40]!r}, which is not accepted")
-    if not signature_verifies(keys, key_id, _message({**value, "key_id": key_id}), signature):
+    if not keys.verify(key_id, _message({**value, "key_id": key_id}), signature):
         raise ReviewDocumentError(f"a review document whose signature by key {key_id} does not verify")
     head, cards = value["head"], value["cards"]
     texts = ("session_id", "turn_id", "request", "model_text")

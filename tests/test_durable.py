@@ -480,8 +480,8 @@ async def test_a_long_journal_is_verified_off_the_event_loop(monkeypatch: pytest
     # other session's task, and their deadlines, for as long. It runs in a worker thread; a short one does not.
     import threading
 
+    from trioloop.durable import audit
     from trioloop.durable import journal as journal_module
-    from trioloop.runtime import session_journal
 
     threads: list[bool] = []
     verify = journal_module.verify_journal
@@ -490,7 +490,7 @@ async def test_a_long_journal_is_verified_off_the_event_loop(monkeypatch: pytest
         threads.append(threading.current_thread() is threading.main_thread())
         return verify(*args, **kwargs)
 
-    monkeypatch.setattr(session_journal, "verify_journal", spy)
+    monkeypatch.setattr(audit, "verify_journal", spy)  # `verify_stored`, which opening a session verifies with
     store = MemoryJournalStore()
     async with ScriptedProvider([ScriptStep(text="Hi.")]) as provider:
         async with await open_note(store, provider) as session:

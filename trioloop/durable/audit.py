@@ -50,6 +50,7 @@ __all__ = [
     "verified_journal",
     "verify_decision_entries",
     "verify_session",
+    "verify_stored",
 ]
 
 _VALUE_MAX = 200
@@ -370,6 +371,29 @@ async def verify_session(
     return stored, verdict
 
 
+async def verify_stored(
+    stored: Sequence[StoredEntry], *, session_id: str, keys: JournalKeys | None, decisions: bool = False
+) -> tuple[list[JournalEntry], JournalIntegrity, str]:
+    """``stored`` decoded and verified (`verify_journal`; with ``decisions`` and ``keys``, every decision made away
+    from the session proven by its signed record too): the entries, what verifying proved, and the journal's id.
+    `JournalError` for what does not hold. A journal of `VERIFY_IN_THREAD_BYTES` or more is verified in a worker
+    thread: CPU work that would hold every other task (and their deadlines) meanwhile."""
+
+    def check() -> tuple[list[JournalEntry], JournalIntegrity, str]:
+        if keys is not None:  # a store without an outline: judged by position at least before it is decoded
+            refuse_unsigned_tail(outline_of(stored), session_id=session_id, keys=keys)
+        entries = decode_entries(stored)
+        integrity = verify_journal(entries, session_id=session_id, keys=keys)
+        if decisions and keys is not None:
+            verify_decision_entries(entries, session_id=session_id, keys=keys)
+        return entries, integrity, journal_id_of(entries, session_id)
+
+    if sum(len(entry.data) for entry in stored) < VERIFY_IN_THREAD_BYTES:
+        await trio.lowlevel.checkpoint()
+        return check()
+    return await trio.to_thread.run_sync(check)
+
+
 async def verified_journal(
     store: JournalStore, session_id: str, *, keys: JournalKeys | None, witness: HeadWitness | None
 ) -> tuple[Sequence[StoredEntry], list[JournalEntry], AuditVerdict]:
@@ -391,22 +415,8 @@ async def verified_journal(
         except JournalError as exc:
             return stored, [], attrs.evolve(verdict, error=str(exc))
         return stored, [], attrs.evolve(verdict, verdict="missing")
-
-    def check() -> tuple[list[JournalEntry], JournalIntegrity, str]:
-        if keys is not None:  # a store without an outline: judged by position at least before it is decoded
-            refuse_unsigned_tail(outline_of(stored), session_id=session_id, keys=keys)
-        entries = decode_entries(stored)
-        integrity = verify_journal(entries, session_id=session_id, keys=keys)
-        if keys is not None:  # every decision made away from the session: its reviewer's signed record, proven
-            verify_decision_entries(entries, session_id=session_id, keys=keys)
-        return entries, integrity, journal_id_of(entries, session_id)
-
     try:
-        # A long journal is verified in a worker thread: CPU work that would hold every other task meanwhile.
-        if sum(len(entry.data) for entry in stored) < VERIFY_IN_THREAD_BYTES:
-            entries, integrity, journal_id = check()
-        else:
-            entries, integrity, journal_id = await trio.to_thread.run_sync(check)
+        entries, integrity, journal_id = await verify_stored(stored, session_id=session_id, keys=keys, decisions=True)
         if head is None and witness is not None:  # a head an earlier version kept under the journal's own id
             legacy = await witness.last_head(journal_id)
             head = legacy if legacy is not None and not legacy.store and legacy.session == session_id else None

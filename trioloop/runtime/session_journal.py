@@ -14,21 +14,19 @@ import attrs
 import trio
 
 from trioloop.durable._store_thread import AppendsThen
+from trioloop.durable.audit import verify_stored
 from trioloop.durable.decision_box import DecisionBox
 from trioloop.durable.document_form import DocumentCodec
 from trioloop.durable.history import ForkOrigin
 from trioloop.durable.journal import (
     GENESIS,
-    VERIFY_IN_THREAD_BYTES,
     JournalEntry,
     JournalIntegrity,
-    decode_entries,
     decode_numbered,
     document_digest,
     entry_hash,
     journal_id_of,
     refuse_unsigned_tail,
-    verify_journal,
 )
 from trioloop.durable.journal_writer import JournalWriter
 from trioloop.durable.leases import LeaseLost
@@ -40,7 +38,6 @@ from trioloop.durable.store import (
     JournalStore,
     JournalStoreError,
     StoredEntry,
-    outline_of,
     store_identity,
 )
 from trioloop.durable.witness import FileWitness, HeadWitness, WitnessedHead, check_witnessed, witness_name
@@ -348,7 +345,9 @@ class JournalOpening:
         if not stored:
             check_witnessed((), witnessed)  # an emptied session is refused: it never starts afresh unasked
             return None
-        entries, self.integrity, self.journal_id = await _verified(stored, self.session_id, verifying)
+        entries, self.integrity, self.journal_id = await verify_stored(
+            stored, session_id=self.session_id, keys=verifying
+        )
         self.entries = entries
         if heads is not None:
             if witnessed is None:  # a head an earlier version kept under the journal's own id
@@ -458,24 +457,6 @@ async def resolve_signer(signer: Signer, keys: JournalKeys | None) -> JournalSig
     if not isinstance(signer, JournalSigner):
         raise TypeError(f"signer= is a JournalSigner, None (unsigned) or {DEFAULT_SIGNER!r}, not {signer!r}")
     return signer
-
-
-async def _verified(
-    stored: Sequence[StoredEntry], session_id: str, keys: JournalKeys | None
-) -> tuple[list[JournalEntry], JournalIntegrity, str]:
-    """The stored entries decoded and verified, what verifying proved, and the journal's id."""
-
-    def verify() -> tuple[list[JournalEntry], JournalIntegrity, str]:
-        if keys is not None:  # a store without an outline: judged by position at least before it is decoded
-            refuse_unsigned_tail(outline_of(stored), session_id=session_id, keys=keys)
-        entries = decode_entries(stored)
-        integrity = verify_journal(entries, session_id=session_id, keys=keys)
-        return entries, integrity, journal_id_of(entries, session_id)
-
-    if sum(len(entry.data) for entry in stored) < VERIFY_IN_THREAD_BYTES:
-        await trio.lowlevel.checkpoint()
-        return verify()
-    return await trio.to_thread.run_sync(verify)
 
 
 def choose_witness(witness: Witness, key: JournalSigner | None, store: JournalStore) -> HeadWitness | None:

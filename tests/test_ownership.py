@@ -17,11 +17,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "trioloop"
 
 #: The reaches that stay: (module, expression) -> how many. Each is a class building another instance of itself.
 ALLOWED: dict[tuple[str, str], int] = {
-    # Session.resume and Session.open make a Session, then restore into it what the file or journal recorded
-    # (undo history, turn numbering, tokens, the live turn) and attach the journal they opened.
-    ("runtime/session.py", "session._restore"): 2,
+    # Session.open makes a Session, then restores into it what the journal recorded (undo history, turn numbering,
+    # tokens, the live turn) and attaches the journal it opened.
+    ("runtime/session.py", "session._restore"): 1,
     ("runtime/session.py", "session._attach"): 1,
-    # Session.fork makes a Session the same way, from the source's state after a settled turn.
+    # SessionForks._continued does the same for Session.resume (a saved file) and Session.fork (the source's state
+    # after a settled turn), which then attaches the fork's new journal.
     ("runtime/session_fork.py", "session._restore"): 1,
     ("runtime/session_fork.py", "session._attach"): 1,
     # ToolExecutionContext.deferred makes a context whose document is made on first read (no __init__ argument).

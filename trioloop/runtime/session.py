@@ -298,9 +298,10 @@ class Session(SessionForks[D]):
         chosen = model if model is not None else snapshot.model
         if chosen is None:
             raise SessionFileError("the session file names no model: pass model=")
-        session = cls(
-            document=snapshot.document,
-            history=snapshot.messages,
+        kept, withheld = session_files.restorable_rules(snapshot.rules, trust_allow_rules)
+        session = cls._continued(
+            snapshot,
+            kept,
             kind=kind,
             provider=provider,
             model=chosen,
@@ -314,10 +315,7 @@ class Session(SessionForks[D]):
             prices=prices,
             rules=rules,
         )
-        kept, session.withheld_rules = session_files.restorable_rules(snapshot.rules, trust_allow_rules)
-        session._restore(
-            snapshot.undo_history(), snapshot.turns_started(), snapshot.last_turn_id, snapshot.usage, rules=kept
-        )
+        session.withheld_rules = withheld
         return session
 
     @classmethod

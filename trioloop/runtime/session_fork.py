@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import trio
 
@@ -21,6 +21,7 @@ from trioloop.durable.document_form import DocumentCodec
 from trioloop.durable.history import ForkError, ForkOrigin, JournalPoint, SettledTurn, journal_points, snapshot_at
 from trioloop.durable.journal import JournalError, journal_id_of
 from trioloop.durable.replay import tools_used
+from trioloop.durable.session_file import SessionSnapshot
 from trioloop.durable.signing import JournalKeys, JournalSigner
 from trioloop.durable.store import JournalStore
 from trioloop.durable.witness import HeadWitness, check_witnessed
@@ -56,6 +57,17 @@ Witness = HeadWitness | Literal["default"] | None
 class SessionForks(SessionView[D]):
     """How a session continues another's state: restored from a saved or journaled session, or forked from a
     settled turn of a journaled one (`Session` is the class an app uses)."""
+
+    @classmethod
+    def _continued(cls, snapshot: SessionSnapshot[D], kept_rules: tuple[ApprovalRule, ...], **options: Any) -> Self:
+        """A new session that continues ``snapshot`` (a saved session file, or a journal's state after a settled
+        turn): its conversation and document, then its undo history, turn numbering, tokens and the session rules
+        ``kept_rules``. ``options`` are the constructor's others (model, source, kind, provider, ...)."""
+        session = cls(document=snapshot.document, history=snapshot.messages, **options)
+        session._restore(
+            snapshot.undo_history(), snapshot.turns_started(), snapshot.last_turn_id, snapshot.usage, rules=kept_rules
+        )
+        return session
 
     def _restore(
         self,
@@ -160,9 +172,9 @@ class SessionForks(SessionView[D]):
         chosen = model if model is not None else snapshot.model
         if chosen is None:
             raise ValueError("the journal names no model: pass model=")
-        session = cls(
-            document=snapshot.document,
-            history=snapshot.messages,
+        session = cls._continued(
+            snapshot,
+            snapshot.rules,
             kind=kind,
             provider=provider,
             model=chosen,
@@ -175,13 +187,6 @@ class SessionForks(SessionView[D]):
             session_limits=session_limits,
             prices=prices,
             rules=rules,
-        )
-        session._restore(
-            snapshot.undo_history(),
-            snapshot.turns_started(),
-            snapshot.last_turn_id,
-            snapshot.usage,
-            rules=snapshot.rules,
         )
         new_id = new_session_id if new_session_id is not None else f"{session_id}.fork-{secrets.token_hex(4)}"
         opening = await JournalOpening.acquire(store, new_id, signer=signer, keys=keys, witness=witness, wait_s=wait_s)

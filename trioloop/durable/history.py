@@ -11,7 +11,7 @@ has grants and cards that belong to its own session, and a fork never carries th
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar, final
 
 import attrs
@@ -102,15 +102,17 @@ def journal_points(
     load_document: Callable[[str], D],
     registry: ToolRegistry[D],
     load_data: Callable[[Any], D] | None = None,
-) -> list[JournalPoint[D]]:
-    """The points of ``entries`` (a verified journal of ``session_id``), oldest first: its first snapshot, then each
-    settled turn. `JournalError` for anything replay refuses."""
+) -> Iterator[JournalPoint[D]]:
+    """The points of ``entries`` (a verified journal of ``session_id``), oldest first, one at a time (a caller keeps
+    what it needs: each point holds the whole session there): its first snapshot, then each settled turn.
+    `JournalError` for anything replay refuses."""
     submits = [(entry.seq, entry.data.get("text")) for entry in entries if entry.kind == "submit"]
     starts = [seq for seq, _ in submits]
-    points: list[JournalPoint[D]] = []
+    first = True
     for entry, replayed in replay_settled(entries, load_document=load_document, registry=registry, load_data=load_data):
         origin = ForkOrigin(session=session_id, journal=journal_id, seq=entry.seq, head=entry.hash)
-        state = replayed.state if points else None  # the first point is the journal's first snapshot
+        state = None if first else replayed.state  # the first point is the journal's first snapshot
+        first = False
         turn = None
         if state is not None and state.outcome is not None:
             submitted = submits[bisect.bisect_left(starts, entry.seq) - 1][1] if starts else None
@@ -124,8 +126,7 @@ def journal_points(
                 head=entry.hash,
                 at_ms=entry.at_ms,
             )
-        points.append(JournalPoint(origin=origin, turn=turn, replayed=replayed))
-    return points
+        yield JournalPoint(origin=origin, turn=turn, replayed=replayed)
 
 
 def snapshot_at(replayed: Replayed[D]) -> SessionSnapshot[D]:

@@ -11,7 +11,7 @@ and ``trioloop audit`` verify it (`trioloop.durable.audit.verified_journal`), th
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Self, TypeVar
 
 import trio
@@ -209,9 +209,11 @@ async def read_points(
     signer: Signer,
     keys: JournalKeys | None,
     witness: Witness,
-) -> list[JournalPoint[D]]:
+) -> Iterator[JournalPoint[D]]:
     """``session_id``'s journal read without its lease, verified (with the keys and the witness a session opened
-    with these options accepts) and folded into its points: the first snapshot, then each settled turn."""
+    with these options accepts), and its points as they are folded: the first snapshot, then each settled turn (one
+    at a time: a caller keeps only the points it needs). `DocumentMismatch` once the last is folded, if its kind is
+    another than ``kind``."""
     key = await resolve_signer(signer, keys)
     verifying = None if key is None else key.keys if keys is None else key.keys | keys
     _, entries, verdict = await verified_journal(
@@ -234,33 +236,45 @@ async def read_points(
         registry=registry,
         load_data=load_data,
     )
-    recorded = points[-1].replayed.kind
-    if recorded not in (None, kind.name):
-        raise DocumentMismatch("kind", recorded, kind.name)
-    return points
+    return _kind_checked(points, kind.name)
 
 
-def fork_point(points: Sequence[JournalPoint[D]], after: SettledTurn | str | None, session_id: str) -> JournalPoint[D]:
+def _kind_checked(points: Iterator[JournalPoint[D]], name: str) -> Iterator[JournalPoint[D]]:
+    last = None
+    for last in points:
+        yield last
+    recorded = None if last is None else last.replayed.kind
+    if recorded not in (None, name):
+        raise DocumentMismatch("kind", recorded, name)
+
+
+def fork_point(points: Iterable[JournalPoint[D]], after: SettledTurn | str | None, session_id: str) -> JournalPoint[D]:
     """The point ``after`` names among ``points``: the first (None), or the settled turn of that id (a `SettledTurn`
-    must also be this journal's: the same session, entry and head). `ForkError` when there is none."""
-    if after is None:
-        return points[0]
-    turn_id = after if isinstance(after, str) else after.turn_id
-    for point in points:
-        turn = point.turn
-        if turn is None or turn.turn_id != turn_id:
-            continue
-        if isinstance(after, SettledTurn) and (after.session, after.seq, after.head) != (
+    must also be this journal's: the same session, entry and head). Every point is read (replay and its checks run
+    to the journal's end), only the one named is kept. `ForkError` when there is none."""
+    turn_id = after if isinstance(after, str) else None if after is None else after.turn_id
+    chosen: JournalPoint[D] | None = None
+    for point in points:  # the first point (the journal's first snapshot) is the only one with no turn
+        if chosen is None and (None if point.turn is None else point.turn.turn_id) == turn_id:
+            chosen = point
+    if chosen is None:
+        raise ForkError(
+            f"turn {turn_id!r} is not a settled turn of session {session_id!r}: only a turn that settled (not one "
+            "suspended in review or cut short, nor one compacted away) is a point to fork from"
+        )
+    turn = chosen.turn
+    if (
+        isinstance(after, SettledTurn)
+        and turn is not None
+        and (after.session, after.seq, after.head)
+        != (
             session_id,
             turn.seq,
             turn.head,
-        ):
-            raise ForkError(
-                f"turn {turn_id!r} of session {session_id!r} is not the one listed (entry {after.seq}): the journal "
-                "was replaced since, or the turn is another session's"
-            )
-        return point
-    raise ForkError(
-        f"turn {turn_id!r} is not a settled turn of session {session_id!r}: only a turn that settled (not one "
-        "suspended in review or cut short, nor one compacted away) is a point to fork from"
-    )
+        )
+    ):
+        raise ForkError(
+            f"turn {turn_id!r} of session {session_id!r} is not the one listed (entry {after.seq}): the journal "
+            "was replaced since, or the turn is another session's"
+        )
+    return chosen

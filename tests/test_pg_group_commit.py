@@ -195,3 +195,73 @@ async def test_every_append_is_announced_to_those_who_listen(pg_url: str) -> Non
             with trio.fail_after(10):
                 await armed.wait()
         await lease.release()
+
+
+async def _append_all(appends: dict[str, tuple[object, list[StoredEntry]]]) -> dict[str, BaseException | None]:
+    results: dict[str, BaseException | None] = {}
+
+    async def append(name: str, lease: object, entries: list[StoredEntry]) -> None:
+        try:
+            await lease.append(entries)  # type: ignore[attr-defined]
+            results[name] = None
+        except JournalStoreError as exc:
+            results[name] = exc
+
+    async with trio.open_nursery() as nursery:
+        for name, (lease, entries) in appends.items():
+            nursery.start_soon(append, name, lease, entries)
+    return results
+
+
+async def test_a_key_taken_behind_the_leases_back_fails_its_append_alone_and_the_group_is_written_again(
+    pg_url: str,
+) -> None:
+    """A writer outside the leases (a bug, an operator) takes the number one append is about to write: the group's
+    pipeline meets the primary key, is rolled back whole, and written again one by one; only that append fails."""
+    import psycopg
+
+    async with PostgresJournalStore(pg_url, group_commit=True) as store:
+        victim = await store.acquire("victim")
+        await victim.append(_entries(1, 1, "v"))
+        good = {f"g{n}": await store.acquire(f"g{n}") for n in range(5)}
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            other.execute("BEGIN")
+            other.execute("INSERT INTO trioloop_journal (session_id, seq, data) VALUES ('victim', 2, 'x')")
+
+            async def commit_soon() -> None:
+                await trio.sleep(0.3)  # the victim's insert now waits on this row's transaction
+                await trio.to_thread.run_sync(other.execute, "COMMIT")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(commit_soon)
+                appends = {name: (lease, _entries(1, 2, name)) for name, lease in good.items()}
+                results = await _append_all({"victim": (victim, _entries(2, 1, "v")), **appends})
+        assert isinstance(results.pop("victim"), JournalConflict)
+        assert set(results.values()) == {None}
+        assert [e.data for e in await store.read("victim")] == [b"v-1", b"x"]
+        for name in good:
+            assert [e.data for e in await store.read(name)] == [f"{name}-1".encode(), f"{name}-2".encode()]
+
+
+async def test_an_append_whose_lease_connection_died_fails_alone_in_its_group(pg_url: str) -> None:
+    import psycopg
+
+    async with PostgresJournalStore(pg_url, group_commit=True) as store:
+        dead = await store.acquire("dead")
+        good = {f"g{n}": await store.acquire(f"g{n}") for n in range(5)}
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (dead._backend,))  # type: ignore[attr-defined]
+            for _ in range(100):  # the server lets the advisory lock go once the backend has exited
+                if admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (dead._backend,)).fetchone() is None:  # type: ignore[attr-defined]
+                    break
+                await trio.sleep(0.02)
+        appends = {name: (lease, _entries(1, 1, name)) for name, lease in good.items()}
+        # Queued after the first (which the thread takes alone, at once): in a group with the others.
+        results = await _append_all({"g0": appends.pop("g0"), "dead": (dead, _entries(1, 1, "d")), **appends})
+        lost = results.pop("dead")
+        assert isinstance(lost, LeaseLost) and "was lost" in str(lost)
+        assert set(results.values()) == {None}
+        assert await store.read("dead") == ()
+        assert store._appends is not None
+        transactions, written = store._appends.batches
+        assert written == 5 and transactions < 5

@@ -1,11 +1,20 @@
-"""A PostgreSQL store's appends, committed together: one connection, one thread, one transaction for the appends of
-every session of the store that are queued at the same moment (group commit).
+"""A PostgreSQL store's appends: each one statement (`OneAppend`), and, with group commit, committed together: one
+connection, one thread, one transaction for the appends of every session of the store that are queued at the same
+moment.
 
-A worker that holds many sessions appends for each of them about once per tool start; committed one by one, every
-append waits for its own WAL flush. Here appends queued behind one another share one transaction, each in a savepoint
-of its own (`StoreThread`): a conflict or a lost lease rolls back that append alone; the commit, and its one flush,
-serve them all. Each append still checks its own lease (epoch and time, the row locked ``FOR SHARE``) inside that
-transaction, so fencing is what it was with a connection per append.
+**One statement.** An append's checks and its rows are one ``INSERT ... SELECT``: the lease's row (locked ``FOR
+SHARE``: a takeover waits for the append, or the append sees the takeover), its epoch and time, the lease
+connection's advisory lock (when the append runs on another connection), the journal's last number, and the rows,
+inserted only when every check holds. The statement answers with what it found, and the client turns a failed check
+into the same `LeaseLost` or `JournalConflict` a check of its own would raise. A failed check inserts nothing and
+is no database error, so it leaves the transaction usable.
+
+**Group commit.** A worker that holds many sessions appends for each of them about once per tool start; committed
+one by one, every append waits for its own WAL flush. Here appends queued behind one another share one transaction
+(`StoreThread`): ``BEGIN``, every append's statement and ``COMMIT`` go to the server in one pipeline (one round
+trip, one flush for all). A database error in it (a unique key violated by a writer outside the leases, say) rolls
+the whole pipeline back, and its appends are written again one by one, each in a savepoint of its own, so that it
+fails alone.
 
 Every wait is bounded: an append that does not return within the store's ``timeout_s`` gives up the shared
 connection (its socket shut, so the thread returns and the server rolls back), and every append of that batch
@@ -17,18 +26,126 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from trioloop.durable._pg_locks import LEASES, halves
 from trioloop.durable._store_thread import StoreThread
-from trioloop.durable.store import JournalConflict, JournalStoreError
+from trioloop.durable.leases import LeaseLost
+from trioloop.durable.store import JournalConflict, JournalStoreError, StoredEntry, check_batch
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PostgresAppends"]
+__all__ = ["OneAppend", "PostgresAppends", "write_together"]
+
+_NOW: Final = LEASES.now
+#: The advisory lock of the lease's own connection, on the server's lock table (as `_pg_locks.lease_held` reads it).
+_ALIVE: Final = (
+    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s::bigint::oid "
+    "AND objid = %s::bigint::oid AND objsubid = 1 AND pid = %s) AS ok"
+)
+_APPEND: Final = f"""
+WITH alive AS ({{alive}}),
+lease AS (SELECT epoch, expires_at > {_NOW} AS live FROM trioloop_lease WHERE session_id = %s FOR SHARE),
+last AS (SELECT coalesce(max(seq), 0) AS seq FROM trioloop_journal WHERE session_id = %s),
+written AS (
+    INSERT INTO trioloop_journal (session_id, seq, data)
+    SELECT %s, row.seq, row.data FROM unnest(%s::bigint[], %s::bytea[]) AS row(seq, data)
+    WHERE (SELECT ok FROM alive) AND (SELECT live FROM lease WHERE epoch = %s) AND (SELECT seq FROM last) = %s
+    RETURNING 1
+)
+SELECT (SELECT ok FROM alive), (SELECT epoch FROM lease), (SELECT live FROM lease), (SELECT seq FROM last),
+    (SELECT count(*) FROM written)
+"""
+_ON_SHARED: Final = _APPEND.format(alive=_ALIVE)
+_ON_OWN: Final = _APPEND.format(alive="SELECT true AS ok")
+
+
+class OneAppend:
+    """One lease's append as one statement (see the module docstring); calling it runs the statement and raises what
+    a failed check means. ``alive``: the lease connection's advisory key and server process, when the append runs
+    on another connection (group commit)."""
+
+    __slots__ = ("_batch", "_epoch", "_session_id", "params", "sql")
+
+    def __init__(
+        self, session_id: str, epoch: int, entries: Sequence[StoredEntry], alive: tuple[int, int] | None
+    ) -> None:
+        batch = tuple(entries)
+        if batch:
+            first = batch[0].seq
+            check_batch(first - 1 if type(first) is int else 0, batch)  # consecutive, numbered, bytes
+        self._session_id, self._epoch, self._batch = session_id, epoch, batch
+        after = batch[0].seq - 1 if batch else None  # an empty batch checks the lease alone
+        rows = ([entry.seq for entry in batch], [entry.data for entry in batch])
+        head: tuple[int, ...] = ()
+        if alive is None:
+            self.sql = _ON_OWN
+        else:
+            key, backend = alive
+            self.sql, head = _ON_SHARED, (*halves(key), backend)
+        self.params = (*head, session_id, session_id, session_id, *rows, epoch, after)
+
+    def judge(self, row: Sequence[Any] | None) -> None:
+        """Raise what the statement's answer means: `LeaseLost`, `JournalConflict`, or nothing (the rows are in)."""
+        session_id, epoch = self._session_id, self._epoch
+        if row is None:
+            raise JournalStoreError(f"PostgreSQL journal: appending to session {session_id!r}: no answer")
+        alive, held, live, last, written = row
+        if not alive:
+            raise LeaseLost(
+                f"the connection holding the lease on session {session_id!r} was lost, and the lease with it"
+            )
+        if held is None or int(held) != epoch:
+            newer = "" if held is None else f" (now epoch {int(held)})"
+            raise LeaseLost(f"the lease on session {session_id!r} (epoch {epoch}) was taken over{newer}")
+        if not live:
+            raise LeaseLost(f"the lease on session {session_id!r} (epoch {epoch}) ran out of time")
+        check_batch(int(last), self._batch)
+        if int(written) != len(self._batch):
+            raise JournalStoreError(
+                f"PostgreSQL journal: appending to session {session_id!r}: {written} of {len(self._batch)} rows written"
+            )
+
+    def __call__(self, connection: psycopg.Connection[tuple[Any, ...]]) -> None:
+        self.judge(connection.execute(self.sql, self.params).fetchone())
+
+
+def write_together(
+    connection: psycopg.Connection[tuple[Any, ...]], appends: Sequence[Any]
+) -> list[BaseException | None] | None:
+    """Every append of ``appends`` (`OneAppend`) and the transaction around them in one pipeline: what each one's
+    check found (None: written and committed). None, with the transaction rolled back, when something in it failed
+    as a database error: the caller writes them again one by one. Raises when the connection broke (the outcome is
+    then unknown)."""
+    import psycopg
+
+    if not all(isinstance(append, OneAppend) for append in appends) or not psycopg.Pipeline.is_supported():
+        return None
+    cursors = []
+    try:
+        with connection.pipeline():
+            connection.execute("BEGIN")
+            cursors = [connection.execute(append.sql, append.params) for append in appends]
+            connection.execute("COMMIT")
+    except psycopg.Error:
+        if connection.closed or connection.broken:
+            raise
+        if connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            connection.execute("ROLLBACK")
+        return None
+    found: list[BaseException | None] = []
+    for append, cursor in zip(appends, cursors, strict=True):
+        try:
+            append.judge(cursor.fetchone())
+        except (JournalStoreError, TypeError) as exc:
+            found.append(exc)
+        else:
+            found.append(None)
+    return found
 
 
 def _begin(connection: psycopg.Connection[tuple[Any, ...]]) -> None:
@@ -60,7 +177,9 @@ class PostgresAppends:
         self._open = connect
         self._timeout_s = timeout_s
         self._connection: psycopg.Connection[tuple[Any, ...]] | None = None
-        self._thread = StoreThread("trioloop postgres appends", self._connect, _begin, _commit, _translate)
+        self._thread = StoreThread(
+            "trioloop postgres appends", self._connect, _begin, _commit, _translate, together=write_together
+        )
 
     @property
     def batches(self) -> tuple[int, int]:

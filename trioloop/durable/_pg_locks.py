@@ -1,9 +1,10 @@
 """Who holds a PostgreSQL lease, asked of the server's lock table: each lease's connection holds an advisory lock
 of its session and epoch for as long as it lives (`trioloop.durable.postgres`).
 
-`check_alive` is what an append on another connection (group commit) checks; `lease_held` is what an ``acquire``
-that would not wait asks first, on the store's own connection, so that finding a session held costs no connection
-of its own (a worker woken with the others for one decision, say). Both read ``pg_locks``; the claim still decides.
+An append on another connection (group commit, `_pg_appends.OneAppend`) checks its lease's lock there; `lease_held`
+is what an ``acquire`` that would not wait asks first, on the store's own connection, so that finding a session held
+costs no connection of its own (a worker woken with the others for one decision, say). Both read ``pg_locks``; the
+claim still decides.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any
 
-from trioloop.durable.leases import LeaseLost, LeaseSql
+from trioloop.durable.leases import LeaseSql
 
 if TYPE_CHECKING:
     import psycopg
@@ -22,9 +23,9 @@ __all__ = [
     "LOCK_WAIT_MS",
     "SCHEMA_KEY",
     "advisory_key",
-    "check_alive",
     "claim",
     "epoch_key",
+    "halves",
     "lease_held",
 ]
 
@@ -50,17 +51,10 @@ _LOCK_HELD = (
 )
 
 
-def _halves(key: int) -> tuple[int, int]:
+def halves(key: int) -> tuple[int, int]:
+    """The two unsigned 32-bit halves of an advisory key, as ``pg_locks`` shows them (classid, objid)."""
     unsigned = key & 0xFFFFFFFFFFFFFFFF
     return unsigned >> 32, unsigned & 0xFFFFFFFF
-
-
-def check_alive(connection: psycopg.Connection[tuple[Any, ...]], backend: int, key: int, session_id: str) -> None:
-    """`LeaseLost` unless the lease's own connection (server process ``backend``) still holds its session's advisory
-    lock ``key``: an append on the shared connection commits only while the lease's connection lives."""
-    row = connection.execute(_LOCK_HELD + " AND pid = %s", (*_halves(key), backend)).fetchone()
-    if row is None:
-        raise LeaseLost(f"the connection holding the lease on session {session_id!r} was lost, and the lease with it")
 
 
 def lease_held(connection: psycopg.Connection[tuple[Any, ...]], session_id: str, now: str, key_of: Any) -> bool:
@@ -69,7 +63,7 @@ def lease_held(connection: psycopg.Connection[tuple[Any, ...]], session_id: str,
     row = connection.execute(
         f"SELECT epoch FROM trioloop_lease WHERE session_id = %s AND expires_at > {now}", (session_id,)
     ).fetchone()
-    return row is not None and connection.execute(_LOCK_HELD, _halves(key_of(int(row[0])))).fetchone() is not None
+    return row is not None and connection.execute(_LOCK_HELD, halves(key_of(int(row[0])))).fetchone() is not None
 
 
 def advisory_key(text: str) -> int:

@@ -7,7 +7,9 @@ in order and hands each outcome back with `trio.lowlevel.TrioToken.run_sync_soon
 
 **Group commit.** Appends queued one behind the other when the thread comes to them are written in one transaction
 (``begin``), each inside a savepoint of its own: one that fails (a conflict, a lost lease) is rolled back alone and
-the others commit, with one sync to disk for all of them. An append's ``after`` (the session's witness write) runs in
+the others commit, with one sync to disk for all of them. A store that can do better gives ``together``: it writes
+and commits a whole group at once (PostgreSQL: one pipeline), answering what each append found, or None to have
+them written one by one as above. An append's ``after`` (the session's witness write) runs in
 the thread right after the commit that made the append durable, never before it.
 
 **Cancellation.** Work the thread has not begun is dropped at once. Work it has begun is waited for, unless it was
@@ -36,6 +38,9 @@ _T = TypeVar("_T")
 Begin = Callable[[Any], None]
 Commit = Callable[[Any, bool], None]
 Translate = Callable[[BaseException, str], BaseException]
+#: ``together(connection, writes)`` writes and commits a group of appends at once: each one's error (None: written),
+#: or None when the group is to be written one by one after all (nothing of it kept).
+Together = Callable[[Any, Sequence[Callable[[Any], None]]], "list[BaseException | None] | None"]
 
 
 @attrs.define(eq=False)
@@ -70,9 +75,17 @@ class StoreThread:
     connection (opening it on first use); the three callables shape the transaction of a group of appends."""
 
     def __init__(
-        self, name: str, connect: Callable[[], Any], begin: Begin, commit: Commit, translate: Translate
+        self,
+        name: str,
+        connect: Callable[[], Any],
+        begin: Begin,
+        commit: Commit,
+        translate: Translate,
+        *,
+        together: Together | None = None,
     ) -> None:
         self._name = name
+        self._together = together
         self._connect = connect
         self._begin = begin
         self._commit = commit
@@ -177,10 +190,23 @@ class StoreThread:
     def _append_all(self, batch: Sequence[_Work]) -> None:
         try:
             connection = self._connect()
-            self._begin(connection)
+            found = None
+            if self._together is not None:
+                found = self._together(connection, [work.write for work in batch])  # type: ignore[misc]
+            if found is None:
+                self._begin(connection)
         except BaseException as exc:
             for work in batch:
                 work.result = outcome.Error(self._translate(exc, work.what))
+            return
+        if found is not None:
+            written = []
+            for work, error in zip(batch, found, strict=True):
+                if error is None:
+                    written.append(work)
+                else:
+                    work.result = outcome.Error(self._translate(error, work.what))
+            self._written(written)
             return
         written = []
         alone = len(batch) == 1  # its failure rolls back the whole transaction, which is its own: no savepoint
@@ -209,6 +235,10 @@ class StoreThread:
             for work in written:
                 work.result = outcome.Error(self._translate(exc, work.what))
             return
+        self._written(written)
+
+    def _written(self, written: Sequence[_Work]) -> None:
+        """Count a committed group, then run each append's ``after``."""
         self.batches += bool(written)
         self.appends += len(written)
         for work in written:

@@ -9,8 +9,9 @@ process's lease ends as soon as the server sees its connection close (at once wh
 socket; for a machine that vanished, after the server's TCP keepalive), and a frozen one's when its time to
 live runs out. The store keeps one more connection for `session_ids` and for creating the tables.
 
-An append is one transaction (with group commit, a savepoint in one shared): read the last number, `check_batch`,
-insert; a second writer reading the same number (a bug, not a race) meets the primary key: `JournalConflict`.
+An append is one statement (`_pg_appends.OneAppend`; with group commit, one of many in a shared transaction): it
+checks the lease and the last number and inserts only if both hold; a second writer reading the same number (a bug,
+not a race) meets the primary key: `JournalConflict`.
 psycopg is imported only when a store is made: ``pip install "trioloop[postgres]"``.
 """
 
@@ -26,8 +27,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
 
-from trioloop.durable._pg_appends import PostgresAppends
-from trioloop.durable._pg_locks import JOURNAL_NOTICE, LOCK_WAIT_MS, check_alive, claim, epoch_key, lease_held
+from trioloop.durable._pg_appends import OneAppend, PostgresAppends
+from trioloop.durable._pg_locks import JOURNAL_NOTICE, LOCK_WAIT_MS, claim, epoch_key, lease_held
 from trioloop.durable._pg_locks import LEASES as _LEASES
 from trioloop.durable._pg_locks import SCHEMA_KEY as _SCHEMA_KEY
 from trioloop.durable._pg_pool import LeaseConnections
@@ -48,7 +49,6 @@ from trioloop.durable.store import (
     JournalStoreError,
     SessionLocked,
     StoredEntry,
-    check_batch,
 )
 
 if TYPE_CHECKING:
@@ -388,21 +388,10 @@ class _PostgresLease(ExpiringLease):
 
     async def append(self, entries: Sequence[StoredEntry]) -> None:
         self.check_held()  # lost by the holder's own clock: `LeaseLost` at once, before any I/O
-        batch = tuple(entries)
-
-        def write(connection: psycopg.Connection[tuple[Any, ...]]) -> None:
-            if connection is not self._connection:  # the shared connection: the lease's own must still hold its lock
-                check_alive(connection, self._backend, epoch_key(self._session_id, self._epoch), self._session_id)
-            _LEASES.check(connection, self._session_id, self._epoch)
-            check_batch(_last_seq(connection, self._session_id), batch)
-            if batch:
-                with connection.cursor() as cursor:
-                    cursor.executemany(
-                        "INSERT INTO trioloop_journal (session_id, seq, data) VALUES (%s, %s, %s)",
-                        [(self._session_id, entry.seq, entry.data) for entry in batch],
-                    )
-
         if self._appends is not None:  # in a transaction shared with the store's other appends (group commit)
+            # The shared connection: the lease's own must still hold its lock.
+            alive = (epoch_key(self._session_id, self._epoch), self._backend)
+            write = OneAppend(self._session_id, self._epoch, entries, alive)
             if self._released or self._store_closed():
                 await trio.lowlevel.checkpoint()
                 raise JournalStoreError("this lease was released" if self._released else "the store is closed")
@@ -412,12 +401,7 @@ class _PostgresLease(ExpiringLease):
                 self._broken = str(exc)
                 raise
             return
-
-        def alone(connection: psycopg.Connection[tuple[Any, ...]]) -> None:
-            with connection.transaction():
-                write(connection)
-
-        await self._run("appending to", alone)
+        await self._run("appending to", OneAppend(self._session_id, self._epoch, entries, None))
 
     async def discard_before(self, seq: int) -> None:
         await self._run(

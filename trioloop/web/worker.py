@@ -435,6 +435,12 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--key", "--public-key", dest="key", action="append", default=[], metavar="TEXT", help="a public key to accept"
     )
+    parser.add_argument(
+        "--group-commit",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="PostgreSQL: commit the carried sessions' appends together (default: on)",
+    )
     parser.add_argument("--once", action="store_true", help="carry what waits now, then exit")
     parser.add_argument("-v", "--verbose", action="store_true", help="say what happens to each session")
 
@@ -448,7 +454,8 @@ def worker_main(args: argparse.Namespace) -> int:
         app = load_app(args.app).with_keys(given_public_keys(args.key, args.keys))
         from trioloop.stores import open_store
 
-        store = open_store(args.store, reuse_connections=2)  # a connection per carried session, reused
+        # A connection per carried session, reused; their appends committed together (PostgreSQL).
+        store = open_store(args.store, reuse_connections=2, group_commit=args.group_commit)
     except (AppLoadError, ValueError, OSError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from typing import Any, Final, TextIO, final
 
 import attrs
@@ -31,7 +32,7 @@ from trioloop.mcp._calls import answer_elicitation, answer_sampling, call_on_con
 from trioloop.mcp._connection import CLIENT_INFO, Connection, describe, server_errlog, server_transport, watched
 from trioloop.mcp.errors import McpConnectionError
 from trioloop.mcp.servers import HttpServer, McpServer
-from trioloop.mcp.tools import UnusableTool, build_mcp_tool, namespaced_name
+from trioloop.mcp.tools import McpCall, UnusableTool, build_mcp_tool, namespaced_name
 from trioloop.runtime.tools import ToolExecutionContext
 
 _log = logging.getLogger("trioloop.mcp")
@@ -42,6 +43,8 @@ DEFAULT_CALL_TIMEOUT: Final = 120.0
 DEFAULT_CONNECT_TIMEOUT: Final = 30.0
 MAX_TOOLS: Final = 128
 _MAX_PAGES: Final = 20
+#: The answer to a server's request that arrives once its connection is gone.
+_GONE: Final = mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR, message="The connection has ended.")
 CLOSE_TIMEOUT: Final = 5.0
 """How long closing one connection may take (the HTTP session's DELETE; a stdio server is killed sooner, at
 ``STDIO_CLOSE_TIMEOUT``)."""
@@ -166,22 +169,38 @@ class McpToolset:
     def _client(self, errlog: TextIO, connection: Connection) -> Client:
         server = self.server
         transport = server_transport(server, errlog)
+        # The client's callbacks reach the toolset and the connection (which holds the client) weakly: no
+        # reference cycle, so a connection's objects go as soon as it ends, not at the next full collection.
+        name, toolset, held = server.name, weakref.ref(self), weakref.ref(connection)
+
+        async def on_message(message: Any) -> None:
+            alive = toolset()
+            if alive is None:
+                await trio.lowlevel.checkpoint()
+            else:
+                await alive._on_server_message(message)
 
         async def elicit(
             context: ClientRequestContext, params: mcp_types.ElicitRequestParams
         ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
-            return await answer_elicitation(self.server.name, connection, params)
+            alive = held()
+            if alive is None:
+                return _GONE
+            return await answer_elicitation(name, alive, params)
 
         async def sample(
             context: ClientRequestContext, params: mcp_types.CreateMessageRequestParams
         ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
-            return await answer_sampling(self.server.name, connection, params)
+            alive = held()
+            if alive is None:
+                return _GONE
+            return await answer_sampling(name, alive, params)
 
         return Client(
             watched(transport, connection, server.name),
             cache=None,
             client_info=CLIENT_INFO,
-            message_handler=self._on_server_message,
+            message_handler=on_message,
             elicitation_callback=elicit,
             # Declared (and answered) only for a server the app allows; otherwise the SDK refuses every request.
             sampling_callback=sample if server.sampling else None,
@@ -312,6 +331,7 @@ class McpToolset:
     def _build(self, listed: list[mcp_types.Tool]) -> tuple[RegisteredTool[Any], ...]:
         tools: dict[str, RegisteredTool[Any]] = {}
         skipped: list[SkippedTool] = []
+        call = _weak_call(weakref.ref(self))  # the tools (which the toolset keeps) reach it weakly: no cycle
         for tool in listed:
             shown = sanitize_scalar(tool.name, 80)[0]
             if len(tools) >= MAX_TOOLS:
@@ -327,7 +347,7 @@ class McpToolset:
                 continue
             tool_class = self.server.tools.get(tool.name, "destructive")
             try:
-                tools[name] = build_mcp_tool(self.server.name, tool, tool_class, self._call)
+                tools[name] = build_mcp_tool(self.server.name, tool, tool_class, call)
             except UnusableTool as exc:
                 skipped.append(SkippedTool(name=shown, reason=str(exc)))
             except Exception as exc:  # e.g. a schema nested too deep to walk: skip the tool, keep the server
@@ -360,3 +380,16 @@ class McpToolset:
         return await call_on_connection(
             connection, tool, arguments, ctx, server=self.server.name, call_timeout=self.call_timeout
         )
+
+
+def _weak_call(toolset: weakref.ref[McpToolset]) -> McpCall:
+    """The toolset's ``_call`` reached through ``toolset``."""
+
+    async def call(tool: str, arguments: dict[str, Any], ctx: ToolExecutionContext[Any]) -> ToolOutcome[Any]:
+        alive = toolset()
+        if alive is None:
+            await trio.lowlevel.checkpoint()
+            return ToolOutcome.failure(f'The MCP tool "{tool}" was not called: its server\'s toolset has ended.')
+        return await alive._call(tool, arguments, ctx)
+
+    return call

@@ -6,7 +6,8 @@ and replayed.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, Literal, TypeAlias, TypeVar
 
@@ -118,8 +119,9 @@ class SessionJournal:
         self.store = store  # the store's identity: the witness keeps heads under it and the session id
         self.compact = compact
         self.closed = False
+        # Reached weakly: the session journal and its turns' journal hold no reference cycle (see `SessionView`).
         self.turns = TurnJournal(
-            writer, self._append, getattr(lease, "check_held", None), getattr(lease, "epoch", None)
+            writer, _weakly(self._append), getattr(lease, "check_held", None), getattr(lease, "epoch", None)
         )
         #: What opening proved of the journal (a new journal: what it will be).
         self.integrity = integrity
@@ -473,3 +475,20 @@ def _last_seal(entries: Sequence[JournalEntry]) -> bytes | None:
     """The last entry's bytes when it is a seal (a snapshot written next names it)."""
     last = entries[-1]
     return last.raw if last.kind == "seal" else None
+
+
+_Append: TypeAlias = Callable[[Sequence[StoredEntry]], Awaitable[None]]
+
+
+def _weakly(append: _Append) -> _Append:
+    """``append`` (a bound method) called through a weak reference to its object: `JournalStoreError` once it is
+    gone."""
+    method = weakref.WeakMethod(append)
+
+    async def call(entries: Sequence[StoredEntry]) -> None:
+        bound = method()
+        if bound is None:
+            raise JournalStoreError("the session's journal is gone")
+        await bound(entries)
+
+    return call

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import getpass
 import math
+import weakref
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from decimal import Decimal
@@ -123,22 +124,27 @@ class SessionView(Generic[D]):
         self._held: AbstractAsyncContextManager[object] | None = None  # the provider's connections, held
         self._publisher = StatePublisher(observers)
         self._journal = JournalHandle()  # its journal once opened from a store (`open`, `journal_into`)
+        # The parts below reach the session through a weak reference or its parts alone: a session and its parts
+        # hold no reference cycle, so a closed session's objects (its conversation above all) are freed as soon as
+        # the app lets go of it, not by the garbage collector's full walk of the process.
+        me = weakref.ref(self)
         self._turns: TurnSlot[D] = TurnSlot(
             workspace=self._workspace,
             publisher=self._publisher,
             toolsets=self._toolsets,
             journal=self._journal,
-            nursery=lambda: self.nursery,
-            snapshot=self.snapshot,
+            nursery=lambda: _alive(me).nursery,
+            snapshot=lambda: _alive(me).snapshot(),
             history=conversation,
         )
         self._undo: UndoSteps[D] = UndoSteps(workspace=self._workspace, turns=self._turns, journal=self._journal)
         self._decision_poll_s = DEFAULT_POLL_S
         self._remote: RemoteReview | None = None
+        handle, workspace = self._journal, self._workspace
         self._exchange = ReviewExchange(
-            journal=lambda: self._journal.journal,
+            journal=lambda: handle.journal,
             live=self._turns.live_review,
-            document=lambda: self._workspace.document,
+            document=lambda: workspace.document,
             states=self._publisher.states,
         )
         #: Who the person deciding is, as the journal records each decision (the OS user by default).
@@ -323,3 +329,11 @@ class SessionView(Generic[D]):
         unsigned), or None for a session without a journal."""
         journal = self._journal.journal
         return None if journal is None else journal.integrity
+
+
+def _alive(session: weakref.ref[SessionView[Any]]) -> SessionView[Any]:
+    """The session a part reaches through ``session``; `SessionClosed` once it is gone."""
+    alive = session()
+    if alive is None:
+        raise SessionClosed("the session is gone")
+    return alive

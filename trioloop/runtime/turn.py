@@ -47,9 +47,24 @@ from trioloop.runtime.workspace import StateObserver, TurnRequest, Workspace
 #: ``run_turn``'s return; every other wait on the journal ends at the turn's deadline or Stop.
 JOURNAL_GRACE_S = 0.25
 
-__all__ = ["Turn"]
+__all__ = ["EndedTurn", "Turn"]
 
 D = TypeVar("D")
+
+
+class EndedTurn:
+    """A turn whose drive is over, as its parts see it (`TurnView`): its last state; nothing more is fed to it."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: TurnState) -> None:
+        self.state = state
+
+    def apply(self, item: TurnInput) -> None:
+        raise RuntimeError(f"the turn is over: {type(item).__name__} came after its drive ended")
+
+    async def sync(self) -> None:
+        await trio.lowlevel.checkpoint()
 
 
 class Turn(Generic[D]):
@@ -222,7 +237,16 @@ class Turn(Generic[D]):
                 await self.settle()
             scopes.turn = None
             self.inbox.end()
+            self.let_go()
         return self.state
+
+    def let_go(self) -> None:
+        """The drive is over: each part now sees the turn as its last state alone (`EndedTurn`), so the turn and
+        its parts hold no reference cycle, and reference counting frees a turn's objects (its requests, calls,
+        channels, scopes) as soon as nothing else needs them, rather than the garbage collector's full walk of
+        the process. A tool still running holds the turn it started from, as before."""
+        ended = EndedTurn(self.state)
+        self.person.turn = self.requests.turn = self.tools.turn = ended
 
     def take_up(self, resume: ResumePoint, now_ms: int) -> None:
         """Put a journaled live turn back in place: its state, its review clock, then the recovery inputs."""

@@ -97,6 +97,10 @@ def across_processes(args: argparse.Namespace) -> int:
             _load.add_children_load(load)
         per_process.append((seed, records))
         emit(case_record("loop", "process", hash_seed=seed, records=records))
+    missing = [f"seed {seed}" for seed, records in per_process if f"ratio_{RATIO_CASES[0]}" not in records]
+    if missing:  # a child had no peer to compare with (pydantic-ai not installed, say): its own output says why
+        print(f"no ratios from {', '.join(missing)}: is pydantic-ai installed? (pip install -e '.[bench]')")
+        return 2
     rows = []
     for name in RATIO_CASES:
         ratios = {clock: [records[f"ratio_{name}"][f"ratio_{clock}"] for _, records in per_process] for clock in CLOCKS}

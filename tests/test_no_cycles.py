@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import trio
 from http_support import ProviderHandler, serving
+from test_session import send_with_reviewer
 
 from trioloop import Session
-from trioloop.machine.reducer import CallStatus, Outcome, Phase
+from trioloop.machine.reducer import CallStatus, Outcome
 from trioloop.mcp import McpToolset, StdioServer
 from trioloop.protocol import ToolCallBlock
 from trioloop.protocol.events import StopReason
@@ -41,18 +42,7 @@ def _steps() -> list[ScriptStep]:
 
 async def _two_turns(session: Session[ThreatModel]) -> None:
     """A turn with a mutation the person approves, then a plain one."""
-
-    async def approve() -> None:
-        async for state in session.states():
-            if state.phase is Phase.AWAITING_APPROVAL:
-                for call in state.current_calls:
-                    if call.status is CallStatus.PENDING:
-                        session.approve(call.id)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(approve)
-        first = await session.send("Add a threat.")
-        nursery.cancel_scope.cancel()
+    first = await send_with_reviewer(session, "Add a threat.")
     assert first.outcome is Outcome.COMPLETED and [c.status for c in first.calls] == [CallStatus.SUCCEEDED]
     second = await session.send("Thanks.")
     assert second.outcome is Outcome.COMPLETED

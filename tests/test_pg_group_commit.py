@@ -29,6 +29,22 @@ def _entries(first: int, count: int, tag: str) -> list[StoredEntry]:
     return [StoredEntry(n, f"{tag}-{n}".encode()) for n in range(first, first + count)]
 
 
+async def _append_all(appends: dict[str, tuple[object, list[StoredEntry]]]) -> dict[str, BaseException | None]:
+    results: dict[str, BaseException | None] = {}
+
+    async def append(name: str, lease: object, entries: list[StoredEntry]) -> None:
+        try:
+            await lease.append(entries)  # type: ignore[attr-defined]
+            results[name] = None
+        except JournalStoreError as exc:
+            results[name] = exc
+
+    async with trio.open_nursery() as nursery:
+        for name, (lease, entries) in appends.items():
+            nursery.start_soon(append, name, lease, entries)
+    return results
+
+
 async def test_appends_of_many_sessions_share_transactions_and_all_land(pg_url: str) -> None:
     async with PostgresJournalStore(pg_url, group_commit=True) as store:
         leases = [await store.acquire(f"s{n}") for n in range(24)]
@@ -54,19 +70,9 @@ async def test_one_failing_append_leaves_the_others_of_its_batch(pg_url: str) ->
     async with PostgresJournalStore(pg_url, group_commit=True) as store:
         good = [await store.acquire(f"g{n}") for n in range(6)]
         bad = await store.acquire("bad")
-        results: dict[str, BaseException | None] = {}
-
-        async def append(name: str, lease: object, entries: list[StoredEntry]) -> None:
-            try:
-                await lease.append(entries)  # type: ignore[attr-defined]
-                results[name] = None
-            except JournalStoreError as exc:
-                results[name] = exc
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(append, "bad", bad, _entries(5, 1, "gap"))  # not one past the last: a conflict
-            for n, lease in enumerate(good):
-                nursery.start_soon(append, f"g{n}", lease, _entries(1, 2, f"g{n}"))
+        appends = {f"g{n}": (lease, _entries(1, 2, f"g{n}")) for n, lease in enumerate(good)}
+        # The bad one is not one past the last: a conflict.
+        results = await _append_all({"bad": (bad, _entries(5, 1, "gap")), **appends})
         assert isinstance(results.pop("bad"), JournalConflict)
         assert set(results.values()) == {None}
         assert await store.read("bad") == ()
@@ -195,22 +201,6 @@ async def test_every_append_is_announced_to_those_who_listen(pg_url: str) -> Non
             with trio.fail_after(10):
                 await armed.wait()
         await lease.release()
-
-
-async def _append_all(appends: dict[str, tuple[object, list[StoredEntry]]]) -> dict[str, BaseException | None]:
-    results: dict[str, BaseException | None] = {}
-
-    async def append(name: str, lease: object, entries: list[StoredEntry]) -> None:
-        try:
-            await lease.append(entries)  # type: ignore[attr-defined]
-            results[name] = None
-        except JournalStoreError as exc:
-            results[name] = exc
-
-    async with trio.open_nursery() as nursery:
-        for name, (lease, entries) in appends.items():
-            nursery.start_soon(append, name, lease, entries)
-    return results
 
 
 async def test_a_key_taken_behind_the_leases_back_fails_its_append_alone_and_the_group_is_written_again(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trioloop.durable.signing import JournalSigner, default_key_path
+from trioloop.durable.signing import JournalKeyError, JournalSigner, default_key_path
 
 
 def _make_at_once(environ: dict[str, str], count: int) -> tuple[list[str], list[BaseException]]:
@@ -48,3 +48,29 @@ def test_a_key_file_is_never_replaced(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         JournalSigner.generate().save(path)
     assert JournalSigner.load(path).key_id == first.key_id
+
+
+def test_the_key_file_is_read_again_whenever_it_changed(tmp_path: Path) -> None:
+    """The key file read last is kept with its file's status: an open does not parse it each time, and a key file
+    replaced, rewritten or opened to others is read again (and refused when it must be)."""
+    import os
+
+    environ = {"XDG_CONFIG_HOME": str(tmp_path)}
+    first = JournalSigner.default(environ)
+    assert JournalSigner.default(environ) is first  # unchanged: the same key, not read again
+    path = default_key_path(environ)
+    replacement = tmp_path / "other-key"
+    JournalSigner.generate().save(replacement)
+    os.replace(replacement, path)  # another file under the name
+    second = JournalSigner.default(environ)
+    assert second.key_id != first.key_id
+    os.chmod(path, 0o644)  # readable by others: refused, not served from what was read before
+    with pytest.raises(JournalKeyError, match="readable by others"):
+        JournalSigner.default(environ)
+    os.chmod(path, 0o600)
+    assert JournalSigner.default(environ).key_id == second.key_id
+    named = {"TRIOLOOP_JOURNAL_KEY": str(path)}
+    assert JournalSigner.existing(named) is not None and JournalSigner.existing(named).key_id == second.key_id  # type: ignore[union-attr]
+    path.unlink()
+    with pytest.raises(JournalKeyError, match="could not be read"):
+        JournalSigner.existing(named)

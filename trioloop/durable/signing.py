@@ -62,6 +62,10 @@ _VERIFIED: Final[collections.OrderedDict[tuple[bytes, bytes, bytes], None]] = co
 _VERIFIED_MAX: Final = 4096
 _VERIFIED_LOCK: Final = threading.Lock()  # journals are verified in worker threads too
 _WITNESS_MAC_DOMAIN: Final = b"trioloop witness mac v1\x00"
+#: The key file read last (`JournalSigner.default`, `existing`), with what its file's status said then: read again
+#: only when the file changed (another inode, size, times or mode), so a session's open does not parse it each time.
+_LOADED: dict[tuple[str, int, int, int, int, int, int], JournalSigner] = {}
+_LOADED_LOCK: Final = threading.Lock()
 
 
 class JournalKeyError(ValueError):
@@ -163,12 +167,12 @@ class JournalSigner:
         environ = os.environ if environ is None else environ
         named = environ.get(KEY_ENV)
         if named:
-            return cls.load(named)
+            return cls._load_once(named)
         path = default_key_path(environ)
         if not path.exists():
             with contextlib.suppress(FileExistsError):  # another process made it first: use theirs
                 cls.generate().save(path)
-        return cls.load(path)
+        return cls._load_once(path)
 
     @classmethod
     def existing(cls, environ: Mapping[str, str] | None = None) -> JournalSigner | None:
@@ -178,9 +182,30 @@ class JournalSigner:
         environ = os.environ if environ is None else environ
         named = environ.get(KEY_ENV)
         if named:
-            return cls.load(named)
+            return cls._load_once(named)
         path = default_key_path(environ)
-        return cls.load(path) if path.exists() else None
+        return cls._load_once(path) if path.exists() else None
+
+    @classmethod
+    def _load_once(cls, path: str | os.PathLike[str]) -> JournalSigner:
+        """`load`, unless the same file, unchanged since (by its status), was read last: then that key."""
+        try:
+            status = os.stat(path)
+        except OSError:
+            return cls.load(path)  # says what is wrong with it
+        stamp = (
+            os.fspath(path), status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns,
+            status.st_mode,
+        )  # fmt: skip
+        with _LOADED_LOCK:
+            known = _LOADED.get(stamp)
+        if known is not None:
+            return known
+        signer = cls.load(path)
+        with _LOADED_LOCK:
+            _LOADED.clear()  # the one key file in use: nothing else is kept
+            _LOADED[stamp] = signer
+        return signer
 
     def sign(self, message: bytes) -> str:
         """The signature of ``message``, base64."""

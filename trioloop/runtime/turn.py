@@ -244,7 +244,8 @@ class Turn(Generic[D]):
         """The drive is over: each part now sees the turn as its last state alone (`EndedTurn`), so the turn and
         its parts hold no reference cycle, and reference counting frees a turn's objects (its requests, calls,
         channels, scopes) as soon as nothing else needs them, rather than the garbage collector's full walk of
-        the process. A tool still running holds the turn it started from, as before."""
+        the process. A tool still running after the drive finds the turn's last state, settled or suspended, as it
+        would have on the turn itself."""
         ended = EndedTurn(self.state)
         self.person.turn = self.requests.turn = self.tools.turn = ended
 

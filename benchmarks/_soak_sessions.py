@@ -23,9 +23,9 @@ overestimated and the overshoot ``settle - start - waited - budget`` never under
 deadline as the turn enters review, before it journals the cards it then shows: those writes (`Leg.review_lag`) stay
 in the overshoot, and a late leg counts them with its journal writes (the store's time, not trioloop's). A
 continued leg's budget is the deadline less the machine time its earlier legs used (measured the same way, so never
-more than the runner's remaining time). A leg continued after a crash (the process that ran the first part was killed)
-gets the whole deadline as its budget, which the runner's remaining time can only be below: its figure is a
-lower bound and is reported apart.
+more than the runner's remaining time), and it carries their review lag, which that budget was charged with. A leg
+continued after a crash (the process that ran the first part was killed) gets the whole deadline as its budget, which
+the runner's remaining time can only be below: its figure is a lower bound and is reported apart.
 """
 
 from __future__ import annotations
@@ -129,6 +129,14 @@ class Leg:
     #: Machine time the runner kept off its deadline before the person could see a review: it pauses the deadline as
     #: the turn enters review, then journals the cards, and only then shows them (where both accounts begin).
     review_lag: float = 0.0
+
+    def carry(self, at: float, turn: str) -> Leg:
+        """The leg that continues this one's turn, suspended at ``at`` (the review's publication): its budget less
+        the machine time used until then, which holds the cards' journal writes the runner kept off its deadline, so
+        their review lag goes with it and counts as the store's time there too."""
+        used = self.machine(at)
+        budget = (max(self.budget[0] - used[0], 0.0), max(self.budget[1] - used[1], 0.0))
+        return Leg(kind="continue", turn=turn, start=0.0, budget=budget, review_lag=self.review_lag)
 
     def begin_wait(self, now: float) -> None:
         if self.wait_since is None:
@@ -397,7 +405,7 @@ class Conversation:
         carried, self.carried = self.carried, None
         now = trio.current_time()
         if carried is not None and state is not None and carried.turn == state.turn_id:
-            leg = Leg(kind="continue", turn=carried.turn, start=now, budget=carried.budget)
+            leg = attrs.evolve(carried, start=now)
         else:  # cut by a crash (or a failed journal): the runner's remaining time is at most the deadline
             deadline = self.ctx.limits.turn_deadline_ms / 1e3
             leg = Leg(kind="after_crash", turn="?", start=now, budget=(deadline, deadline))
@@ -424,10 +432,7 @@ class Conversation:
             timers.cancel_scope.cancel()
         if state is not None and not state.is_settled and session.suspended:
             leg.suspended = True
-            at = leg.wait_since if leg.wait_since is not None else leg.returned_at
-            used = leg.machine(at)
-            budget = (max(leg.budget[0] - used[0], 0.0), max(leg.budget[1] - used[1], 0.0))
-            self.carried = Leg(kind="continue", turn=state.turn_id, start=0.0, budget=budget)
+            self.carried = leg.carry(leg.wait_since if leg.wait_since is not None else leg.returned_at, state.turn_id)
         if state is not None and state.is_settled:
             self.live_document = session.document
         elif error is not None:

@@ -21,6 +21,7 @@ import pytest
 
 from benchmarks._soak_causes import CAUSE_FIELDS, MACHINE_CAUSES, OWN_CAUSES, Causes, classify
 from benchmarks._soak_report import OVERSHOOT_BOUND_MS, Tally, growth, verdict
+from benchmarks._soak_sessions import Leg
 from benchmarks._soak_wiring import AppendTimes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,3 +165,17 @@ def test_a_session_writes_are_kept_in_arrays_and_forgotten_when_it_retires() -> 
     assert times.busy("s", 39.2, 40.0) == pytest.approx(0.3)
     times.forget("s")
     assert times.writes("s") == [] and list(times.seconds["sqlite"]) == [0.5] * 40
+
+
+def test_a_continued_leg_carries_the_review_lag_its_budget_was_charged_with() -> None:
+    """A leg suspended in review used machine time up to the review's publication, which holds the cards' journal
+    writes the runner kept off its deadline: the continued leg's budget is smaller by them, so they go with it and
+    count as the store's time there, as they did in the leg that wrote them."""
+    first = Leg(kind="send", turn="t", start=10.0, budget=(2.5, 2.5), review_lag=0.04)
+    first.waited = [0.3, 0.35]
+    carried = first.carry(11.0, "t")  # published the review (and was suspended in it) at 11.0
+    assert carried.kind == "continue" and carried.turn == "t"
+    assert carried.budget == pytest.approx((2.5 - 0.7, 2.5 - 0.65))
+    assert carried.review_lag == 0.04
+    spent = first.carry(20.0, "t")  # past the deadline already: nothing left, never negative
+    assert spent.budget == (0.0, 0.0)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import threading
 
+import pytest
+
 from trioloop.durable import signing
 from trioloop.durable.signing import JournalSigner
 
@@ -69,3 +71,25 @@ def test_a_signature_spelled_another_way_is_refused() -> None:
         respelled = signature[:-3] + alphabet[last ^ bits] + "=="
         assert base64.b64decode(respelled) == base64.b64decode(signature)
         assert not signer.keys.verify(signer.key_id, b"head", respelled)
+
+
+def test_what_this_process_signed_verifies_without_a_check_and_only_as_signed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seal signed here is known valid (reopening a session verifies its own seals from the cache); the same
+    signature on another message, or under a key the verifier does not accept, is still checked and refused."""
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    signer = JournalSigner.generate()
+    signature = signer.sign(b"head 7")
+    checked: list[bytes] = []
+    real = ed25519.Ed25519PublicKey.from_public_bytes
+
+    def counting(raw: bytes) -> ed25519.Ed25519PublicKey:
+        checked.append(raw)
+        return real(raw)
+
+    monkeypatch.setattr(ed25519.Ed25519PublicKey, "from_public_bytes", counting)
+    assert signer.keys.verify(signer.key_id, b"head 7", signature)
+    assert checked == []  # from the cache: this process made it
+    assert not signer.keys.verify(signer.key_id, b"head 8", signature)
+    assert checked == [signer.public_key]  # another message: checked, refused
+    assert not JournalSigner.generate().keys.verify(signer.key_id, b"head 7", signature)  # a key not accepted

@@ -68,6 +68,15 @@ _LOADED: dict[tuple[str, int, int, int, int, int, int], JournalSigner] = {}
 _LOADED_LOCK: Final = threading.Lock()
 
 
+def _remember_verified(seen: tuple[bytes, bytes, bytes]) -> None:
+    """Keep (public key, message, signature) as verified, the oldest dropped past `_VERIFIED_MAX`."""
+    with _VERIFIED_LOCK:
+        _VERIFIED[seen] = None
+        _VERIFIED.move_to_end(seen)
+        if len(_VERIFIED) > _VERIFIED_MAX:
+            _VERIFIED.popitem(last=False)
+
+
 class JournalKeyError(ValueError):
     """A signing key that cannot be read or made (the message says which file and why)."""
 
@@ -208,8 +217,11 @@ class JournalSigner:
         return signer
 
     def sign(self, message: bytes) -> str:
-        """The signature of ``message``, base64."""
-        return base64.b64encode(self._key.sign(message)).decode("ascii")
+        """The signature of ``message``, base64. It is known valid from now on (an Ed25519 signature made with a
+        key always verifies with its public key), so this process never verifies it again (a journal reopened)."""
+        signature = self._key.sign(message)
+        _remember_verified((self.public_key, message, signature))
+        return base64.b64encode(signature).decode("ascii")
 
     def witness_mac(self, message: bytes) -> str:
         """A MAC of ``message`` (HMAC-SHA256, hex) with a key derived from this private key: what a `FileWitness`
@@ -349,10 +361,7 @@ class JournalKeys:
             Ed25519PublicKey.from_public_bytes(raw).verify(decoded, message)
         except InvalidSignature:
             return False
-        with _VERIFIED_LOCK:
-            _VERIFIED[seen] = None
-            if len(_VERIFIED) > _VERIFIED_MAX:
-                _VERIFIED.popitem(last=False)
+        _remember_verified(seen)
         return True
 
     def __repr__(self) -> str:

@@ -31,7 +31,9 @@ It prints JSON lines (a ``summary`` record with every figure and the ``verdict``
 (`benchmarks._soak_table`) and the worst late leg of each cause, and exits 1 when an invariant failed.
 ``--short`` runs a small soak (10 sessions, ~12 s of load, under 30 s in all) for the tests; ``--census``
 counts the objects the garbage collector tracks, per session, and the garbage it finds in cycles per turn
-(`benchmarks._soak_census`).
+(`benchmarks._soak_census`); ``--freeze-every S`` freezes what is alive every S seconds under load, as an app may
+now that trioloop leaves no reference cycle (a full collection then walks only what the last S seconds made; what
+dies in others' cycles after a freeze is never freed, and the memory bound shows what that costs).
 
 **The process, as an app would run it.** Before the load it warms up (`warm_up`: a short conversation on each
 store, retired), then collects and freezes (``gc.freeze()``) what start-up and the warm-up made, so a collection
@@ -103,6 +105,8 @@ class Plan:
     #: Diagnosis (``--census``, `benchmarks._soak_census`): the tracked objects 40% into the load, then the
     #: cyclic garbage for 30% of it (slow, and its own collections count among the pauses).
     census: bool = False
+    #: ``--freeze-every``: freeze what is alive every so many seconds under load (0: only once, after the warm-up).
+    freeze_every_s: float = 0.0
 
     @property
     def local_sessions(self) -> int:
@@ -280,6 +284,8 @@ async def soak(plan: Plan, config: dict[str, Any], config_path: Path, folder: Pa
             top.start_soon(chaos.run, end_at)
             if plan.trace_memory:
                 top.start_soon(_trace_memory, plan.duration_s)
+            if plan.freeze_every_s > 0:
+                top.start_soon(_freeze_every, plan.freeze_every_s)
             if plan.census:
                 shared = [ctx, toolset, *stores.values(), *ctx.tools]
                 top.start_soon(
@@ -366,6 +372,13 @@ async def _sweep(tally: Tally, stores: dict[str, Any], ctx: Any, problems: list[
         await session.aclose()
 
 
+async def _freeze_every(seconds: float) -> None:
+    """Freeze what is alive every ``seconds`` (no collection first: that would be the full pause this avoids)."""
+    while True:
+        await trio.sleep(seconds)
+        gc.freeze()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sessions", type=int, help="concurrent sessions (default 100; --short: 10)")
@@ -380,10 +393,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--census", action="store_true", help="diagnosis: the objects the collector tracks, per session (slow, once)"
     )
+    parser.add_argument(
+        "--freeze-every",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="freeze what is alive this often under load (gc.freeze): shorter full collections, for a leak",
+    )
     args = parser.parse_args(argv)
     plan = plan_of(args)
     plan.trace_memory = args.trace_memory
     plan.census = args.census
+    plan.freeze_every_s = args.freeze_every
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         if args.keep:

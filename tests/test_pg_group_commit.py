@@ -4,6 +4,7 @@ by its own lease, and one that fails (a conflict, a lost lease, a locked row) ta
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import trio
@@ -255,3 +256,53 @@ async def test_an_append_whose_lease_connection_died_fails_alone_in_its_group(pg
         assert store._appends is not None
         transactions, written = store._appends.batches
         assert written == 5 and transactions < 5
+
+
+async def test_the_append_whose_statement_fails_fails_alone_and_the_others_go_again_together(pg_url: str) -> None:
+    """A database error in one append of a pipelined group (here a primary key taken behind the leases' back, seen
+    after a wait): that append gets the error, and the rest are written again in one pipeline without it, not one
+    by one (where the failing one would wait again)."""
+    import psycopg
+
+    from trioloop.durable import _pg_appends
+
+    calls: list[int] = []
+    together = _pg_appends.write_together
+
+    def counting(connection: Any, appends: Any) -> Any:
+        calls.append(len(appends))
+        return together(connection, appends)
+
+    async with PostgresJournalStore(pg_url) as store:
+        leases = [await store.acquire(name) for name in ("a", "victim", "c")]
+        appends = [
+            _pg_appends.OneAppend(lease.session_id, lease.epoch, _entries(1, 1, lease.session_id), None)
+            for lease in leases
+        ]
+        with psycopg.connect(pg_url, autocommit=True) as other, psycopg.connect(pg_url, autocommit=True) as shared:
+            other.execute("BEGIN")
+            other.execute("INSERT INTO trioloop_journal (session_id, seq, data) VALUES ('victim', 1, 'x')")
+
+            def write() -> Any:
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setattr(_pg_appends, "write_together", counting)
+                    return _pg_appends.write_together(shared, appends)
+
+            found: list[Any] = []
+
+            async def run_write() -> None:
+                found.append(await trio.to_thread.run_sync(write))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_write)
+                await trio.sleep(0.3)  # the victim's insert waits on the other transaction's row
+                await trio.to_thread.run_sync(other.execute, "COMMIT")
+        results = found[0]
+        assert results[0] is None and results[2] is None
+        assert isinstance(results[1], psycopg.errors.UniqueViolation)
+        assert calls == [3, 2]  # the group, then the two others together: never one by one
+        assert [e.data for e in await store.read("a")] == [b"a-1"]
+        assert [e.data for e in await store.read("c")] == [b"c-1"]
+        assert [e.data for e in await store.read("victim")] == [b"x"]
+        for lease in leases:
+            await lease.release()

@@ -12,9 +12,10 @@ is no database error, so it leaves the transaction usable.
 **Group commit.** A worker that holds many sessions appends for each of them about once per tool start; committed
 one by one, every append waits for its own WAL flush. Here appends queued behind one another share one transaction
 (`StoreThread`): ``BEGIN``, every append's statement and ``COMMIT`` go to the server in one pipeline (one round
-trip, one flush for all). A database error in it (a unique key violated by a writer outside the leases, say) rolls
-the whole pipeline back, and its appends are written again one by one, each in a savepoint of its own, so that it
-fails alone.
+trip, one flush for all). A database error in one append's statement (a unique key violated by a writer outside the
+leases, a lock wait past ``lock_timeout``) rolls the pipeline back: that append fails with it, and the others go
+again in a pipeline of their own. Any other database error there has them all written again one by one, each in a
+savepoint of its own, so that the one at fault fails alone.
 
 Every wait is bounded: an append that does not return within the store's ``timeout_s`` gives up the shared
 connection (its socket shut, so the thread returns and the server rolls back), and every append of that batch
@@ -118,25 +119,38 @@ def write_together(
     connection: psycopg.Connection[tuple[Any, ...]], appends: Sequence[Any]
 ) -> list[BaseException | None] | None:
     """Every append of ``appends`` (`OneAppend`) and the transaction around them in one pipeline: what each one's
-    check found (None: written and committed). None, with the transaction rolled back, when something in it failed
-    as a database error: the caller writes them again one by one. Raises when the connection broke (the outcome is
-    then unknown)."""
+    check found (None: written and committed; the database's own error for an append whose statement failed, whose
+    group is then rolled back and the others written again together). None, with the transaction rolled back, when
+    something else failed as a database error: the caller writes them again one by one. Raises when the connection
+    broke (the outcome is then unknown)."""
     import psycopg
 
     if not all(isinstance(append, OneAppend) for append in appends) or not psycopg.Pipeline.is_supported():
         return None
-    cursors = []
+    begun: Any = None
+    cursors: list[Any] = []
     try:
         with connection.pipeline():
-            connection.execute("BEGIN")
-            cursors = [connection.execute(append.sql, append.params) for append in appends]
+            begun = connection.execute("BEGIN")
+            for append in appends:
+                cursors.append(connection.execute(append.sql, append.params))
             connection.execute("COMMIT")
-    except psycopg.Error:
+    except psycopg.Error as exc:
         if connection.closed or connection.broken:
             raise
         if connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             connection.execute("ROLLBACK")
-        return None
+        # The statement that failed is the first without an answer, after a BEGIN that had one (those after it were
+        # skipped): it fails alone, and the others, rolled back with it, go again without it.
+        answered = [cursor.pgresult is not None for cursor in cursors]
+        if begun is None or begun.pgresult is None or len(cursors) != len(appends) or all(answered):
+            return None
+        failed = answered.index(False)
+        rest = write_together(connection, [append for n, append in enumerate(appends) if n != failed])
+        if rest is None:
+            return None
+        rest.insert(failed, exc)
+        return rest
     found: list[BaseException | None] = []
     for append, cursor in zip(appends, cursors, strict=True):
         try:

@@ -18,6 +18,7 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from note_tools import NOTE, RUNS, TOOLS, fresh_runs, open_note  # noqa: F401 -- fresh_runs: autouse
 from pg_support import postgres_url  # noqa: F401 -- the session fixture, reached by name (getfixturevalue)
 
 from trioloop import (
@@ -25,10 +26,6 @@ from trioloop import (
     Phase,
     ScriptedProvider,
     Session,
-    ToolExecutionContext,
-    ToolOutcome,
-    define_document_kind,
-    function_tool,
 )
 from trioloop.durable.decisions import ReviewDecision, decision_slot, seal_decision
 from trioloop.durable.journal import decode_entries
@@ -38,33 +35,9 @@ from trioloop.durable.store import MemoryJournalStore
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 from trioloop.stores import PostgresJournalStore, SQLiteJournalStore
 
-NOTE = define_document_kind("note", dump=lambda text: text, load=lambda text: text)
-RUNS: list[str] = []
 APP = JournalSigner.generate()  # the app's own journal key
 SERVER = JournalSigner.generate()  # the inbox server's key, which the app accepts
 STRANGER = JournalSigner.generate()  # a key nobody accepts
-
-
-@function_tool(summary="Append {line!r}")
-async def append_line(ctx: ToolExecutionContext[str], line: str) -> ToolOutcome[str]:
-    """Append one line to the note."""
-    RUNS.append(line)
-    return ToolOutcome.success(f"appended {line}", document=ctx.document + line + "\n")
-
-
-@function_tool(destructive=True, summary="Erase the note")
-async def erase(ctx: ToolExecutionContext[str]) -> ToolOutcome[str]:
-    """Erase the whole note."""
-    RUNS.append("erase")
-    return ToolOutcome.success("erased", document="")
-
-
-TOOLS = [append_line, erase]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_runs() -> None:
-    RUNS.clear()
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -84,20 +57,7 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], A
 
 
 async def _open(store: Any, provider: ScriptedProvider, session_id: str = "s1", **kw: Any) -> Session[str]:
-    new = not await store.read(session_id)
-    return await Session.open(
-        store,
-        session_id,
-        kind=NOTE,
-        provider=provider,
-        tools=TOOLS,
-        document="" if new else None,
-        model="m",
-        signer=APP,
-        keys=kw.pop("keys", SERVER.keys),
-        witness=None,
-        **kw,
-    )
+    return await open_note(store, provider, session_id, signer=APP, keys=kw.pop("keys", SERVER.keys), **kw)
 
 
 async def _close(store: Any) -> None:

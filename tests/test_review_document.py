@@ -22,6 +22,7 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from note_tools import NOTE, RUNS, TOOLS, fresh_runs, open_note  # noqa: F401 -- fresh_runs: autouse
 
 from trioloop import (
     CallStatus,
@@ -29,11 +30,7 @@ from trioloop import (
     Phase,
     ScriptedProvider,
     Session,
-    ToolExecutionContext,
-    ToolOutcome,
     TurnState,
-    define_document_kind,
-    function_tool,
 )
 from trioloop.durable import review_document as module
 from trioloop.durable.audit import verify_decision_entries
@@ -55,28 +52,9 @@ from trioloop.machine.canonical import canonical_json
 from trioloop.providers.scripted import ScriptedCall, ScriptStep
 from trioloop.stores import SQLiteJournalStore
 
-NOTE = define_document_kind("note", dump=lambda text: text, load=lambda text: text)
-RUNS: list[str] = []
 APP = JournalSigner.generate()  # the app's journal key: signs the review documents
 REVIEWER = JournalSigner.generate()  # the reviewing service's key, which the app accepts
 STRANGER = JournalSigner.generate()  # a key nobody accepts
-
-
-@function_tool(summary="Append {line!r}")
-async def append_line(ctx: ToolExecutionContext[str], line: str) -> ToolOutcome[str]:
-    """Append one line to the note."""
-    RUNS.append(line)
-    return ToolOutcome.success(f"appended {line}", document=ctx.document + line + "\n")
-
-
-@function_tool(destructive=True, summary="Erase the note")
-async def erase(ctx: ToolExecutionContext[str]) -> ToolOutcome[str]:
-    """Erase the whole note."""
-    RUNS.append("erase")
-    return ToolOutcome.success("erased", document="")
-
-
-TOOLS = [append_line, erase]
 CARDS = ScriptStep(
     text="I will add a line and erase.",
     tool_calls=(
@@ -88,31 +66,13 @@ CARDS = ScriptStep(
 ONE = ScriptStep(tool_calls=(ScriptedCall(id="c1", name="append_line", input={"line": "one"}),))
 
 
-@pytest.fixture(autouse=True)
-def _fresh_runs() -> None:
-    RUNS.clear()
-
-
 @asynccontextmanager
 async def opened(
     db: Path, provider: ScriptedProvider, session_id: str = "s1", *, signer: JournalSigner = APP, **kw: Any
 ) -> AsyncIterator[Session[str]]:
     """The session ``session_id`` of the SQLite journal ``db``, open (its store closed after it)."""
     async with SQLiteJournalStore(db) as store:
-        new = not await store.read(session_id)
-        session = await Session.open(
-            store,
-            session_id,
-            kind=NOTE,
-            provider=provider,
-            tools=TOOLS,
-            document="" if new else None,
-            model="m",
-            signer=signer,
-            keys=kw.pop("keys", REVIEWER.keys),
-            witness=None,
-            **kw,
-        )
+        session = await open_note(store, provider, session_id, signer=signer, keys=kw.pop("keys", REVIEWER.keys), **kw)
         async with session:
             yield session
 

@@ -155,18 +155,19 @@ async def test_running_sessions_always_verify_when_audited(target: str, tmp_path
     answers = [ScriptStep(text=f"Answer {n}.") for n in range(400)]
     async with _store(target) as writing, _store(target) as reading, trio.open_nursery() as nursery:
 
-        async def chat(session_id: str) -> None:
+        async def chat(session_id: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             async with ScriptedProvider(answers) as provider:
                 session = await Session.open(
                     writing, session_id, kind=NOTE, provider=provider, document="", model="m", tools=[append_line],
                     signer=signer, witness=witness,
                 )  # fmt: skip
                 async with session:
+                    task_status.started()  # its journal exists: the auditor may read it from now on
                     while True:
                         await session.send("again")
 
         for session_id in ids:
-            nursery.start_soon(chat, session_id)
+            await nursery.start(chat, session_id)
         await trio.sleep(0.2)
         for round_ in range(100):
             session_id = ids[round_ % len(ids)]

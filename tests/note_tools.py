@@ -39,16 +39,25 @@ def fresh_runs() -> None:
 
 
 async def open_note(
-    store: JournalStore, provider: ChatProvider, session_id: str, *, signer: Any, keys: Any, **kw: Any
+    store: JournalStore,
+    provider: ChatProvider,
+    session_id: str,
+    *,
+    signer: Any,
+    keys: Any,
+    kind: Any = NOTE,
+    tools: Any = TOOLS,
+    **kw: Any,
 ) -> Session[str]:
-    """The note session ``session_id`` of ``store`` (a new one with an empty note), no witness file."""
+    """The note session ``session_id`` of ``store`` (a new one with an empty note), no witness file; another app's
+    note kind and tools where given."""
     new = not await store.read(session_id)
     return await Session.open(
         store,
         session_id,
-        kind=NOTE,
+        kind=kind,
         provider=provider,
-        tools=TOOLS,
+        tools=tools,
         document="" if new else None,
         model="m",
         signer=signer,

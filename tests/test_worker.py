@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import trio
+from note_tools import open_note
 from pg_support import postgres_url  # noqa: F401 -- the session fixture, reached by name (getfixturevalue)
 
 from tests.worker_app import NOTE, TOOLS, make_app, runs
@@ -95,19 +96,8 @@ def _calls(*calls: tuple[str, str, dict[str, Any]]) -> ScriptStep:
 
 
 async def _open(store: Any, session_id: str, steps: list[ScriptStep], provider: ScriptedProvider) -> Session[str]:
-    new = not await store.read(session_id)
-    return await Session.open(
-        store,
-        session_id,
-        kind=NOTE,
-        provider=provider,
-        tools=TOOLS,
-        document="" if new else None,
-        model="m",
-        signer=APP_KEY,
-        keys=SERVER.keys,
-        witness=None,
-        wait_s=5,
+    return await open_note(
+        store, provider, session_id, signer=APP_KEY, keys=SERVER.keys, kind=NOTE, tools=TOOLS, wait_s=5
     )
 
 

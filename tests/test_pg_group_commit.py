@@ -197,7 +197,9 @@ async def test_every_append_is_announced_to_those_who_listen(pg_url: str) -> Non
         for seq in (1, 2):
             armed = face.arm_any_journal()
             assert armed is not None and not armed.is_set()
-            await trio.sleep(0.2)  # the listener is listening
+            with trio.fail_after(10):  # the listener's connection says LISTEN (a notice before that is not heard)
+                while not face._listening()._listening:  # noqa: ASYNC110 -- set by the listener's own thread
+                    await trio.sleep(0.01)
             await lease.append(_entries(seq, 1, "s"))
             with trio.fail_after(10):
                 await armed.wait()

@@ -101,10 +101,13 @@ async def test_denial_from_the_ui_task(document: ThreatModel) -> None:
 
 async def test_slow_observer_sees_latest_state_not_a_backlog(document: ThreatModel) -> None:
     seen: list[TurnState] = []
+    caught_up = trio.Event()
 
     async def slow_observer(session: Session[ThreatModel]) -> None:
         async for state in session.states():
             seen.append(state)
+            if state.is_settled:
+                caught_up.set()
             await trio.sleep(0.05)  # far slower than the stream
 
     steps = [ScriptStep(text="y" * 2000, chunk_size=5)]
@@ -115,11 +118,35 @@ async def test_slow_observer_sees_latest_state_not_a_backlog(document: ThreatMod
     ):
         nursery.start_soon(slow_observer, session)
         final = await session.send("go")
-        await trio.sleep(0.1)
+        with trio.fail_after(10):  # not a fixed 0.1 s: a starved process may wake both sleepers in one batch
+            await caught_up.wait()
         nursery.cancel_scope.cancel()
     assert final.outcome is Outcome.COMPLETED
     assert seen[-1] is final  # the observer caught up to the newest state
     assert len(seen) < 100  # it skipped states instead of queueing ~400 of them
+
+
+async def test_a_states_loop_left_midway_needs_no_closing_and_the_reader_goes_on(document: ThreatModel) -> None:
+    # Left by a break, then by a cancel while the reader's task is in its own code (not parked in the reader):
+    # nothing is left for Trio to finalize (an unexhausted async generator would be warned of here, and the
+    # suite's warnings are errors), and the same reader gives the newest state when asked again.
+    steps = [ScriptStep(text="one"), ScriptStep(text="two")]
+    async with (
+        ScriptedProvider(steps) as provider,
+        threat_model_session(document=document, provider=provider, model="scripted-1") as session,
+    ):
+        first = await session.send("go")
+        reader = session.states()
+        async for state in reader:
+            assert state is first
+            break
+        with trio.move_on_after(0.05):
+            async for _ in reader:
+                await trio.sleep(10)  # cancelled here, outside the reader
+        second = await session.send("again")
+        assert await reader.__anext__() is second
+        del reader
+        await trio.testing.wait_all_tasks_blocked()
 
 
 async def test_undo_last_turn_restores_and_is_single_use(document: ThreatModel) -> None:

@@ -5,7 +5,7 @@ observer that raises is dropped, never the turn).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncIterator, Iterable
 
 import trio
 
@@ -13,7 +13,7 @@ from trioloop.machine.state import TurnState
 from trioloop.runtime.observer import TurnObserver
 from trioloop.runtime.observer import log as observer_log
 
-__all__ = ["StatePublisher"]
+__all__ = ["StatePublisher", "StateReader"]
 
 
 class StatePublisher:
@@ -22,7 +22,7 @@ class StatePublisher:
     def __init__(self, observers: Iterable[TurnObserver] = ()) -> None:
         self.state: TurnState | None = None
         self._changed = trio.lowlevel.ParkingLot()  # `states()` readers park here until the next state
-        self._questions_seen = 0  # bumped each time a question opens or closes: `states()` yields again
+        self.questions_seen = 0  # bumped each time a question opens or closes: `states()` yields again
         self._observers: tuple[TurnObserver, ...] = tuple(observers)
 
     def publish(self, state: TurnState, *, turn_running: bool) -> None:
@@ -40,20 +40,17 @@ class StatePublisher:
 
     def questions_changed(self) -> None:
         """A question opened or closed: readers get the state again."""
-        self._questions_seen += 1
+        self.questions_seen += 1
         if self._changed:
             self._changed.unpark_all()
 
-    async def states(self) -> AsyncGenerator[TurnState, None]:
-        """Yield the newest state each time it changes (or a question opens or closes), forever."""
-        seen: TurnState | None = None
-        asked = self._questions_seen
-        while True:
-            if self.state is not None and (self.state is not seen or asked != self._questions_seen):
-                seen, asked = self.state, self._questions_seen
-                yield seen
-                continue
-            await self._changed.park()
+    async def changed(self) -> None:
+        """Wait until the next state is published or a question opens or closes."""
+        await self._changed.park()
+
+    def states(self) -> StateReader:
+        """The newest state each time it changes (or a question opens or closes), forever."""
+        return StateReader(self)
 
     def observe(self, observer: TurnObserver) -> None:
         """Tell ``observer`` of every state published from now on."""
@@ -73,3 +70,34 @@ class StatePublisher:
     def _drop(self, observer: TurnObserver) -> None:
         observer_log.exception("observer %r failed and was removed", observer)
         self._observers = tuple(o for o in self._observers if o is not observer)
+
+
+class StateReader(AsyncIterator[TurnState]):
+    """One reader of a publisher's states: each ``__anext__`` gives the newest state once it differs from the last one
+    given (or a question opened or closed since), parking until then.
+
+    An iterator object rather than an async generator: it holds no frame, so a loop over it that is left (a
+    cancelled task, a ``break``) leaves nothing to finalize, and Trio has no unexhausted generator to warn of.
+    ``aclose`` is there for ``contextlib.aclosing`` and does nothing."""
+
+    __slots__ = ("_asked", "_publisher", "_seen")
+
+    def __init__(self, publisher: StatePublisher) -> None:
+        self._publisher = publisher
+        self._seen: TurnState | None = None
+        self._asked = publisher.questions_seen
+
+    def __aiter__(self) -> StateReader:
+        return self
+
+    async def __anext__(self) -> TurnState:
+        publisher = self._publisher
+        while True:
+            state = publisher.state
+            if state is not None and (state is not self._seen or self._asked != publisher.questions_seen):
+                self._seen, self._asked = state, publisher.questions_seen
+                return state
+            await publisher.changed()
+
+    async def aclose(self) -> None:
+        """Nothing to release (see the class)."""

@@ -242,7 +242,8 @@ class SessionView(Generic[D]):
 
     def states(self) -> AsyncIterator[TurnState]:
         """Yield the latest state each time it changes (or a question opens or closes: see `questions`),
-        forever. A slow reader skips states, never lags: it always gets the newest one when it asks again."""
+        forever. A slow reader skips states, never lags: it always gets the newest one when it asks again. Not a
+        generator: a loop over it may be left at any point (``break``, a cancelled task) with nothing to close."""
         return self._publisher.states()
 
     def observe(self, observer: TurnObserver) -> None:

@@ -1153,11 +1153,28 @@ any_input = st.one_of(st.sampled_from(list(SAMPLES.values())), forged_inputs(), 
 
 
 def test_a_forged_message_start_is_dropped_not_read() -> None:
-    # The reducer reads a response's model name: one set past the validator to an object whose truth or
-    # comparison raises must be turned away at the door (found by the property test below).
+    # The reducer reads a response's model name and the provider that answered: either set past the validator to
+    # an object whose truth or comparison raises must be turned away at the door (found by the property test below).
     for phase, state in phase_states().items():
-        for value in (_Hostile(), 7, None):
-            assert reduce_turn(state, _forge(MessageStart(model="m"), "model", value)) is state, phase
+        for field in ("model", "provider"):
+            for value in (_Hostile(), 7, None):
+                assert reduce_turn(state, _forge(MessageStart(model="m"), field, value)) is state, (phase, field)
+
+
+def test_every_field_of_every_input_forged_alone_never_makes_the_reducer_raise() -> None:
+    # The property test below draws forgeries at random; this walks each field of each input kind, in every phase,
+    # with each hostile kind of value, so that a field added to an input later is covered on every run.
+    hostile: tuple[object, ...] = (_Hostile(), (_Hostile(),), None, 7, math.nan, "x", [1], lambda *a: True)
+    for phase, state in phase_states().items():
+        for item in SAMPLES.values():
+            for field in attrs.fields(type(item)):
+                for value in hostile:
+                    assert isinstance(reduce_turn(state, _forge(item, field.name, value)), TurnState), (
+                        phase,
+                        type(item).__name__,
+                        field.name,
+                        value,
+                    )
 
 
 @settings(max_examples=300, deadline=None)

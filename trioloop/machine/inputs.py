@@ -370,7 +370,7 @@ _Check: TypeAlias = Callable[[Any], bool]
 _DOOR: Final[Mapping[type, tuple[InputKind, _Check]]] = MappingProxyType(
     {
         Submit: (InputKind.SUBMIT, _submit_ok),
-        MessageStart: (InputKind.MESSAGE_START, lambda e: _is_str(e.model)),
+        MessageStart: (InputKind.MESSAGE_START, lambda e: _is_str(e.model) and _is_str(e.provider)),
         TextDelta: (InputKind.TEXT_DELTA, lambda e: _is_str(e.text)),
         ThinkingDelta: (InputKind.THINKING_DELTA, lambda e: True),
         ThinkingComplete: (

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import attrs
 import pytest
@@ -30,7 +30,6 @@ from trioloop import (
     Phase,
     ScriptedProvider,
     Session,
-    TurnState,
 )
 from trioloop.durable import review_document as module
 from trioloop.durable.audit import verify_decision_entries
@@ -83,11 +82,9 @@ async def entries(db: Path, session_id: str = "s1") -> list[Any]:
 
 
 async def until_review(session: Session[str]) -> None:
-    states = cast("AsyncGenerator[TurnState, None]", session.states())  # an async generator: closed after use
-    async with aclosing(states):
-        async for state in states:
-            if state.phase is Phase.AWAITING_APPROVAL:
-                return
+    async for state in session.states():
+        if state.phase is Phase.AWAITING_APPROVAL:
+            return
 
 
 async def suspend_with_cards(db: Path, session_id: str = "s1", step: ScriptStep = CARDS) -> None:

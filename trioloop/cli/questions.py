@@ -4,9 +4,7 @@ its host on a line of its own, and never opened. Only the person's typed answers
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncGenerator
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal
 
 import trio
 from rich.console import Console
@@ -136,12 +134,10 @@ class QuestionCards:
         async with trio.open_nursery() as nursery:
 
             async def until_closed() -> None:
-                states = cast(AsyncGenerator[object, None], self.session.states())
-                async with contextlib.aclosing(states):
-                    async for _ in states:
-                        if all(q.id != question.id for q in self.session.questions):
-                            self.console.print(Text(f"\n  question {question.id} was closed before it was answered"))
-                            nursery.cancel_scope.cancel()
+                async for _ in self.session.states():
+                    if all(q.id != question.id for q in self.session.questions):
+                        self.console.print(Text(f"\n  question {question.id} was closed before it was answered"))
+                        nursery.cancel_scope.cancel()
 
             nursery.start_soon(until_closed)
             await self._ask(question)

@@ -5,11 +5,10 @@ session's review controls; it never touches the document itself.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Any, Final, Literal, TypeAlias, cast
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Literal, TypeAlias
 
 import trio
 from rich.console import Console, RenderableType
@@ -105,11 +104,9 @@ class TurnView:
         return self._input_ended or self.questions.input_ended
 
     async def watch(self) -> None:
-        """Follow the session's states until cancelled (or interrupted: the generator is closed either way)."""
-        states = cast(AsyncGenerator[TurnState, None], self.session.states())  # an async generator
-        async with contextlib.aclosing(states):
-            async for state in states:
-                await self.render(state)
+        """Follow the session's states until cancelled (or interrupted)."""
+        async for state in self.session.states():
+            await self.render(state)
 
     async def waiting(self, *, interval_s: float = 0.5, first_s: float = 1.0) -> None:
         """While a request is open and nothing has come back yet, say so with the time waited and how to stop:

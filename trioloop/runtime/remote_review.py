@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from contextlib import aclosing
 from typing import Any, Final
 
 import attrs
@@ -263,11 +262,10 @@ async def hand_over(
 async def _seen(decision: ReviewDecision, states: Callable[[], StateReader]) -> str:
     """Wait (bounded) for the running turn to take the decision: "" when it did, else why not."""
     with trio.move_on_after(_SEEN_S):
-        async with aclosing(states()) as newest:
-            async for state in newest:  # the newest state each time it changes
-                verdict = _taken_in(decision, state)
-                if verdict is not None:
-                    return verdict
+        async for state in states():  # the newest state each time it changes
+            verdict = _taken_in(decision, state)
+            if verdict is not None:
+                return verdict
     return "the turn did not take the decision in time"
 
 

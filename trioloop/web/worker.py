@@ -23,9 +23,8 @@ import math
 import random
 import signal
 import sys
-from collections.abc import AsyncGenerator, Callable, Sequence
-from contextlib import aclosing
-from typing import Any, Final, Literal, Protocol, cast, final, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal, Protocol, final, runtime_checkable
 
 import attrs
 import trio
@@ -297,22 +296,20 @@ class _Worker:
 
         async def watch() -> None:
             nonlocal suspended
-            generator = cast(AsyncGenerator[TurnState, None], session.states())  # an async generator
-            async with aclosing(generator) as states:
-                async for state in states:
-                    if state.turn_id != turn_id or state.is_settled or state.phase is not Phase.AWAITING_APPROVAL:
-                        continue
-                    if not set(_pending(state)) - decided:  # the decisions taken are not in the state yet
-                        continue
-                    taken = await session.take_decisions()
-                    decided.update(t.decision.call_id for t in taken if t.applied and t.decision is not None)
-                    now = session.state
-                    if now is None or now.phase is not Phase.AWAITING_APPROVAL or not set(_pending(now)) - decided:
-                        continue
-                    with trio.CancelScope(shield=True), trio.move_on_after(_DURABLE_S):
-                        await session.suspend()
-                    suspended = True
-                    return
+            async for state in session.states():  # nothing to close when left
+                if state.turn_id != turn_id or state.is_settled or state.phase is not Phase.AWAITING_APPROVAL:
+                    continue
+                if not set(_pending(state)) - decided:  # the decisions taken are not in the state yet
+                    continue
+                taken = await session.take_decisions()
+                decided.update(t.decision.call_id for t in taken if t.applied and t.decision is not None)
+                now = session.state
+                if now is None or now.phase is not Phase.AWAITING_APPROVAL or not set(_pending(now)) - decided:
+                    continue
+                with trio.CancelScope(shield=True), trio.move_on_after(_DURABLE_S):
+                    await session.suspend()
+                suspended = True
+                return
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch, name=f"trioloop worker: reviews of {session_id}")

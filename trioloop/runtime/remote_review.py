@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 import attrs
@@ -31,7 +31,6 @@ from trioloop.machine.state import CallStatus, Phase, TurnState
 from trioloop.machine.texts import invalid_edit_text
 from trioloop.machine.tools import PrepareFailure
 from trioloop.runtime.controls import TurnControls
-from trioloop.runtime.publisher import StateReader
 
 __all__ = ["DEFAULT_POLL_S", "Judged", "RemoteReview", "TakenDecision", "hand_over", "judge_record"]
 
@@ -75,7 +74,7 @@ class RemoteReview:
         live: Callable[[], tuple[TurnControls, TurnState, bool] | None],
         vouch: Callable[[str, dict[str, Any]], None],
         newest: Callable[[], TurnState | None],
-        states: Callable[[], StateReader],
+        states: Callable[[], AsyncIterator[TurnState]],
         poll_s: float = DEFAULT_POLL_S,
     ) -> None:
         if not (poll_s > 0 and math.isfinite(poll_s)):
@@ -242,7 +241,7 @@ async def hand_over(
     suspended: bool,
     *,
     vouch: Callable[[str, dict[str, Any]], None],
-    states: Callable[[], StateReader],
+    states: Callable[[], AsyncIterator[TurnState]],
 ) -> str:
     """Give the proven decision to the turn as its reviewer's click, its journal entry keeping the signed record:
     "" once a running turn took it (or a suspended one queued it, to apply when it goes on), else why not."""
@@ -259,7 +258,7 @@ async def hand_over(
     return refusal
 
 
-async def _seen(decision: ReviewDecision, states: Callable[[], StateReader]) -> str:
+async def _seen(decision: ReviewDecision, states: Callable[[], AsyncIterator[TurnState]]) -> str:
     """Wait (bounded) for the running turn to take the decision: "" when it did, else why not."""
     with trio.move_on_after(_SEEN_S):
         async for state in states():  # the newest state each time it changes

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import trio
@@ -30,7 +30,6 @@ from trioloop.durable.signing import JournalSigner
 from trioloop.machine.reducer import reduce_turn
 from trioloop.machine.state import TurnState
 from trioloop.runtime.controls import TurnControls
-from trioloop.runtime.publisher import StateReader
 from trioloop.runtime.remote_review import TakenDecision, hand_over, judge_record
 from trioloop.runtime.session_journal import SessionJournal
 
@@ -61,7 +60,7 @@ class ReviewExchange:
         journal: Callable[[], SessionJournal | None],
         live: Callable[[], tuple[TurnControls, TurnState, bool] | None],
         document: Callable[[], Any],
-        states: Callable[[], StateReader],
+        states: Callable[[], AsyncIterator[TurnState]],
         clock: Callable[[], int] = _wall_ms,
     ) -> None:
         self._journal = journal

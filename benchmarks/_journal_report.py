@@ -54,11 +54,12 @@ def phase_stats(samples: Sequence[Phases], k: int) -> dict[str, Any]:
             for phase in PHASES
         },
     }
-    if any(s.reopen_cpu for s in samples):
-        stats["per_session_us"]["reopen"] = {
-            "wall": summarize([s.reopen_wall for s in samples]),
-            "cpu": summarize([s.reopen_cpu for s in samples]),
-        }
+    for phase in ("reopen", "cold_reopen"):
+        if any(getattr(s, f"{phase}_cpu") for s in samples):
+            stats["per_session_us"][phase] = {
+                "wall": summarize([getattr(s, f"{phase}_wall") for s in samples]),
+                "cpu": summarize([getattr(s, f"{phase}_cpu") for s in samples]),
+            }
     if any(s.sign_cpu or s.txn_cpu for s in samples):
         stats["per_session_sign_cpu_us"] = summarize([s.sign_cpu for s in samples])
         stats["per_session_txn_cpu_us"] = summarize([s.txn_cpu for s in samples])

@@ -367,11 +367,12 @@ def _print_open(stats: dict[str, Any]) -> None:
             continue
         phases = stats[name]["per_session_us"]
         new = (phases["open"]["cpu"]["median"] + phases["close"]["cpu"]["median"] - base) / 1000
-        line = f"  {name}: new {new:.2f} ms"
-        if "reopen" in phases:
-            line += f", existing {(phases['reopen']['cpu']['median'] - base) / 1000:.2f} ms"
-        met = new <= OPEN_TARGET_MS and ("reopen" not in phases or phases["reopen"]["cpu"]["median"] - base <= 2000)
-        print(f"{line} (at most {OPEN_TARGET_MS:g} ms): {_verdict(met)}")
+        line, figures = f"  {name}: new {new:.2f} ms", [new]
+        for phase, label in (("reopen", "existing, in the process that wrote it"), ("cold_reopen", "in a new one")):
+            if phase in phases:
+                figures.append((phases[phase]["cpu"]["median"] - base) / 1000)
+                line += f", {label} {figures[-1]:.2f} ms"
+        print(f"{line} (at most {OPEN_TARGET_MS:g} ms): {_verdict(max(figures) <= OPEN_TARGET_MS)}")
 
 
 if __name__ == "__main__":

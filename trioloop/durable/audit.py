@@ -372,10 +372,16 @@ async def verify_session(
 
 
 async def verify_stored(
-    stored: Sequence[StoredEntry], *, session_id: str, keys: JournalKeys | None, decisions: bool = False
+    stored: Sequence[StoredEntry],
+    *,
+    session_id: str,
+    keys: JournalKeys | None,
+    decisions: bool = False,
+    signatures: Literal["every", "newest"] = "every",
 ) -> tuple[list[JournalEntry], JournalIntegrity, str]:
-    """``stored`` decoded and verified (`verify_journal`; with ``decisions`` and ``keys``, every decision made away
-    from the session proven by its signed record too): the entries, what verifying proved, and the journal's id.
+    """``stored`` decoded and verified (`verify_journal`, checking ``signatures``; with ``decisions`` and ``keys``,
+    every decision made away from the session proven by its signed record too): the entries, what verifying proved,
+    and the journal's id.
     `JournalError` for what does not hold. A journal of `VERIFY_IN_THREAD_BYTES` or more is verified in a worker
     thread: CPU work that would hold every other task (and their deadlines) meanwhile."""
 
@@ -383,7 +389,7 @@ async def verify_stored(
         if keys is not None:  # a store without an outline: judged by position at least before it is decoded
             refuse_unsigned_tail(outline_of(stored), session_id=session_id, keys=keys)
         entries = decode_entries(stored)
-        integrity = verify_journal(entries, session_id=session_id, keys=keys)
+        integrity = verify_journal(entries, session_id=session_id, keys=keys, signatures=signatures)
         if decisions and keys is not None:
             verify_decision_entries(entries, session_id=session_id, keys=keys)
         return entries, integrity, journal_id_of(entries, session_id)

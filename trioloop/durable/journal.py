@@ -47,7 +47,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any, Final, TypeAlias, final
+from typing import Any, Final, Literal, TypeAlias, final
 
 import attrs
 
@@ -277,8 +277,10 @@ _SEAL_KEYS: Final = {
 }
 
 
-def _check_seal(entry: JournalEntry, before: JournalEntry | None, session_id: str, keys: JournalKeys | None) -> str:
-    """Check one seal against the entry it follows; its key id."""
+def _check_seal(
+    entry: JournalEntry, before: JournalEntry | None, session_id: str, keys: JournalKeys | None, *, signature: bool
+) -> str:
+    """Check one seal against the entry it follows (and, with ``signature``, its signature); its key id."""
     session, seq, head, key, sig, message = _seal_fields(entry)
     if session != session_id:
         raise JournalError(
@@ -294,7 +296,7 @@ def _check_seal(entry: JournalEntry, before: JournalEntry | None, session_id: st
             "rotated or lost: pass its public key; or not the journal's writer)",
             seq=entry.seq,
         )
-    if keys is not None and not keys.verify(key, message, sig):
+    if signature and keys is not None and not keys.verify(key, message, sig):
         raise JournalError(
             f"journal entry {entry.seq}'s signature does not verify (key {key}): entries up to it were changed or "
             "forged",
@@ -384,13 +386,24 @@ def refuse_unsigned_tail(outline: Outline, *, session_id: str, keys: JournalKeys
 VERIFY_IN_THREAD_BYTES: Final = 32 * 1024
 
 
-def verify_journal(entries: Sequence[JournalEntry], *, session_id: str, keys: JournalKeys | None) -> JournalIntegrity:
+def verify_journal(
+    entries: Sequence[JournalEntry],
+    *,
+    session_id: str,
+    keys: JournalKeys | None,
+    signatures: Literal["every", "newest"] = "every",
+) -> JournalIntegrity:
     """Check a whole journal before anything of it is replayed: numbering, the hash chain from the genesis (or
     from a compaction snapshot), every seal (session, head, and with ``keys`` the signature), and that no entry
     follows the last seal. `JournalError` names the first entry that does not hold.
 
     With ``keys``, an unsigned journal, or one with entries after its last seal, is refused: entries nobody
     signed can make nothing run. Without, an unsigned journal is read and reported as such (`JournalIntegrity`).
+
+    ``signatures="newest"`` checks the signature of the newest seal only (every seal's session, place and key are
+    checked all the same): it signs the hash of the entry before it, which the chain, checked whole, binds to every
+    entry before that, earlier seals included, so it proves what checking them all would, for one signature instead
+    of one per append. What `Session.open` does; an audit checks every one (``"every"``, the default).
     """
     if not entries:
         raise JournalError("the journal is empty")
@@ -401,9 +414,11 @@ def verify_journal(entries: Sequence[JournalEntry], *, session_id: str, keys: Jo
     key_ids: set[str] = set()
     sealed_to = first.seq - 1
     before: JournalEntry | None = None
-    for entry in entries:
+    newest = next((i for i in range(len(entries) - 1, -1, -1) if entries[i].kind == "seal"), -1)
+    every = signatures == "every"
+    for index, entry in enumerate(entries):
         if entry.kind == "seal":
-            key_ids.add(_check_seal(entry, before, session_id, keys))
+            key_ids.add(_check_seal(entry, before, session_id, keys, signature=every or index == newest))
             sealed_to = entry.seq
         before = entry
     if first.seq != 1 and not any(entry.kind == "submit" for entry in entries):

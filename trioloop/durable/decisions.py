@@ -41,10 +41,10 @@ __all__ = [
     "seal_decision",
 ]
 
-#: The format's version: a record of another version is refused.
 DECISION_VERSION: Final = 1
-#: Largest record accepted (an edited input is at most this much less the rest): judged before it is read.
+"""The format's version: a record of another version is refused."""
 MAX_DECISION_BYTES: Final = 256 * 1024
+"""Largest record accepted (an edited input is at most this much less the rest): judged before it is read."""
 DECISION_ACTIONS: Final = frozenset({"approve", "deny"})
 _DOMAIN: Final = b"trioloop review decision v1\x00"
 _REASON_CHARS: Final = 2000

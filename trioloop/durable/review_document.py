@@ -50,15 +50,16 @@ __all__ = [
     "seal_review_document",
 ]
 
-#: The review document's format version (its ``trioloop_review`` field): another version is refused.
 REVIEW_DOCUMENT_VERSION: Final = 1
-#: The decisions document's format version (its ``trioloop_decisions`` field).
+"""The review document's format version (its ``trioloop_review`` field): another version is refused."""
 DECISIONS_DOCUMENT_VERSION: Final = 1
-#: Largest review document made or read: judged before it is parsed.
+"""The decisions document's format version (its ``trioloop_decisions`` field)."""
 MAX_REVIEW_DOCUMENT_BYTES: Final = 4 * 1024 * 1024
-#: Largest decisions document read (judged before it is parsed), and most records in one.
+"""Largest review document made or read: judged before it is parsed."""
 MAX_DECISIONS_DOCUMENT_BYTES: Final = 16 * MAX_DECISION_BYTES
+"""Largest decisions document read: judged before it is parsed."""
 MAX_DECISIONS_PER_DOCUMENT: Final = 64
+"""Most records in one decisions document."""
 _DOMAIN: Final = b"trioloop review document v1\x00"
 _PREVIEW_LINES: Final = 200
 _PREVIEW_CHARS: Final = 1000

@@ -249,11 +249,14 @@ async def test_the_chunks_of_one_read_reach_the_reducer_in_one_wakeup_and_one_st
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Ten reads of 12 one-delta chunks: one published state per read (plus one per forced yield of a provider
-    that forwarded BATCHES_PER_YIELD batches without waiting), not one per chunk; the text whole, in order."""
+    that forwarded BATCHES_PER_YIELD batches without waiting), not one per chunk; the text whole, in order. The last
+    read may reach the reducer with the end of the message (the provider sends it without waiting, and Trio's
+    scheduling order is random): its text then first shows in the settled state."""
     state, seen = await _published(_Reads(reads=10, per_read=12, per_batch=1))
     assert state.draft is not None and state.draft.plain_text == "".join(str(r) * 12 for r in range(10))
     streaming = [s for s in seen if s.phase is Phase.STREAMING and s.draft is not None and s.draft.plain_text]
-    assert 10 <= len(streaming) <= 10 + 120 // BATCHES_PER_YIELD  # was 120: one per chunk
+    assert {12 * read for read in range(1, 10)} <= {len(s.draft.plain_text) for s in streaming if s.draft}
+    assert 9 <= len(streaming) <= 10 + 120 // BATCHES_PER_YIELD  # was 120: one per chunk
 
 
 async def test_a_provider_that_never_waits_still_yields_every_few_batches(

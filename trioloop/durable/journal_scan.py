@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from trioloop.durable.journal import JournalEntry, JournalError
 
-__all__ = ["replay_start", "tools_used"]
+__all__ = ["replay_start", "settled_snapshot", "tools_used"]
 
 
 def replay_start(entries: Sequence[JournalEntry]) -> int:
@@ -20,6 +20,15 @@ def replay_start(entries: Sequence[JournalEntry]) -> int:
             if entries[index].kind == "snapshot":
                 return index
     raise JournalError("the journal holds no session snapshot")
+
+
+def settled_snapshot(entries: Sequence[JournalEntry]) -> int | None:
+    """Where the newest ``snapshot`` stands when it follows the last turn's ``submit`` (it is past `replay_start`,
+    the last one before that submit), else None. A snapshot is written only between turns: that turn settled before
+    it, and the snapshot holds the session the turn left."""
+    start = replay_start(entries)
+    newest = next(i for i in range(len(entries) - 1, start - 1, -1) if entries[i].kind == "snapshot")
+    return newest if newest > start else None
 
 
 def tools_used(entries: Sequence[JournalEntry], *, every_turn: bool = False) -> frozenset[str]:

@@ -13,7 +13,7 @@ import attrs
 
 from trioloop.durable.document_form import TEXT_FORM, DocumentCodec, DocumentFormError
 from trioloop.durable.journal import GENESIS, JournalEntry, JournalError, document_digest, verify_chain
-from trioloop.durable.journal_scan import replay_start, tools_used
+from trioloop.durable.journal_scan import replay_start, settled_snapshot, tools_used
 from trioloop.durable.recovery import INTERRUPTED_CALL_TEXT, recovery_inputs
 from trioloop.durable.session_file import (
     SessionFileError,
@@ -97,6 +97,8 @@ class Replayed(Generic[D]):
     usage: Usage = attrs.field(factory=Usage)
     #: The session's own approval rules as the journal leaves them (the live turn's, when one is live).
     rules: tuple[ApprovalRule, ...] = ()
+    #: A last turn settled before the newest snapshot, with ``defer_settled``: its state, folded when called.
+    settled_state: Callable[[], TurnState | None] | None = None
 
 
 def _need(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], seq: int) -> Any:
@@ -172,26 +174,40 @@ def replay_journal(
     registry: ToolRegistry[D],
     verify_from_genesis: bool = True,
     load_data: Callable[[Any], D] | None = None,
+    defer_settled: bool = False,
 ) -> Replayed[D]:
     """Fold ``entries`` (a whole journal, or from a compaction on) into the session they record.
 
     The chain is verified first (from the genesis hash when the journal starts at entry 1), then the
-    entries from the last snapshot on go through `reduce_turn` as the live session fed them. Anything
-    that does not verify or decode raises `JournalError` naming the entry; nothing runs. Documents journaled in
-    their data form (`trioloop.durable.document_form`) are read with ``load_data`` (the kind's ``from_data``);
-    a journal holding one is refused without it.
+    entries from the last snapshot before the last turn on go through `reduce_turn` as the live session fed them.
+    Anything that does not verify or decode raises `JournalError` naming the entry; nothing runs. Documents journaled
+    in their data form (`trioloop.durable.document_form`) are read with ``load_data`` (the kind's ``from_data``);
+    a journal holding one is refused without it. With ``defer_settled``, a last turn that settled before the newest
+    snapshot is not replayed: the session comes from that snapshot on, and ``settled_state`` folds the turn's state
+    when asked (what a signed, verified journal's reopening does: its entries are the ones its writer folded).
     """
     if not entries:
         raise JournalError("the journal is empty")
-    starts_at_one = entries[0].seq == 1
-    verify_chain(entries, first_prev=GENESIS if (starts_at_one and verify_from_genesis) else None)
+    verify_chain(entries, first_prev=GENESIS if (entries[0].seq == 1 and verify_from_genesis) else None)
     start = replay_start(entries)
+    later = settled_snapshot(entries) if defer_settled else None
     codec = DocumentCodec(_no_dump, load_document, None, load_data)
+    first = start if later is None else later
+    replayed = _fold(entries[first:], codec, registry).result(entries[-1].seq, entries[-1].hash, len(entries) - first)
+    if later is None:
+        return replayed
+    return attrs.evolve(replayed, settled_state=partial(_fold_state, entries[start:], codec, registry))
+
+
+def _fold(entries: Sequence[JournalEntry], codec: DocumentCodec[D], registry: ToolRegistry[D]) -> _Folder[D]:
     folder = _Folder(codec, registry)
-    for entry in entries[start:]:
+    for entry in entries:
         folder.apply(entry)
-    last = entries[-1]
-    return folder.result(last.seq, last.hash, len(entries) - start)
+    return folder
+
+
+def _fold_state(entries: Sequence[JournalEntry], codec: DocumentCodec[Any], registry: ToolRegistry[Any]) -> Any:
+    return _fold(entries, codec, registry).state
 
 
 def replay_settled(

@@ -5,7 +5,7 @@ observer that raises is dropped, never the turn).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import trio
 
@@ -20,16 +20,35 @@ class StatePublisher:
     """The newest published state, the readers parked until the next one, and the observers."""
 
     def __init__(self, observers: Iterable[TurnObserver] = ()) -> None:
-        self.state: TurnState | None = None
+        self._state: TurnState | None = None
+        self._later: Callable[[], TurnState | None] | None = None  # the state, when it is made on first read
         self._changed = trio.lowlevel.ParkingLot()  # `states()` readers park here until the next state
         self.questions_seen = 0  # bumped each time a question opens or closes: `states()` yields again
         self._observers: tuple[TurnObserver, ...] = tuple(observers)
 
+    @property
+    def state(self) -> TurnState | None:
+        """The newest state (None before any)."""
+        later = self._later
+        if later is not None:
+            self._later = None
+            self._state = later()
+        return self._state
+
+    @state.setter
+    def state(self, state: TurnState | None) -> None:
+        self._state, self._later = state, None
+
+    def state_later(self, make: Callable[[], TurnState | None]) -> None:
+        """The newest state is what ``make()`` gives, made when it is first read (a reopened session's last turn,
+        replayed only if someone looks at it); a state published first replaces it unmade."""
+        self._state, self._later = None, make
+
     def publish(self, state: TurnState, *, turn_running: bool) -> None:
         """Make ``state`` the newest: wake the readers, tell the observers."""
-        if state is self.state and not turn_running:
+        if state is self._state and self._later is None and not turn_running:
             return  # already published (a settled turn's last state is handed over twice)
-        self.state = state
+        self._state, self._later = state, None
         if self._changed:  # no reader parked: nothing to wake (a turn publishes about seven states per iteration)
             self._changed.unpark_all()
         for observer in self._observers:

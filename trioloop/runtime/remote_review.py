@@ -124,7 +124,7 @@ class RemoteReview:
         ``waiting`` in the box until the turn's journal holds the decision (`settle_deferred`): a process that takes
         decisions and exits without continuing the turn loses nothing, and the next one takes them again."""
         async with self._lock:
-            await self._settle(self._newest())
+            await self._settle()
             records = await self._box.decisions(self._session_id, waiting_only=True)
             taken = []
             for record in records:
@@ -151,11 +151,13 @@ class RemoteReview:
         session closing, cancelled, still answers (or leaves the records waiting, to be judged again)."""
         with trio.CancelScope(shield=True), trio.move_on_after(_ANSWER_S):
             async with self._lock:
-                await self._settle(self._newest())
+                await self._settle()
 
-    async def _settle(self, state: TurnState | None) -> None:
-        live = self._live()
-        if state is None or not self._deferred or (live is not None and live[2]):  # none, or still suspended
+    async def _settle(self) -> None:
+        if not self._deferred:  # (the newest state is not read: a reopened session's is made when first read)
+            return
+        live, state = self._live(), self._newest()
+        if state is None or (live is not None and live[2]):  # none, or still suspended
             return
         for record_id, outcome in list(self._deferred.items()):
             decision = outcome.decision

@@ -411,6 +411,7 @@ class Session(SessionForks[D]):
                 resume=resume_point(replayed),
                 journal=await opening.take_over(replayed, kind, compact),
                 rules=replayed.rules,
+                settled=replayed.settled_state,
             )
             return session
 

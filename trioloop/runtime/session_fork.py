@@ -10,8 +10,10 @@ and ``trioloop audit`` verify it (`trioloop.durable.audit.verified_journal`), th
 
 from __future__ import annotations
 
+import logging
 import secrets
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any, Literal, Self, TypeVar
 
 import trio
@@ -80,12 +82,16 @@ class SessionForks(SessionView[D]):
         resume: ResumePoint | None = None,
         journal: SessionJournal | None = None,
         rules: tuple[ApprovalRule, ...] = (),
+        settled: Callable[[], TurnState | None] | None = None,
     ) -> None:
         """This new session continues a saved or journaled one: its undo history, turn numbering and tokens, and
-        (from a journal) its last state, the live turn it left, and the journal itself."""
+        (from a journal) its last state (or ``settled``, what folds it when it is first read), the live turn it
+        left, and the journal itself."""
         self._workspace.undo = undo
         self._turns.restore(started=turns_started, last_turn_id=last_turn_id, usage=usage, rules=rules)
         self._publisher.state = state
+        if settled is not None:
+            self._publisher.state_later(partial(_last_state, settled))
         if resume is not None:
             self._turns.take_up(resume)
         if journal is not None:
@@ -278,3 +284,13 @@ def fork_point(points: Iterable[JournalPoint[D]], after: SettledTurn | str | Non
             "was replaced since, or the turn is another session's"
         )
     return chosen
+
+
+def _last_state(fold: Callable[[], TurnState | None]) -> TurnState | None:
+    """A reopened session's last state, its settled turn replayed now (a signed journal's entries, verified at open:
+    what its writer folded, so this holds; if it did not, the session goes on and says so, showing no last state)."""
+    try:
+        return fold()
+    except JournalError as exc:
+        logging.getLogger("trioloop.journal").error("the last turn could not be replayed to show it: %s", exc)
+        return None

@@ -361,7 +361,10 @@ class JournalOpening:
         if missing:
             raise ToolsMissing(missing)
         load_data = DocumentCodec.of(kind).from_data
-        replayed = replay_journal(entries, load_document=kind.load, registry=registry, load_data=load_data)
+        verified = self.integrity.verified  # a settled last turn is replayed when first looked at
+        replayed = replay_journal(
+            entries, load_document=kind.load, registry=registry, load_data=load_data, defer_settled=verified
+        )
         if replayed.kind not in (None, kind.name):
             raise DocumentMismatch("kind", replayed.kind, kind.name)
         if source is not None and replayed.source not in (None, source):

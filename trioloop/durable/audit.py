@@ -378,18 +378,23 @@ async def verify_stored(
     keys: JournalKeys | None,
     decisions: bool = False,
     signatures: Literal["every", "newest"] = "every",
+    lazy: bool = False,
 ) -> tuple[list[JournalEntry], JournalIntegrity, str]:
     """``stored`` decoded and verified (`verify_journal`, checking ``signatures``; with ``decisions`` and ``keys``,
     every decision made away from the session proven by its signed record too): the entries, what verifying proved,
-    and the journal's id.
+    and the journal's id. With ``lazy``, the entries of a journal that verified keep their data unread until asked
+    (`decode_entry`); those of one that did not are all read here.
     `JournalError` for what does not hold. A journal of `VERIFY_IN_THREAD_BYTES` or more is verified in a worker
     thread: CPU work that would hold every other task (and their deadlines) meanwhile."""
 
     def check() -> tuple[list[JournalEntry], JournalIntegrity, str]:
         if keys is not None:  # a store without an outline: judged by position at least before it is decoded
             refuse_unsigned_tail(outline_of(stored), session_id=session_id, keys=keys)
-        entries = decode_entries(stored)
+        entries = decode_entries(stored, lazy=lazy)
         integrity = verify_journal(entries, session_id=session_id, keys=keys, signatures=signatures)
+        if lazy and not integrity.verified:  # nothing proves who wrote them: every entry is read, as without lazy
+            for entry in entries:
+                entry.data  # noqa: B018 (read for its check)
         if decisions and keys is not None:
             verify_decision_entries(entries, session_id=session_id, keys=keys)
         return entries, integrity, journal_id_of(entries, session_id)

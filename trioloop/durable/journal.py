@@ -43,8 +43,10 @@ revoked, a request that was in flight is asked again as a retry.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Final, Literal, TypeAlias, final
@@ -119,14 +121,23 @@ class JournalError(ValueError):
 @final
 @attrs.frozen
 class JournalEntry:
-    """One decoded entry; ``raw`` is its exact bytes (what the next entry's ``prev`` hashes)."""
+    """One decoded entry; ``raw`` is its exact bytes (what the next entry's ``prev`` hashes). ``data`` is None for an
+    entry decoded ``lazy`` (`decode_entry`): read from ``raw`` when first asked (`JournalError` if it is not data)."""
 
     seq: int
     kind: str
     prev: str
     at_ms: int
-    data: Mapping[str, Any]
+    _data: Mapping[str, Any] | None = attrs.field(alias="data", eq=False, repr=False)
     raw: bytes = attrs.field(repr=False)
+
+    @property
+    def data(self) -> Mapping[str, Any]:
+        data = self._data
+        if data is None:
+            data = _data_of(self.raw, self.seq)
+            object.__setattr__(self, "_data", data)
+        return data
 
     @property
     def hash(self) -> str:
@@ -166,11 +177,25 @@ _encode: Final = (
 )
 
 
-def decode_entry(raw: bytes) -> JournalEntry:
+#: The start of an entry exactly as `encode_entry` writes it: what a ``lazy`` decode reads without the data.
+_ENVELOPE: Final = re.compile(
+    rb'\{"seq":([1-9][0-9]{0,15}),"kind":"([a-z_]{1,32})","prev":"([0-9a-f]{64})","at":(-?(?:0|[1-9][0-9]{0,15})),"data":\{'
+)
+
+
+def decode_entry(raw: bytes, *, lazy: bool = False) -> JournalEntry:
     """Decode one stored entry; `JournalError` for anything that is not a well-formed entry.
 
     Read in bounded memory (`parse_bounded_json`: at most about 8 times the entry's size), strict (no
-    NaN, no repeated key, nesting at most `MAX_ENTRY_DEPTH`), ASCII only, as `encode_entry` writes."""
+    NaN, no repeated key, nesting at most `MAX_ENTRY_DEPTH`), ASCII only, as `encode_entry` writes. With ``lazy``,
+    an entry in exactly `encode_entry`'s form has its number, kind, prev hash and time read now and its data when
+    first asked (what hashing and verifying a journal need, without parsing entries nothing replays): the same
+    reading, or the same `JournalError` then; any other entry is decoded whole now."""
+    if lazy and type(raw) is bytes and len(raw) <= MAX_ENTRY_BYTES and raw.endswith(b"}}") and raw.isascii():
+        envelope = _ENVELOPE.match(raw)
+        if envelope is not None and (kind := envelope[2].decode("ascii")) in JOURNAL_KINDS:
+            seq, prev, at = int(envelope[1]), envelope[3].decode("ascii"), int(envelope[4])
+            return JournalEntry(seq=seq, kind=kind, prev=prev, at_ms=at, data=None, raw=raw)
     if not isinstance(raw, bytes | bytearray) or not bytes(raw).isascii():
         raise JournalError("a journal entry is not ASCII JSON")
     value = parse_bounded_json(
@@ -190,10 +215,28 @@ def decode_entry(raw: bytes) -> JournalEntry:
     return JournalEntry(seq=seq, kind=kind, prev=prev, at_ms=at, data=data, raw=bytes(raw))
 
 
-def decode_numbered(item: StoredEntry) -> JournalEntry:
+def _data_of(raw: bytes, seq: int) -> Mapping[str, Any]:
+    """A ``lazy`` entry's data: the object after its envelope, read as `decode_entry` would read it within the entry
+    (one level of nesting less); anything else is decoded whole, which names what is wrong."""
+    envelope = _ENVELOPE.match(raw)
+    if envelope is not None:
+        with contextlib.suppress(JournalError):
+            value = parse_bounded_json(
+                raw[envelope.end() - 1 : -1],
+                max_bytes=MAX_ENTRY_BYTES,
+                max_depth=MAX_ENTRY_DEPTH - 1,
+                error=JournalError,
+                subject="a journal entry",
+            )
+            if type(value) is dict:
+                return value
+    return decode_numbered(StoredEntry(seq, raw)).data
+
+
+def decode_numbered(item: StoredEntry, *, lazy: bool = False) -> JournalEntry:
     """`decode_entry` of a stored entry, a failure naming the entry by the number it is stored under."""
     try:
-        return decode_entry(item.data)
+        return decode_entry(item.data, lazy=lazy)
     except JournalError as exc:
         if exc.seq is not None:
             raise
@@ -219,11 +262,11 @@ def verify_chain(entries: Sequence[JournalEntry], *, first_prev: str | None = GE
         expected_seq += 1
 
 
-def decode_entries(stored: Iterable[StoredEntry]) -> list[JournalEntry]:
-    """Decode stored entries, checking each one's number against the store's."""
+def decode_entries(stored: Iterable[StoredEntry], *, lazy: bool = False) -> list[JournalEntry]:
+    """Decode stored entries (``lazy``: see `decode_entry`), checking each one's number against the store's."""
     decoded = []
     for item in stored:
-        entry = decode_numbered(item)
+        entry = decode_numbered(item, lazy=lazy)
         if entry.seq != item.seq:
             raise JournalError(f"journal entry stored as {item.seq} says it is {entry.seq}", seq=item.seq)
         decoded.append(entry)

@@ -25,10 +25,13 @@ def replay_start(entries: Sequence[JournalEntry]) -> int:
 def settled_snapshot(entries: Sequence[JournalEntry]) -> int | None:
     """Where the newest ``snapshot`` stands when it follows the last turn's ``submit`` (it is past `replay_start`,
     the last one before that submit), else None. A snapshot is written only between turns: that turn settled before
-    it, and the snapshot holds the session the turn left."""
+    it, and the snapshot holds the session the turn left; but not what could be redone, so None too when an undo or
+    redo lies between (replay from `replay_start` knows it)."""
     start = replay_start(entries)
     newest = next(i for i in range(len(entries) - 1, start - 1, -1) if entries[i].kind == "snapshot")
-    return newest if newest > start else None
+    if newest == start or any(entry.kind in ("undo", "redo") for entry in entries[start:newest]):
+        return None
+    return newest
 
 
 def tools_used(entries: Sequence[JournalEntry], *, every_turn: bool = False) -> frozenset[str]:

@@ -348,7 +348,7 @@ class JournalOpening:
             check_witnessed((), witnessed)  # an emptied session is refused: it never starts afresh unasked
             return None
         entries, self.integrity, self.journal_id = await verify_stored(
-            stored, session_id=self.session_id, keys=verifying, signatures="newest"
+            stored, session_id=self.session_id, keys=verifying, signatures="newest", lazy=True
         )
         self.entries = entries
         if heads is not None:

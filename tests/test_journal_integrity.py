@@ -13,7 +13,7 @@ import base64
 import json
 import secrets
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing, closing
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from trioloop import (
     define_document_kind,
     function_tool,
 )
-from trioloop.durable.journal import decode_entry, encode_entry, entry_hash
+from trioloop.durable.journal import JournalEntry, decode_entry, encode_entry, entry_hash
 from trioloop.durable.postgres import PostgresJournalStore
 from trioloop.durable.signing import JournalKeys, JournalSigner, head_message
 from trioloop.durable.sqlite import SQLiteJournalStore
@@ -373,28 +373,38 @@ async def test_every_batch_ends_with_a_seal(journal: Journal, signer: JournalSig
     }
 
 
+def resealed_with(
+    rows: Sequence[tuple[int, bytes]], seal: Callable[[int, str, JournalEntry], dict[str, Any]]
+) -> list[tuple[int, bytes]]:
+    """The journal chained again, each seal's fields made by ``seal(seq, prev, entry)`` (``prev``: the hash of the
+    entry before it, as chained again)."""
+    out: list[tuple[int, bytes]] = []
+    prev = decode_entry(rows[0][1]).prev
+    for seq, data in rows:
+        entry = decode_entry(data)
+        fields = seal(seq, prev, entry) if entry.kind == "seal" else dict(entry.data)
+        raw = encode_entry(seq, entry.kind, prev, entry.at_ms, fields)
+        out.append((seq, raw))
+        prev = entry_hash(raw)
+    return out
+
+
 def with_repeated_heads(
     rows: Sequence[tuple[int, bytes]], signer: JournalSigner, session_id: str, wrong: int = 0
 ) -> list[tuple[int, bytes]]:
     """The journal as earlier versions wrote it: every seal repeating the number and hash of the entry it signs
     (``seq``, ``head``), chained and signed again; ``wrong`` makes the repeated number of that seal differ."""
-    out: list[tuple[int, bytes]] = []
-    prev = decode_entry(rows[0][1]).prev
-    for seq, data in rows:
-        entry = decode_entry(data)
-        fields = dict(entry.data)
-        if entry.kind == "seal":
-            fields = {
-                "session": session_id,
-                "seq": seq - 1 + (seq == wrong),
-                "head": prev,
-                "key": signer.key_id,
-                "sig": signer.sign(head_message(session_id, seq - 1, prev)),
-            }
-        raw = encode_entry(seq, entry.kind, prev, entry.at_ms, fields)
-        out.append((seq, raw))
-        prev = entry_hash(raw)
-    return out
+
+    def seal(seq: int, prev: str, entry: JournalEntry) -> dict[str, Any]:
+        return {
+            "session": session_id,
+            "seq": seq - 1 + (seq == wrong),
+            "head": prev,
+            "key": signer.key_id,
+            "sig": signer.sign(head_message(session_id, seq - 1, prev)),
+        }
+
+    return resealed_with(rows, seal)
 
 
 async def test_a_seal_signs_its_own_place_and_seals_of_earlier_versions_still_verify(

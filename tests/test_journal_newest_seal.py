@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 import trio
-from test_journal_integrity import RUNS, Journal, open_note, rechained, refused, suspended_in_review
+from test_journal_integrity import RUNS, Journal, open_note, rechained, refused, resealed_with, suspended_in_review
 
 from trioloop import JournalError
 from trioloop.durable.audit import verify_session
-from trioloop.durable.journal import decode_entry, encode_entry, entry_hash, verify_journal
+from trioloop.durable.journal import JournalEntry, decode_entry, encode_entry, verify_journal
 from trioloop.durable.signing import JournalKeys, JournalSigner, head_message
 from trioloop.durable.sqlite import SQLiteJournalStore
 
@@ -62,18 +62,12 @@ def resealed(
 ) -> list[tuple[int, bytes]]:
     """The journal chained again with every seal signed again by ``signer`` (as a writer holding the key but
     checking nothing would), except seal ``forged``, whose signature is one ``signer`` never made."""
-    out: list[tuple[int, bytes]] = []
-    prev = decode_entry(rows[0][1]).prev
-    for seq, data in rows:
-        entry = decode_entry(data)
-        fields = dict(entry.data)
-        if entry.kind == "seal":
-            sig = signer.sign(head_message(session_id, seq - 1, prev, entry.at_ms))
-            fields["sig"] = _flipped(sig) if seq == forged else sig
-        raw = encode_entry(seq, entry.kind, prev, entry.at_ms, fields)
-        out.append((seq, raw))
-        prev = entry_hash(raw)
-    return out
+
+    def seal(seq: int, prev: str, entry: JournalEntry) -> dict[str, Any]:
+        sig = signer.sign(head_message(session_id, seq - 1, prev, entry.at_ms))
+        return {**entry.data, "sig": _flipped(sig) if seq == forged else sig}
+
+    return resealed_with(rows, seal)
 
 
 async def test_opening_checks_the_newest_seals_signature_alone_and_an_audit_checks_each(

@@ -121,8 +121,8 @@ class JournalError(ValueError):
 @final
 @attrs.frozen
 class JournalEntry:
-    """One decoded entry; ``raw`` is its exact bytes (what the next entry's ``prev`` hashes). ``data`` is None for an
-    entry decoded ``lazy`` (`decode_entry`): read from ``raw`` when first asked (`JournalError` if it is not data)."""
+    """One decoded entry; ``raw`` is its exact bytes (what the next entry's ``prev`` hashes). An entry decoded
+    ``lazy`` (`decode_entry`) reads its ``data`` from ``raw`` when first asked (`JournalError` if it is not data)."""
 
     seq: int
     kind: str

@@ -61,14 +61,10 @@ BUSY_TIMEOUT_S = 5.0
 #: Entries in a table with rowids, found through its primary key's index: the index holds (session id, number,
 #: rowid) alone, so finding a session's entries never reads one (a table WITHOUT ROWID keeps whole entries in its
 #: index, and SQLite reads an entry whole to compare it while it searches: a 300 MB entry was read to be refused).
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS trioloop_journal (
-    session_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (session_id, seq)
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS trioloop_journal "
+    "(session_id TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (session_id, seq))"
 )
-"""
 #: A file an earlier version made (its journal WITHOUT ROWID) is moved to the table above when it is opened to be
 #: written, in one transaction (its entries copied once; the file's readers see the old table or the new).
 _MIGRATION = (
@@ -143,7 +139,7 @@ class SQLiteJournalStore(SqliteDecisions, SqlJournals):
             taken = await self._run(f"leasing session {session_id!r}", lambda c: self._claim(c, session_id))
             if taken is None:
                 return None
-            key, epoch = taken
+            key, epoch, outline = taken
             lease = _SQLiteLease(
                 session_id,
                 key,
@@ -154,6 +150,7 @@ class SQLiteJournalStore(SqliteDecisions, SqlJournals):
                 forget=self._forget,
                 durable=self._durable,
             )
+            lease.found = outline
             lease.clock.granted(asked_at)
             self._leases[id(lease)] = lease
             return lease
@@ -255,8 +252,9 @@ class SQLiteJournalStore(SqliteDecisions, SqlJournals):
         self._connection = connection
         return connection
 
-    def _claim(self, connection: sqlite3.Connection, session_id: str) -> tuple[tuple[int, int], int] | None:
-        """The lease's lock-file key and epoch, or None while a live holder has it (a worker thread)."""
+    def _claim(self, connection: sqlite3.Connection, session_id: str) -> tuple[tuple[int, int], int, Any] | None:
+        """The lease's lock-file key and epoch and the outline its holder finds (what an open reads next, in the same
+        hand-over; None if that read failed), or None while a live holder has it (a worker thread)."""
         keys: dict[int, tuple[int, int]] = {}
 
         def hold(epoch: int) -> bool:
@@ -280,7 +278,11 @@ class SQLiteJournalStore(SqliteDecisions, SqlJournals):
                 detail = f"SQLite journal {self._path}: locking {self._lock_path} failed: {exc}"
                 raise JournalStoreError(detail) from exc
             raise
-        return None if epoch is None else (keys[epoch], epoch)
+        if epoch is None:
+            return None
+        with contextlib.suppress(sqlite3.Error):
+            return keys[epoch], epoch, outline_rows(connection.execute(outline_query("?"), (session_id, 0)).fetchall())
+        return keys[epoch], epoch, None
 
     def _close_connection(self) -> None:
         connection, self._connection = self._connection, None
@@ -351,6 +353,7 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
         self._forget = forget
         self._released = False
         self.clock = LeaseClock(ttl_s)
+        self.found: tuple[tuple[int, int, bytes | None], ...] | None = None  # the outline read with the claim
 
     @property
     def session_id(self) -> str:
@@ -383,6 +386,10 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
 
     async def outline(self, *, after: int = 0) -> Sequence[tuple[int, int, bytes | None]]:
         self._held()
+        found, self.found = self.found, None  # (gone at the first append too)
+        if found is not None and after == 0:
+            await trio.lowlevel.checkpoint()
+            return found
         sql = outline_query("?")
         rows = await self._run(
             f"reading session {self._session_id!r}", lambda c: c.execute(sql, (self._session_id, after)).fetchall()
@@ -407,6 +414,7 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
         self._held()
         self.check_held()
         batch = tuple(entries)
+        self.found = None  # no longer the journal's outline
 
         def write(connection: sqlite3.Connection) -> None:
             self._held()

@@ -191,6 +191,14 @@ class ExpiringLease:
     _session_id: str
     _epoch: int
     clock: LeaseClock
+    #: The journal's outline as the claim found it (read in the same hand-over; None: not read, or no longer true).
+    found: tuple[tuple[int, int, bytes | None], ...] | None = None
+
+    def take_found(self, after: int) -> tuple[tuple[int, int, bytes | None], ...] | None:
+        """The outline read with the claim, once, for the whole journal (``after`` 0) before any append; else None
+        (an append sets ``found`` to None)."""
+        found, self.found = self.found, None
+        return found if after == 0 else None
 
     @property
     def epoch(self) -> int:

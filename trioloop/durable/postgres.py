@@ -169,16 +169,18 @@ class PostgresJournalStore(PostgresDecisions, SqlJournals):
 
             async def try_once() -> _PostgresLease | None:
                 asked_at = trio.current_time()
-                epoch = await self._in_thread(
-                    f"leasing session {session_id!r}", lambda: claim(connection, session_id, self.lease_ttl_s)
+                claimed = await self._in_thread(
+                    f"leasing session {session_id!r}", lambda: _claim(connection, session_id, self.lease_ttl_s)
                 )
-                if epoch is None:
+                if claimed is None:
                     return None
+                epoch, found = claimed
                 lease = _PostgresLease(
                     session_id, connection, epoch, self.lease_ttl_s, timeout_s=self.timeout_s, limiter=self._limiter,
                     closed=self._is_closed, forget=self._forget, appends=self._appends, give_back=self._idle.give_back,
                 )  # fmt: skip
                 lease.clock.granted(asked_at)
+                lease.found = found
                 self._leases[id(lease)] = lease
                 return lease
 
@@ -378,6 +380,9 @@ class _PostgresLease(ExpiringLease):
         return stored_entries(rows)
 
     async def outline(self, *, after: int = 0) -> Sequence[tuple[int, int, bytes | None]]:
+        if (found := self.take_found(after)) is not None:
+            await trio.lowlevel.checkpoint()
+            return found
         sql = outline_query("%s")
         return outline_rows(
             await self._run("reading", lambda connection: connection.execute(sql, (self._session_id, after)).fetchall())
@@ -388,6 +393,7 @@ class _PostgresLease(ExpiringLease):
 
     async def append(self, entries: Sequence[StoredEntry]) -> None:
         self.check_held()  # lost by the holder's own clock: `LeaseLost` at once, before any I/O
+        self.found = None  # no longer the journal's outline
         if self._appends is not None:  # in a transaction shared with the store's other appends (group commit)
             # The shared connection: the lease's own must still hold its lock.
             alive = (epoch_key(self._session_id, self._epoch), self._backend)
@@ -452,3 +458,17 @@ class _PostgresLease(ExpiringLease):
 def _last_seq(connection: psycopg.Connection[tuple[Any, ...]], session_id: str) -> int:
     row = connection.execute("SELECT max(seq) FROM trioloop_journal WHERE session_id = %s", (session_id,)).fetchone()
     return int(row[0]) if row is not None and row[0] is not None else 0
+
+
+def _claim(connection: Any, session_id: str, ttl_s: float) -> tuple[int, Any] | None:
+    """`claim`, and the journal's outline as the new holder finds it (what an open reads next: the same hand-over;
+    None if that read failed, read again when asked), or None while a live holder has the session."""
+    epoch = claim(connection, session_id, ttl_s)
+    if epoch is None:
+        return None
+    import psycopg
+
+    try:
+        return epoch, outline_rows(connection.execute(outline_query("%s"), (session_id, 0)).fetchall())
+    except psycopg.Error:
+        return epoch, None

@@ -353,7 +353,6 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
         self._forget = forget
         self._released = False
         self.clock = LeaseClock(ttl_s)
-        self.found: tuple[tuple[int, int, bytes | None], ...] | None = None  # the outline read with the claim
 
     @property
     def session_id(self) -> str:
@@ -386,8 +385,7 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
 
     async def outline(self, *, after: int = 0) -> Sequence[tuple[int, int, bytes | None]]:
         self._held()
-        found, self.found = self.found, None  # (gone at the first append too)
-        if found is not None and after == 0:
+        if (found := self.take_found(after)) is not None:
             await trio.lowlevel.checkpoint()
             return found
         sql = outline_query("?")

@@ -195,8 +195,8 @@ class ExpiringLease:
     found: tuple[tuple[int, int, bytes | None], ...] | None = None
 
     def take_found(self, after: int) -> tuple[tuple[int, int, bytes | None], ...] | None:
-        """The outline read with the claim, once, for the whole journal (``after`` 0) before any append; else None
-        (an append sets ``found`` to None)."""
+        """The outline read with the claim, once, for the whole journal (``after`` 0) while it is still the journal's;
+        else None (an append, a compaction, an erase and the release set ``found`` to None)."""
         found, self.found = self.found, None
         return found if after == 0 else None
 

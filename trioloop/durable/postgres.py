@@ -410,6 +410,7 @@ class _PostgresLease(ExpiringLease):
         await self._run("appending to", OneAppend(self._session_id, self._epoch, entries, None))
 
     async def discard_before(self, seq: int) -> None:
+        self.found = None
         await self._run(
             "compacting",
             lambda connection: connection.execute(
@@ -421,10 +422,12 @@ class _PostgresLease(ExpiringLease):
 
     async def erase(self) -> None:
         """Delete every entry of the session (`Session.retire`, once its head is witnessed as retired)."""
+        self.found = None
         sql = "DELETE FROM trioloop_journal WHERE session_id = %s"
         await self._run("erasing", lambda connection: connection.execute(sql, (self._session_id,)))
 
     async def release(self) -> None:
+        self.found = None
         if not self._released:
             self._released = True
             self._forget(self)

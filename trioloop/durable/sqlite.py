@@ -426,6 +426,7 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
         await self._append(f"appending to session {self._session_id!r}", write, after)
 
     async def discard_before(self, seq: int) -> None:
+        self.found = None
         self._held()
 
         def delete(connection: sqlite3.Connection) -> None:
@@ -440,11 +441,13 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
 
     async def erase(self) -> None:
         """Delete every entry of the session (`Session.retire`, once its head is witnessed as retired)."""
+        self.found = None
         self._held()
         sql = "DELETE FROM trioloop_journal WHERE session_id = ?"
         await self._run(f"erasing session {self._session_id!r}", lambda c: c.execute(sql, (self._session_id,)))
 
     async def release(self) -> None:
+        self.found = None
         if not self._released:
             self._released = True
             self._forget(self)

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 import trio
 import trio.testing
 
 from tests.test_mcp_toolset import (
+    SDK_ITERATORS_LEFT,
     by_name,
     call,
     faulty_server,
@@ -102,9 +102,7 @@ async def test_a_call_that_fills_a_frozen_servers_pipe_returns_at_its_timeout() 
         nursery.cancel_scope.cancel()
 
 
-# The SDK leaves its 2025 GET stream's byte iterators (httpx2's) to the garbage collector when that stream's task is
-# cancelled at close; Python then warns about each. Not this host's: its close is what this test checks.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@SDK_ITERATORS_LEFT  # (its 2025 GET stream's too)
 async def test_closing_a_2025_http_session_posts_the_pending_cancellation_and_deletes_it(tmp_path: Path) -> None:
     requests = await requests_of_a_close_during_a_call(tmp_path, "--2025")
     assert "POST notifications/cancelled" in requests and "DELETE" in requests  # the session is ended too

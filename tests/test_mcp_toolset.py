@@ -505,6 +505,16 @@ async def requests_of_a_close_during_a_call(tmp_path: Path, *mode: str) -> list[
         return (await trio.Path(record).read_text()).splitlines()
 
 
+#: The SDK leaves the byte iterators of a response its cancelled task was reading (httpx2's and httpcore2's) to the
+#: garbage collector; when the collector runs while a test still runs, Trio warns about each (a ResourceWarning, an
+#: error here). Not this host's: its close is what these tests check. Any other generator left unclosed still fails.
+SDK_ITERATORS_LEFT = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <async_generator object (HTTP11ConnectionByteStream|Response|EventSource)\\.:"
+    "pytest.PytestUnraisableExceptionWarning"
+)
+
+
+@SDK_ITERATORS_LEFT
 async def test_closing_an_http_toolset_still_delivers_a_last_cancellation(tmp_path: Path) -> None:
     requests = await requests_of_a_close_during_a_call(tmp_path)
     # No DELETE to check here: with the SDK's own server the client negotiates 2026-07-28, which is

@@ -6,12 +6,14 @@ appends, on every store."""
 from __future__ import annotations
 
 import secrets
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pg_support import postgres_url  # noqa: F401 -- the session fixture, reached by name (getfixturevalue)
 
+from trioloop import JournalError
 from trioloop.durable.postgres import PostgresJournalStore
 from trioloop.durable.sqlite import SQLiteJournalStore
 from trioloop.durable.store import MemoryJournalStore, StoredEntry, outline_of
@@ -55,3 +57,25 @@ async def test_a_leases_outline_is_the_journal_as_it_stands_before_and_after_its
     finally:
         if backend != "memory":
             await store.close()
+
+
+async def test_an_entry_stored_as_text_is_refused_by_the_outline_and_the_lease_is_still_released(
+    tmp_path: Path,
+) -> None:
+    """The outline read with the claim is judged when asked for, as any: a row the claim's hand-over read but cannot
+    be an outline (an entry stored as text) is refused there, and the claim it came with is a lease that releases."""
+    store = SQLiteJournalStore(tmp_path / "j.db")
+    try:
+        lease = await store.acquire("s")
+        await lease.append(FIRST)
+        await lease.release()
+        with sqlite3.connect(tmp_path / "j.db") as db:
+            db.execute("UPDATE trioloop_journal SET data = CAST(data AS TEXT) WHERE seq = 1")
+        lease = await store.acquire("s")
+        with pytest.raises(JournalError, match="not stored as a numbered run of bytes"):
+            await lease.outline()
+        await lease.release()
+        lease = await store.acquire("s")  # the session is free again
+        await lease.release()
+    finally:
+        await store.close()

@@ -16,7 +16,15 @@ import trio
 from trioloop.durable.journal import MAX_ENTRY_BYTES, JournalError
 from trioloop.durable.store import StoredEntry
 
-__all__ = ["OUTLINE_BYTES", "SqlJournals", "entries_query", "outline_query", "outline_rows", "stored_entries"]
+__all__ = [
+    "OUTLINE_BYTES",
+    "SqlJournals",
+    "entries_query",
+    "outline_query",
+    "outline_rows",
+    "read_outline",
+    "stored_entries",
+]
 
 _T = TypeVar("_T")
 
@@ -47,6 +55,12 @@ def outline_query(placeholder: str) -> str:
         f"SELECT seq, length(data), CASE WHEN length(data) <= {OUTLINE_BYTES} THEN data ELSE NULL END "
         f"FROM trioloop_journal WHERE session_id = {placeholder} AND seq > {placeholder} ORDER BY seq"
     )
+
+
+def read_outline(connection: Any, placeholder: str, session_id: str, after: int = 0) -> list[Any]:
+    """The rows of `outline_query` for ``session_id`` after ``after`` (in the thread that owns ``connection``); what
+    `outline_rows` reads and judges."""
+    return list(connection.execute(outline_query(placeholder), (session_id, after)).fetchall())
 
 
 def outline_rows(rows: Sequence[tuple[Any, Any, Any]]) -> tuple[tuple[int, int, bytes | None], ...]:
@@ -149,9 +163,9 @@ class SqlJournals:
     async def outline(self, session_id: str) -> Sequence[tuple[int, int, bytes | None]]:
         """Every entry of ``session_id``: (number, length, bytes when short), without a lease; what the rest of a
         journal is judged by before it is read (`trioloop.durable.journal.refuse_unsigned_tail`)."""
-        sql = outline_query(self._PLACEHOLDER)
+        placeholder = self._PLACEHOLDER
         rows = await self._query(
-            f"reading session {session_id!r}", lambda connection: connection.execute(sql, (session_id, 0)).fetchall()
+            f"reading session {session_id!r}", lambda connection: read_outline(connection, placeholder, session_id)
         )
         return outline_rows(rows)
 

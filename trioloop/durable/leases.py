@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, final
 
 import attrs
@@ -191,12 +191,13 @@ class ExpiringLease:
     _session_id: str
     _epoch: int
     clock: LeaseClock
-    #: The journal's outline as the claim found it (read in the same hand-over; None: not read, or no longer true).
-    found: tuple[tuple[int, int, bytes | None], ...] | None = None
+    #: The journal's outline rows as the claim read them (in the same hand-over; judged by `outline_rows` when asked
+    #: for, as any); None: not read, or no longer the journal's.
+    found: Sequence[Any] | None = None
 
-    def take_found(self, after: int) -> tuple[tuple[int, int, bytes | None], ...] | None:
-        """The outline read with the claim, once, for the whole journal (``after`` 0) while it is still the journal's;
-        else None (an append, a compaction, an erase and the release set ``found`` to None)."""
+    def take_found(self, after: int) -> Sequence[Any] | None:
+        """The outline rows read with the claim, once, for the whole journal (``after`` 0) while they are still the
+        journal's; else None (an append, a compaction, an erase and the release set ``found`` to None)."""
         found, self.found = self.found, None
         return found if after == 0 else None
 

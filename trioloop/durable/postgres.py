@@ -32,7 +32,7 @@ from trioloop.durable._pg_locks import JOURNAL_NOTICE, LOCK_WAIT_MS, claim, epoc
 from trioloop.durable._pg_locks import LEASES as _LEASES
 from trioloop.durable._pg_locks import SCHEMA_KEY as _SCHEMA_KEY
 from trioloop.durable._pg_pool import LeaseConnections
-from trioloop.durable._sql import SqlJournals, entries_query, outline_query, outline_rows, stored_entries
+from trioloop.durable._sql import SqlJournals, entries_query, outline_rows, read_outline, stored_entries
 from trioloop.durable._waiting import check_session_id, wait_for_lease
 from trioloop.durable.decision_box import PostgresDecisions
 from trioloop.durable.leases import (
@@ -382,11 +382,9 @@ class _PostgresLease(ExpiringLease):
     async def outline(self, *, after: int = 0) -> Sequence[tuple[int, int, bytes | None]]:
         if (found := self.take_found(after)) is not None:
             await trio.lowlevel.checkpoint()
-            return found
-        sql = outline_query("%s")
-        return outline_rows(
-            await self._run("reading", lambda connection: connection.execute(sql, (self._session_id, after)).fetchall())
-        )
+            return outline_rows(found)
+        read = partial(read_outline, placeholder="%s", session_id=self._session_id, after=after)
+        return outline_rows(await self._run("reading", read))
 
     async def last_seq(self) -> int:
         return await self._run("reading", lambda connection: _last_seq(connection, self._session_id))
@@ -472,6 +470,6 @@ def _claim(connection: Any, session_id: str, ttl_s: float) -> tuple[int, Any] | 
     import psycopg
 
     try:
-        return epoch, outline_rows(connection.execute(outline_query("%s"), (session_id, 0)).fetchall())
+        return epoch, read_outline(connection, "%s", session_id)
     except psycopg.Error:
         return epoch, None

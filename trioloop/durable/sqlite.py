@@ -32,7 +32,7 @@ from typing import Any, Final, Protocol, TypeVar, final
 
 import trio
 
-from trioloop.durable._sql import SqlJournals, entries_query, outline_query, outline_rows, stored_entries
+from trioloop.durable._sql import SqlJournals, entries_query, outline_rows, read_outline, stored_entries
 from trioloop.durable._sqlite_locks import lease_row, lock_offset, try_lock, unlock
 from trioloop.durable._store_thread import AppendsThen, StoreThread
 from trioloop.durable._waiting import check_session_id, wait_for_lease
@@ -281,7 +281,7 @@ class SQLiteJournalStore(SqliteDecisions, SqlJournals):
         if epoch is None:
             return None
         with contextlib.suppress(sqlite3.Error):
-            return keys[epoch], epoch, outline_rows(connection.execute(outline_query("?"), (session_id, 0)).fetchall())
+            return keys[epoch], epoch, read_outline(connection, "?", session_id)
         return keys[epoch], epoch, None
 
     def _close_connection(self) -> None:
@@ -387,10 +387,9 @@ class _SQLiteLease(ExpiringLease, AppendsThen):
         self._held()
         if (found := self.take_found(after)) is not None:
             await trio.lowlevel.checkpoint()
-            return found
-        sql = outline_query("?")
+            return outline_rows(found)
         rows = await self._run(
-            f"reading session {self._session_id!r}", lambda c: c.execute(sql, (self._session_id, after)).fetchall()
+            f"reading session {self._session_id!r}", lambda c: read_outline(c, "?", self._session_id, after)
         )
         return outline_rows(rows)
 

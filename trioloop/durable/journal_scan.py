@@ -22,12 +22,11 @@ def replay_start(entries: Sequence[JournalEntry]) -> int:
     raise JournalError("the journal holds no session snapshot")
 
 
-def settled_snapshot(entries: Sequence[JournalEntry]) -> int | None:
-    """Where the newest ``snapshot`` stands when it follows the last turn's ``submit`` (it is past `replay_start`,
-    the last one before that submit), else None. A snapshot is written only between turns: that turn settled before
-    it, and the snapshot holds the session the turn left; but not what could be redone, so None too when an undo or
-    redo lies between (replay from `replay_start` knows it)."""
-    start = replay_start(entries)
+def settled_snapshot(entries: Sequence[JournalEntry], start: int) -> int | None:
+    """Where the newest ``snapshot`` stands when it follows the last turn's ``submit`` (it is past ``start``, the
+    `replay_start` of ``entries``: the last one before that submit), else None. A snapshot is written only between
+    turns: that turn settled before it, and the snapshot holds the session the turn left; but not what could be
+    redone, so None too when an undo or redo lies between (replay from ``start`` knows it)."""
     newest = next(i for i in range(len(entries) - 1, start - 1, -1) if entries[i].kind == "snapshot")
     if newest == start or any(entry.kind in ("undo", "redo") for entry in entries[start:newest]):
         return None

@@ -190,7 +190,7 @@ def replay_journal(
         raise JournalError("the journal is empty")
     verify_chain(entries, first_prev=GENESIS if (entries[0].seq == 1 and verify_from_genesis) else None)
     start = replay_start(entries)
-    later = settled_snapshot(entries) if defer_settled else None
+    later = settled_snapshot(entries, start) if defer_settled else None
     codec = DocumentCodec(_no_dump, load_document, None, load_data)
     first = start if later is None else later
     replayed = _fold(entries[first:], codec, registry).result(entries[-1].seq, entries[-1].hash, len(entries) - first)

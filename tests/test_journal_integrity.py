@@ -377,11 +377,16 @@ def resealed_with(
     rows: Sequence[tuple[int, bytes]], seal: Callable[[int, str, JournalEntry], dict[str, Any]]
 ) -> list[tuple[int, bytes]]:
     """The journal chained again, each seal's fields made by ``seal(seq, prev, entry)`` (``prev``: the hash of the
-    entry before it, as chained again)."""
+    entry before it, as chained again); an entry that does not decode is kept as it is (the next chained to it)."""
     out: list[tuple[int, bytes]] = []
-    prev = decode_entry(rows[0][1]).prev
+    prev = decode_entry(rows[0][1], lazy=True).prev
     for seq, data in rows:
-        entry = decode_entry(data)
+        try:
+            entry = decode_entry(data)
+        except JournalError:
+            out.append((seq, data))
+            prev = entry_hash(data)
+            continue
         fields = seal(seq, prev, entry) if entry.kind == "seal" else dict(entry.data)
         raw = encode_entry(seq, entry.kind, prev, entry.at_ms, fields)
         out.append((seq, raw))

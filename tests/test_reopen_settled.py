@@ -16,11 +16,12 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_forks import NOTE, TOOLS, appending, send
+from test_journal_integrity import resealed_with
 
 from trioloop import JournalError, MemoryJournalStore, Outcome, ScriptedProvider, Session
 from trioloop.durable import replay
 from trioloop.durable.document_form import DocumentCodec
-from trioloop.durable.journal import decode_entries, decode_entry, encode_entry, entry_hash
+from trioloop.durable.journal import JournalEntry, decode_entries, decode_entry, encode_entry
 from trioloop.durable.replay import Replayed, replay_journal
 from trioloop.durable.signing import JournalSigner, head_message
 from trioloop.durable.store import StoredEntry
@@ -182,20 +183,12 @@ async def _stored(entries: list[StoredEntry]) -> MemoryJournalStore:
 
 def _rechained(rows: list[StoredEntry], signer: JournalSigner | None) -> list[StoredEntry]:
     """The entries chained again (and each seal signed again by ``signer``), as the key's holder could; an entry that
-    does not decode is kept as it is (its successors chained to it)."""
-    out: list[StoredEntry] = []
-    prev = decode_entry(rows[0].data, lazy=True).prev
-    for row in rows:
-        try:
-            entry = decode_entry(row.data)
-        except JournalError:
-            out.append(row)
-            prev = entry_hash(row.data)
-            continue
+    does not decode is kept as it is (`resealed_with`)."""
+
+    def seal(seq: int, prev: str, entry: JournalEntry) -> dict[str, Any]:
         fields = dict(entry.data)
-        if entry.kind == "seal" and signer is not None:
-            fields["sig"] = signer.sign(head_message(fields["session"], entry.seq - 1, prev, entry.at_ms))
-        new = encode_entry(entry.seq, entry.kind, prev, entry.at_ms, fields)
-        out.append(StoredEntry(entry.seq, new))
-        prev = entry_hash(new)
-    return out
+        if signer is not None:
+            fields["sig"] = signer.sign(head_message(fields["session"], seq - 1, prev, entry.at_ms))
+        return fields
+
+    return [StoredEntry(seq, raw) for seq, raw in resealed_with([(row.seq, row.data) for row in rows], seal)]

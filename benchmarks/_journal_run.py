@@ -91,6 +91,16 @@ def _forget() -> None:
     signing._LOADED.clear()
 
 
+async def _reopen(store: JournalStore, provider: Any, document: ThreatModel, model: str) -> tuple[float, float]:
+    """The wall and CPU seconds of opening the latest benchmark session again and closing it."""
+    t0 = _clocks()
+    session = await _open(store, store, provider, document, model)
+    async with session:
+        pass
+    t1 = _clocks()
+    return t1[0] - t0[0], t1[1] - t0[1]
+
+
 def _check(state: Any) -> None:
     if state.outcome is not Outcome.COMPLETED or [c.status for c in state.calls] != [CallStatus.SUCCEEDED] * loop.K:
         raise RuntimeError(f"unexpected turn: {state.outcome} with {len(state.calls)} calls")
@@ -160,23 +170,14 @@ async def journaled(
                 workload.phase = "close"
             t2 = _clocks()
         t3 = _clocks()
-        # Opened again, as an app does on its next start: the journal read, verified and replayed, then closed.
-        again = await _open(store, store, provider, session.document, model)
-        async with again:
-            pass
-        t4 = _clocks()
-        _forget()  # (between the clocks: what the next process would not have)
-        t5 = _clocks()
-        cold = await _open(store, store, provider, session.document, model)
-        async with cold:
-            pass
-        t6 = _clocks()
+        # Opened again, as an app does on its next start: the journal read, verified and replayed, then closed; once
+        # in this process, then as the next process would (`_forget`, outside the clocks).
+        reopen_wall, reopen_cpu = await _reopen(store, provider, session.document, model)
+        _forget()
+        cold_wall, cold_cpu = await _reopen(store, provider, session.document, model)
         samples.append(
             _phases(t0, t1, t2, t3)._replace(
-                reopen_wall=t4[0] - t3[0],
-                reopen_cpu=t4[1] - t3[1],
-                cold_reopen_wall=t6[0] - t5[0],
-                cold_reopen_cpu=t6[1] - t5[1],
+                reopen_wall=reopen_wall, reopen_cpu=reopen_cpu, cold_reopen_wall=cold_wall, cold_reopen_cpu=cold_cpu
             )
         )
         _check(state)
